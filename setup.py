@@ -1,0 +1,53 @@
+"""Packaging for verl-digen: disaggregated diffusion RL on verl."""
+
+from pathlib import Path
+
+from setuptools import find_packages, setup
+
+ROOT = Path(__file__).parent
+
+
+def _version() -> str:
+    for line in (ROOT / "verl_digen" / "__init__.py").read_text().splitlines():
+        if line.startswith("__version__"):
+            return line.split("=")[1].strip().strip('"')
+    raise RuntimeError("verl_digen/__init__.py has no __version__")
+
+
+setup(
+    name="verl-digen",
+    version=_version(),
+    description="Disaggregated RL post-training for diffusion models on verl (GAP, TSP, TAG/BTS, TCSS).",
+    long_description=(ROOT / "README.md").read_text(),
+    long_description_content_type="text/markdown",
+    license="Apache-2.0",
+    python_requires=">=3.10",
+    packages=find_packages(include=["verl_digen", "verl_digen.*"]),
+    include_package_data=True,
+    package_data={"verl_digen": ["config/**/*.yaml", "presets/*.yaml"]},
+    install_requires=[
+        "verl==0.9.1",
+        "torch>=2.4",
+        "diffusers>=0.35",
+        "ray[default]>=2.40",
+        "omegaconf>=2.3",
+        "hydra-core>=1.3",
+        "peft>=0.13",
+        "numpy",
+        "pillow",
+        "pyyaml",
+        "matplotlib",
+    ],
+    extras_require={
+        "test": ["pytest>=8", "ruff", "build"],
+        "vllm": ["vllm", "vllm-omni"],
+        "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
+    },
+    entry_points={
+        "console_scripts": ["digen=verl_digen.cli:main"],
+    },
+    classifiers=[
+        "License :: OSI Approved :: Apache Software License",
+        "Programming Language :: Python :: 3",
+    ],
+)
