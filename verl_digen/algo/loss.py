@@ -1,0 +1,75 @@
+"""The GRPO policy loss: a PPO clipped surrogate per (sample, trained step), plus optional KL.
+
+The loss of a global step is a *sum* of per-row terms scaled by one constant (1 / total rows of the
+step), all under one frozen policy snapshot. Gradients can therefore be accumulated over micro-batches
+and over timestep chunks in any order and grouping: the property GAP, TSP and TAG rely on.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass(frozen=True)
+class LossConfig:
+    """Clip range of the importance ratio and KL coefficient (Flow-GRPO: 1e-4 and 0.04)."""
+
+    clip_range: float = 1e-4
+    kl_coef: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not self.clip_range > 0:
+            raise ValueError(f"clip_range must be > 0, got {self.clip_range}")
+        if self.kl_coef < 0:
+            raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+
+
+@dataclass
+class LossTerms:
+    """Summed loss of some rows (already scaled) and per-row diagnostics for metrics."""
+
+    loss: torch.Tensor
+    ratio: torch.Tensor
+    clipped: torch.Tensor
+    approx_kl: torch.Tensor
+    kl: torch.Tensor | None
+
+
+def policy_loss(
+    log_prob: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    cfg: LossConfig,
+    scale: float,
+    kl: torch.Tensor | None = None,
+) -> LossTerms:
+    """Sum over rows of max(-A r, -A clip(r)) (+ kl_coef * KL), times ``scale``.
+
+    ``scale`` is 1 / (number of rows in the whole global step) so that accumulated micro-batch
+    gradients equal the full-batch mean gradient.
+    """
+    if not (log_prob.shape == old_log_prob.shape == advantages.shape):
+        raise ValueError(
+            "log_prob, old_log_prob and advantages must have one shape, got "
+            f"{tuple(log_prob.shape)}, {tuple(old_log_prob.shape)}, {tuple(advantages.shape)}"
+        )
+    log_ratio = log_prob - old_log_prob
+    ratio = torch.exp(log_ratio)
+    unclipped = -advantages * ratio
+    clipped = -advantages * torch.clamp(ratio, 1.0 - cfg.clip_range, 1.0 + cfg.clip_range)
+    per_row = torch.maximum(unclipped, clipped)
+    if kl is not None and cfg.kl_coef > 0:
+        per_row = per_row + cfg.kl_coef * kl
+    with torch.no_grad():
+        was_clipped = (clipped > unclipped).to(log_prob.dtype)
+        # k3 estimator of KL(old || new), as verl reports it
+        approx_kl = torch.exp(-log_ratio) - 1 + log_ratio
+    return LossTerms(
+        loss=per_row.sum() * scale,
+        ratio=ratio.detach(),
+        clipped=was_clipped,
+        approx_kl=approx_kl.detach(),
+        kl=None if kl is None else kl.detach(),
+    )

@@ -1,0 +1,190 @@
+"""Timestep-parallel training (TSP): one batched forward/backward over (sample x trained step) rows.
+
+Flow-GRPO trains a micro-batch with K sequential passes, one per trained step. Because the SDE log-prob
+is a pure function of per-row sigmas, the K steps can instead be stacked as rows (each with its own
+timestep) and trained in ceil(K / degree) passes of B * degree rows. The loss is a sum of per-row terms,
+so the accumulated gradient is the same; only the kernel shapes change (bigger, better-utilized GEMMs).
+
+``sequential_backward`` is the per-step reference path the equivalence tests hold TSP against.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from verl_digen.algo.loss import LossConfig, LossTerms, policy_loss
+from verl_digen.algo.sde import kl_to_reference, sde_step, transition
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.models.base import Conditioning, DiffusionModel
+
+#: reference-policy velocity for KL: (latents, sigmas, cond) -> velocity (no grad needed)
+ReferenceFn = Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class TrainStepConfig:
+    """What the trainer needs to recompute log-probs: the sampler's SDE settings plus the loss."""
+
+    sde: str
+    eta: float
+    sigma_max: float  # the schedule's second sigma (flow_grpo's substitute at sigma == 1)
+    guidance_scale: float = 1.0
+    loss: LossConfig = LossConfig()
+
+
+@dataclass
+class TrainMetrics:
+    """Running sums over trained rows, reduced to means by ``summary``."""
+
+    rows: int = 0
+    loss: float = 0.0
+    ratio_sum: float = 0.0
+    ratio_max: float = float("-inf")
+    ratio_min: float = float("inf")
+    clipped: float = 0.0
+    approx_kl: float = 0.0
+    kl: float = 0.0
+
+    def add(self, terms: LossTerms) -> None:
+        n = terms.ratio.numel()
+        self.rows += n
+        self.loss += float(terms.loss.detach())
+        self.ratio_sum += float(terms.ratio.sum())
+        self.ratio_max = max(self.ratio_max, float(terms.ratio.max()))
+        self.ratio_min = min(self.ratio_min, float(terms.ratio.min()))
+        self.clipped += float(terms.clipped.sum())
+        self.approx_kl += float(terms.approx_kl.sum())
+        if terms.kl is not None:
+            self.kl += float(terms.kl.sum())
+
+    def summary(self) -> dict[str, float]:
+        n = max(self.rows, 1)
+        return {
+            "loss": self.loss,
+            "ratio_mean": self.ratio_sum / n,
+            "ratio_max": self.ratio_max,
+            "ratio_min": self.ratio_min,
+            "clip_frac": self.clipped / n,
+            "approx_kl": self.approx_kl / n,
+            "kl": self.kl / n,
+            "rows": float(self.rows),
+        }
+
+
+def _rows_loss(
+    model: DiffusionModel,
+    x: torch.Tensor,
+    x_next: torch.Tensor,
+    sigma: torch.Tensor,
+    sigma_next: torch.Tensor,
+    old_log_prob: torch.Tensor,
+    advantages: torch.Tensor,
+    cond: Conditioning,
+    cfg: TrainStepConfig,
+    scale: float,
+    reference: ReferenceFn | None,
+) -> LossTerms:
+    """Loss of a flat set of rows, each at its own timestep."""
+    v = model.velocity(x, sigma, cond, cfg.guidance_scale)
+    step = sde_step(cfg.sde, x, v, sigma, sigma_next, cfg.eta, prev=x_next, sigma_max=cfg.sigma_max)
+    kl = None
+    if reference is not None and cfg.loss.kl_coef > 0:
+        with torch.no_grad():
+            ref_v = reference(x, sigma, cond)
+            ref_mean, _ = transition(cfg.sde, x, ref_v, sigma, sigma_next, cfg.eta, cfg.sigma_max)
+        kl = kl_to_reference(step.mean, ref_mean, step.std)
+    return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl)
+
+
+def _check_batch(traj: Trajectories, degree: int | None = None) -> None:
+    if traj.advantages is None:
+        raise ValueError("trajectories have no advantages yet: compute group advantages before training")
+    if degree is not None and degree < 1:
+        raise ValueError(f"TSP degree must be >= 1 (steps per pass), got {degree}")
+
+
+def tsp_backward(
+    model: DiffusionModel,
+    traj: Trajectories,
+    cfg: TrainStepConfig,
+    scale: float,
+    degree: int | None = None,
+    reference: ReferenceFn | None = None,
+) -> TrainMetrics:
+    """Accumulate the gradient of a micro-batch's loss with TSP; returns its metrics.
+
+    ``degree`` is the number of trained steps per pass (rows per pass = B * degree); ``None`` means all
+    K steps in one pass. ``scale`` is 1 / (rows of the whole global step).
+    """
+    _check_batch(traj, degree)
+    b, k = traj.step_indices.shape
+    degree = k if degree is None else min(degree, k)
+    latent = traj.states.shape[2:]
+    metrics = TrainMetrics()
+    for c in range(0, k, degree):
+        d = min(degree, k - c)
+        rows = slice(c, c + d)
+        terms = _rows_loss(
+            model,
+            traj.states[:, rows].reshape(b * d, *latent),
+            traj.next_states[:, rows].reshape(b * d, *latent),
+            traj.sigmas[:, rows].reshape(-1),
+            traj.sigmas_next[:, rows].reshape(-1),
+            traj.log_probs[:, rows].reshape(-1),
+            traj.advantages.to(traj.log_probs.dtype).repeat_interleave(d),
+            traj.cond.repeat_interleave(d),
+            cfg,
+            scale,
+            reference,
+        )
+        terms.loss.backward()
+        metrics.add(terms)
+    return metrics
+
+
+def sequential_backward(
+    model: DiffusionModel,
+    traj: Trajectories,
+    cfg: TrainStepConfig,
+    scale: float,
+    reference: ReferenceFn | None = None,
+) -> TrainMetrics:
+    """The Flow-GRPO reference loop: one forward/backward per trained step over the B samples."""
+    _check_batch(traj)
+    metrics = TrainMetrics()
+    advantages = traj.advantages.to(traj.log_probs.dtype)
+    for j in range(traj.num_trained_steps):
+        terms = _rows_loss(
+            model,
+            traj.states[:, j],
+            traj.next_states[:, j],
+            traj.sigmas[:, j],
+            traj.sigmas_next[:, j],
+            traj.log_probs[:, j],
+            advantages,
+            traj.cond,
+            cfg,
+            scale,
+            reference,
+        )
+        terms.loss.backward()
+        metrics.add(terms)
+    return metrics
+
+
+@torch.no_grad()
+def recompute_log_probs(model: DiffusionModel, traj: Trajectories, cfg: TrainStepConfig) -> torch.Tensor:
+    """(B, K) log-probs of the stored transitions under ``model`` (one batched pass)."""
+    b, k = traj.step_indices.shape
+    latent = traj.states.shape[2:]
+    x = traj.states.reshape(b * k, *latent)
+    sigma = traj.sigmas.reshape(-1)
+    v = model.velocity(x, sigma, traj.cond.repeat_interleave(k), cfg.guidance_scale)
+    step = sde_step(
+        cfg.sde, x, v, sigma, traj.sigmas_next.reshape(-1), cfg.eta,
+        prev=traj.next_states.reshape(b * k, *latent), sigma_max=cfg.sigma_max,
+    )
+    return step.log_prob.reshape(b, k)

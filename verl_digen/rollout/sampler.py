@@ -1,0 +1,145 @@
+"""Sampling trajectories from a diffusion policy (the generator's, and the TAG trainer's, rollout).
+
+The noise of sample j of prompt i at global step s comes from its own generator seeded by
+(seed, s, i, j) (see ``algo.seeding``), so a sample is the same whether it is generated alone, inside
+any batch, on a generator worker, on a trainer worker (TAG) or in a colocated run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.sde import check_sde, sde_step
+from verl_digen.algo.seeding import sample_generator
+from verl_digen.algo.selection import StepSelection
+from verl_digen.algo.sigmas import flow_sigmas
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.algo.tsp import TrainStepConfig
+from verl_digen.models.base import Conditioning, DiffusionModel
+
+
+@dataclass(frozen=True)
+class SamplerConfig:
+    """How trajectories are sampled: steps, schedule shift, SDE kind and noise level, CFG, selection."""
+
+    num_steps: int = 10
+    shift: float = 1.0
+    sde: str = "flow_grpo"
+    eta: float = 0.7
+    guidance_scale: float = 1.0
+    selection: StepSelection = field(default_factory=lambda: StepSelection("first_k", k=9))
+    shared_group_noise: bool = False  # DanceGRPO: one initial noise per prompt group
+    decode: bool = True
+
+    def validate(self) -> int:
+        """Check the settings; return the number of trained steps K."""
+        check_sde(self.sde, self.eta)
+        if self.sde == "ode" or self.eta == 0:
+            raise ValueError(
+                f"sde={self.sde!r} with eta={self.eta} samples deterministically: there is no log-prob "
+                "to train on; use an SDE kind (flow_grpo, dance_grpo, cps) with eta > 0"
+            )
+        if self.guidance_scale < 1.0:
+            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale}")
+        return self.selection.num_trained(self.num_steps)
+
+    def sigmas(self, dtype: torch.dtype) -> torch.Tensor:
+        return flow_sigmas(self.num_steps, self.shift, dtype)
+
+    def train_config(self, loss: LossConfig) -> TrainStepConfig:
+        """The settings the trainer needs to recompute this sampler's log-probs."""
+        return TrainStepConfig(
+            sde=self.sde, eta=self.eta, sigma_max=float(self.sigmas(torch.float64)[1]),
+            guidance_scale=self.guidance_scale, loss=loss,
+        )
+
+    def sde_mask(self, seed: int, step: int) -> torch.Tensor:
+        """(T,) bool: which steps inject noise (all, or only the window for ``window`` selection)."""
+        mask = torch.ones(self.num_steps, dtype=torch.bool)
+        if self.selection.kind == "window":
+            start, end = self.selection.window(self.num_steps, seed, step)
+            mask[:] = False
+            mask[start:end] = True
+        return mask
+
+
+def initial_noise(
+    shape: tuple[int, ...], prompt_ids: list[int], sample_ids: list[int], seed: int, step: int,
+    dtype: torch.dtype, shared_group_noise: bool = False,
+) -> torch.Tensor:
+    """x_T for each sample from its own placement-invariant generator."""
+    rows = []
+    for p, s in zip(prompt_ids, sample_ids, strict=True):
+        g = sample_generator(seed, step, p, 0 if shared_group_noise else s, "init")
+        rows.append(torch.randn(shape, generator=g, dtype=dtype))
+    return torch.stack(rows)
+
+
+@torch.no_grad()
+def sample_trajectories(
+    model: DiffusionModel,
+    cond: Conditioning,
+    prompts: list[str],
+    prompt_ids: list[int],
+    sample_ids: list[int],
+    cfg: SamplerConfig,
+    seed: int,
+    step: int,
+    version: int,
+) -> Trajectories:
+    """Roll out one trajectory per (prompt_id, sample_id) row; ``cond`` has one row per sample."""
+    cfg.validate()
+    b = len(prompt_ids)
+    if not (len(sample_ids) == len(prompts) == len(cond) == b):
+        raise ValueError(
+            f"one row per sample expected: {b} prompt ids, {len(sample_ids)} sample ids, "
+            f"{len(prompts)} prompts, {len(cond)} conditioning rows"
+        )
+    dtype, device = model.dtype, model.device
+    shape = tuple(model.latent_shape)
+    sigmas = cfg.sigmas(dtype).to(device)
+    sigma_max = sigmas[1]
+    sde_on = cfg.sde_mask(seed, step)
+    selected = cfg.selection.select(cfg.num_steps, seed, step, prompt_ids, sample_ids)
+    noise_gens = [sample_generator(seed, step, p, s, "sde") for p, s in zip(prompt_ids, sample_ids)]
+
+    x = initial_noise(shape, prompt_ids, sample_ids, seed, step, dtype, cfg.shared_group_noise).to(device)
+    cond = cond.to(device)
+    states, next_states, log_probs = [], [], []
+    for i in range(cfg.num_steps):
+        s = sigmas[i].expand(b)
+        s_next = sigmas[i + 1].expand(b)
+        v = model.velocity(x, s, cond, cfg.guidance_scale)
+        # Every sample draws its noise at every step, so its stream never depends on the schedule.
+        noise = torch.stack([torch.randn(shape, generator=g, dtype=dtype) for g in noise_gens]).to(device)
+        eta = cfg.eta if bool(sde_on[i]) else 0.0
+        out = sde_step(cfg.sde, x, v, s, s_next, eta, noise=noise, sigma_max=sigma_max)
+        states.append(x)
+        next_states.append(out.prev)
+        log_probs.append(out.log_prob)
+        x = out.prev
+
+    rows = torch.arange(b).unsqueeze(1)
+    sel = selected.to(device)
+    all_states = torch.stack(states, dim=1)
+    all_next = torch.stack(next_states, dim=1)
+    all_lp = torch.stack(log_probs, dim=1)
+    return Trajectories(
+        prompts=list(prompts),
+        prompt_ids=torch.as_tensor(prompt_ids, dtype=torch.long),
+        sample_ids=torch.as_tensor(sample_ids, dtype=torch.long),
+        cond=cond,
+        step_indices=selected,
+        sigmas=sigmas[sel],
+        sigmas_next=sigmas[sel + 1],
+        states=all_states[rows, sel],
+        next_states=all_next[rows, sel],
+        log_probs=all_lp[rows, sel],
+        final_latents=x,
+        versions=torch.full((b,), version, dtype=torch.long),
+        global_step=step,
+        images=model.decode(x) if cfg.decode else None,
+    )
