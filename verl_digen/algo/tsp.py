@@ -60,6 +60,14 @@ class TrainMetrics:
         if terms.kl is not None:
             self.kl += float(terms.kl.sum())
 
+    def merge(self, other: TrainMetrics) -> TrainMetrics:
+        """Fold another micro-batch's sums into these (returns self)."""
+        for name in ("rows", "loss", "ratio_sum", "clipped", "approx_kl", "kl"):
+            setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.ratio_max = max(self.ratio_max, other.ratio_max)
+        self.ratio_min = min(self.ratio_min, other.ratio_min)
+        return self
+
     def summary(self) -> dict[str, float]:
         n = max(self.rows, 1)
         return {
