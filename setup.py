@@ -45,9 +45,9 @@ setup(
     },
     entry_points={
         "console_scripts": ["digen=verl_digen.cli:main"],
+        "verl.plugins": ["digen=verl_digen.plugin"],
     },
     classifiers=[
-        "License :: OSI Approved :: Apache Software License",
         "Programming Language :: Python :: 3",
     ],
 )
