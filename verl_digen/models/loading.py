@@ -1,0 +1,228 @@
+"""Loading real weights from a local directory or an already-cached hub id, the way a cluster job does.
+
+Everything goes through diffusers' own ``from_pretrained`` with ``local_files_only=True`` by default:
+verl-digen never downloads at run time (workers on a cluster usually cannot), so missing weights fail
+fast with a message naming the path instead of hanging on the network.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Any
+
+import diffusers
+import torch
+from torch import nn
+
+from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+from verl_digen.models.conditioning.hashed import HashedPromptEncoder
+from verl_digen.models.conditioning.text import PipelinePromptEncoder
+
+
+@dataclass(frozen=True)
+class PretrainedSpec:
+    """Diffusers class names and default generation size of one architecture."""
+
+    pipeline_class: str
+    transformer_class: str
+    vae_class: str
+    text_encoders: tuple[str, ...]
+    height: int
+    width: int
+    num_frames: int | None = None  # pixel frames, video only
+
+
+PRETRAINED_SPECS: dict[str, PretrainedSpec] = {
+    "flux": PretrainedSpec(
+        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512
+    ),
+    "sd3": PretrainedSpec(
+        "StableDiffusion3Pipeline",
+        "SD3Transformer2DModel",
+        "AutoencoderKL",
+        ("text_encoder", "text_encoder_2", "text_encoder_3"),
+        512,
+        512,
+    ),
+    "qwen_image": PretrainedSpec(
+        "QwenImagePipeline", "QwenImageTransformer2DModel", "AutoencoderKLQwenImage", ("text_encoder",), 512, 512
+    ),
+    "wan": PretrainedSpec("WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 480, 832, 33),
+    "hunyuan_video": PretrainedSpec(
+        "HunyuanVideoPipeline",
+        "HunyuanVideoTransformer3DModel",
+        "AutoencoderKLHunyuanVideo",
+        ("text_encoder", "text_encoder_2"),
+        320,
+        512,
+        33,
+    ),
+}
+
+
+class WeightsNotFoundError(FileNotFoundError):
+    """Raised when weights are not present locally (nothing is downloaded at run time)."""
+
+
+def _dtype_kwarg(dtype: torch.dtype) -> dict[str, torch.dtype]:
+    """diffusers >= 0.36 spells it ``dtype`` (``torch_dtype`` is deprecated); older ones ``torch_dtype``."""
+    try:
+        from diffusers.utils.deprecation_utils import _resolve_dtype  # noqa: F401
+    except ImportError:
+        return {"torch_dtype": dtype}
+    return {"dtype": dtype}
+
+
+def _missing(path_or_id: str, what: str, err: BaseException) -> WeightsNotFoundError:
+    where = "local directory" if os.path.isdir(path_or_id) else "path or hub id"
+    return WeightsNotFoundError(
+        f"cannot load {what} from {where} {path_or_id!r}: the weights must be present locally "
+        f"(a diffusers directory with model_index.json, or a hub id already in the Hugging Face cache; "
+        f"verl-digen does not download at run time; fetch them first, e.g. "
+        f"`huggingface-cli download {path_or_id} --local-dir DIR`). Underlying error: {type(err).__name__}: {err}"
+    )
+
+
+def _vae_factors(arch: str, vae: nn.Module | None) -> tuple[int, int]:
+    """(spatial, temporal) compression of the VAE, read as the diffusers pipelines read them."""
+    if vae is None:
+        return 8, 4
+    cfg = vae.config
+    if arch in ("flux", "sd3"):
+        return 2 ** (len(cfg.block_out_channels) - 1), 1
+    if arch == "qwen_image":
+        return 2 ** len(cfg.temperal_downsample), 1
+    if arch == "wan":
+        return cfg.scale_factor_spatial or 8, cfg.scale_factor_temporal or 4
+    return cfg.spatial_compression_ratio, cfg.temporal_compression_ratio
+
+
+def latent_shape_for(
+    arch: str,
+    transformer: nn.Module,
+    vae: nn.Module | None,
+    height: int | None = None,
+    width: int | None = None,
+    num_frames: int | None = None,
+) -> tuple[int, ...]:
+    """Unpacked latent shape for a pixel size (pipeline defaults when omitted)."""
+    spec = PRETRAINED_SPECS[arch]
+    height, width = height or spec.height, width or spec.width
+    in_ch = transformer.config.in_channels
+    channels = in_ch // 4 if arch in ("flux", "qwen_image") else in_ch
+    spatial, temporal = _vae_factors(arch, vae)
+    h, w = height // spatial, width // spatial
+    if arch in ("flux", "qwen_image"):  # packing needs even latent sides
+        h, w = 2 * (h // 2), 2 * (w // 2)
+    if spec.num_frames is None:
+        return (channels, h, w)
+    frames = num_frames or spec.num_frames
+    return (channels, (frames - 1) // temporal + 1, h, w)
+
+
+def hashed_encoder_for(arch: str, transformer: nn.Module, seq_len: int = 8) -> HashedPromptEncoder:
+    """Hashed prompt embeddings shaped for ``transformer`` (used when no text encoder is loaded)."""
+    cfg = transformer.config
+    dim = {
+        "flux": "joint_attention_dim",
+        "sd3": "joint_attention_dim",
+        "qwen_image": "joint_attention_dim",
+        "wan": "text_dim",
+        "hunyuan_video": "text_embed_dim",
+    }[arch]
+    pooled = getattr(cfg, "pooled_projection_dim", None) if arch in ("flux", "sd3", "hunyuan_video") else None
+    return HashedPromptEncoder(seq_len, getattr(cfg, dim), pooled, salt=f"hashed-{arch}")
+
+
+def load_pipeline(
+    arch: str,
+    path_or_id: str,
+    dtype: torch.dtype = torch.bfloat16,
+    *,
+    text_encoders: bool = True,
+    local_files_only: bool = True,
+    **kwargs: Any,
+) -> Any:
+    """The diffusers pipeline of ``arch`` from ``path_or_id``; ``text_encoders=False`` skips loading them
+    (trainer processes that get precomputed embeddings)."""
+    arch = canonical_arch(arch)
+    spec = PRETRAINED_SPECS[arch]
+    if not text_encoders:
+        for name in spec.text_encoders:
+            kwargs.setdefault(name, None)
+            kwargs.setdefault(name.replace("text_encoder", "tokenizer"), None)
+    cls = getattr(diffusers, spec.pipeline_class)
+    try:
+        return cls.from_pretrained(path_or_id, local_files_only=local_files_only, **_dtype_kwarg(dtype), **kwargs)
+    except (OSError, ValueError) as err:  # huggingface_hub's "not in cache" errors are OSErrors
+        if os.path.isfile(os.path.join(path_or_id, "model_index.json")) and not isinstance(err, OSError):
+            raise ValueError(
+                f"{arch} pipeline at {path_or_id!r} is incomplete or of another class ({err}); if it was saved "
+                f"without text encoders, load it with text_encoders=False"
+            ) from err
+        raise _missing(path_or_id, f"{arch} pipeline ({spec.pipeline_class})", err) from err
+
+
+def load_transformer(
+    arch: str,
+    path_or_id: str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    *,
+    subfolder: str | None = "transformer",
+    local_files_only: bool = True,
+) -> nn.Module:
+    """Only the transformer (the trained policy) from the ``transformer`` subfolder of a pipeline."""
+    arch = canonical_arch(arch)
+    cls = getattr(diffusers, PRETRAINED_SPECS[arch].transformer_class)
+    try:
+        model = cls.from_pretrained(
+            path_or_id, subfolder=subfolder, local_files_only=local_files_only, **_dtype_kwarg(dtype)
+        )
+    except (OSError, ValueError) as err:
+        raise _missing(path_or_id, f"{arch} transformer ({cls.__name__}, subfolder={subfolder!r})", err) from err
+    return model.to(device)
+
+
+def load_pretrained(
+    arch: str,
+    path_or_id: str,
+    dtype: torch.dtype = torch.bfloat16,
+    device: torch.device | str = "cpu",
+    *,
+    height: int | None = None,
+    width: int | None = None,
+    num_frames: int | None = None,
+    text_encoders: bool = True,
+    negative_prompt: str = "",
+    local_files_only: bool = True,
+) -> DiffusersAdapter:
+    """A ``DiffusionModel`` from a saved diffusers pipeline. Prompts go through the pipeline's text
+    encoders; if the pipeline has none (``text_encoders=False`` or saved without them), through hashed
+    embeddings shaped for the transformer. A pipeline missing only some text encoders is an error."""
+    arch = canonical_arch(arch)
+    spec = PRETRAINED_SPECS[arch]
+    pipe = load_pipeline(arch, path_or_id, dtype, text_encoders=text_encoders, local_files_only=local_files_only)
+    present = [getattr(pipe, n, None) is not None for n in spec.text_encoders]
+    if any(present) and not all(present):
+        missing = [n for n, p in zip(spec.text_encoders, present) if not p]
+        raise ValueError(f"{path_or_id!r} lacks text encoder(s) {missing}; load it with text_encoders=False")
+    pipe.to(device)
+    transformer = pipe.transformer
+    encoder = PipelinePromptEncoder(pipe, arch) if all(present) else hashed_encoder_for(arch, transformer)
+    shape = latent_shape_for(arch, transformer, pipe.vae, height, width, num_frames)
+    extra: dict[str, Any] = {"cfg_renorm": True} if arch == "qwen_image" else {}
+    scheduler = getattr(pipe, "scheduler", None)
+    model = MODEL_REGISTRY[arch](
+        transformer,
+        pipe.vae,
+        encoder,
+        shape,
+        negative_prompt=negative_prompt,
+        scheduler_config=dict(scheduler.config) if scheduler is not None else None,
+        **extra,
+    )
+    model.pipeline = pipe  # the full pipeline, for users who want its other parts
+    return model

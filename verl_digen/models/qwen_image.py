@@ -1,0 +1,58 @@
+"""Qwen-Image (QwenImageTransformer2DModel): packed 2x2 tokens, ``img_shapes`` for its 3-D RoPE, a
+text padding mask, and true CFG (optionally with the pipeline's norm rescaling)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.packing import pack_2x2, unpack_2x2
+
+
+class QwenImageModel(DiffusersAdapter):
+    """Timestep convention: the transformer takes ``timestep = sigma`` (its projection scales by 1000;
+    the pipeline passes ``t / 1000``).
+
+    ``cfg_renorm``: the diffusers pipeline rescales the guided prediction so that each token keeps the
+    norm of the conditional one. Off by default (plain ``v_neg + s (v_pos - v_neg)``, the contract);
+    ``load_pretrained`` turns it on to match the released pipeline.
+    """
+
+    arch = "qwen_image"
+
+    def __init__(self, *args: Any, cfg_renorm: bool = False, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.cfg_renorm = cfg_renorm
+
+    def _forward(
+        self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float
+    ) -> torch.Tensor:
+        b, _, h, w = latents.shape
+        mask = tensors.get("prompt_mask")
+        out = self.transformer(
+            hidden_states=pack_2x2(latents),
+            encoder_hidden_states=tensors["prompt_embeds"],
+            encoder_hidden_states_mask=mask,
+            timestep=sigmas,
+            img_shapes=[[(1, h // 2, w // 2)]] * b,
+            return_dict=False,
+        )[0]
+        return unpack_2x2(out, h, w)
+
+    def _combine_cfg(self, v_pos: torch.Tensor, v_neg: torch.Tensor, scale: float) -> torch.Tensor:
+        comb = super()._combine_cfg(v_pos, v_neg, scale)
+        if not self.cfg_renorm:
+            return comb
+        h, w = comb.shape[-2:]
+        pos_t, comb_t = pack_2x2(v_pos), pack_2x2(comb)
+        ratio = pos_t.norm(dim=-1, keepdim=True) / comb_t.norm(dim=-1, keepdim=True)
+        return unpack_2x2(comb_t * ratio, h, w)
+
+    def _decode_latents(self, latents: torch.Tensor) -> torch.Tensor:
+        cfg = self.vae.config
+        z = latents.unsqueeze(2)  # the Qwen-Image VAE is a (single-frame) video VAE
+        mean = torch.tensor(cfg.latents_mean, dtype=z.dtype, device=z.device).view(1, -1, 1, 1, 1)
+        std = torch.tensor(cfg.latents_std, dtype=z.dtype, device=z.device).view(1, -1, 1, 1, 1)
+        return self.vae.decode(z * std + mean, return_dict=False)[0][:, :, 0]
