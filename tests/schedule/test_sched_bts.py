@@ -1,0 +1,131 @@
+"""BTS: equal to exhaustive insert/skip search, never worse than the simple policies, cheaper with
+memo + pruning, and its prediction is what the scheduler then executes."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+from sched_helpers import random_config, random_costs
+
+from verl_digen.schedule import bts
+from verl_digen.schedule.costs import uniform_stage_costs
+from verl_digen.schedule.scheduler import StepScheduler
+from verl_digen.schedule.simulator import execute
+
+
+def _opt_end(timeline, step: int = 0) -> float:
+    return next(r.end for r in timeline.records if r.kind == "optimizer_step" and r.step == step)
+
+
+def _instances(n: int, seed: int):
+    rng = random.Random(seed)
+    for i in range(n):
+        M = rng.randint(1, 10)
+        k = rng.choice([d for d in range(1, M + 1) if M % d == 0])
+        G = rng.randint(1, 3)
+        costs = random_costs(rng, ties=i % 2 == 1, sync=False)
+        stale = rng.choice([0, 0, rng.randint(1, M)])
+        yield bts.Params.from_costs(costs, M, k, G), bts.ModelState.fresh(M, G, stale)
+
+
+def test_bts_equals_exhaustive_on_random_small_instances():
+    checked = 0
+    for params, state in _instances(240, seed=1):
+        value, _, _ = bts.solve(params, state)
+        best, leaves = bts.exhaustive(params, state)
+        assert value == pytest.approx(best, rel=1e-9, abs=1e-9), (params, value, best)
+        checked += 1
+    assert checked >= 200
+
+
+def test_bts_equals_exhaustive_mid_step_states():
+    """Also from bubbles in the middle of a step (busy generators, partly scored units, TCSS work)."""
+    rng = random.Random(7)
+    seen = 0
+    for _ in range(60):
+        cfg = random_config(rng, max_mb=10, steps=2, policy="adaptive:0.5", staleness=rng.choice([0.0, 0.5]))
+        costs = random_costs(rng)
+        G = rng.randint(1, 3)
+        sched = StepScheduler(cfg, costs, G)
+        snaps = []
+        orig = sched.policy.decide
+
+        def spy(ctx, orig=orig, snaps=snaps):
+            snaps.append(ctx.snapshot())
+            return orig(ctx)
+
+        sched.policy.decide = spy
+        execute(sched, costs)
+        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G)
+        for snap in snaps:
+            value, _, _ = bts.solve(params, snap)
+            assert value == pytest.approx(bts.exhaustive(params, snap)[0], rel=1e-9, abs=1e-9)
+            seen += 1
+    assert seen > 20
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_bts_never_worse_than_simple_policies(seed):
+    """Simulated with the real scheduler: BTS's step <= never, static(k) for every k, adaptive."""
+    rng = random.Random(100 + seed)
+    for _ in range(12):
+        cfg = random_config(rng, max_mb=10)
+        costs = random_costs(rng, ties=rng.random() < 0.5)
+        G = rng.randint(1, 3)
+
+        def run(policy: str, cfg=cfg, costs=costs, G=G) -> float:
+            sched = StepScheduler(cfg, costs, G, policy)
+            return _opt_end(execute(sched, costs))
+
+        best = run("bts")
+        others = ["never", "adaptive", "adaptive:0.1", "adaptive:0.6"]
+        others += [f"static:{k}" for k in range(cfg.micro_batches + 1)]
+        for other in others:
+            assert best <= run(other) + 1e-9, (other, cfg, costs)
+
+
+def test_bts_prediction_matches_execution():
+    rng = random.Random(5)
+    for _ in range(30):
+        cfg = random_config(rng, max_mb=12, policy="bts")
+        costs = random_costs(rng, ties=rng.random() < 0.5)
+        sched = StepScheduler(cfg, costs, rng.randint(1, 4))
+        tl = execute(sched, costs)
+        predicted = [d.predicted_end for d in sched.decisions]
+        for p in predicted:  # every re-solve with exact costs predicts the same end
+            assert p == pytest.approx(_opt_end(tl), abs=1e-7)
+
+
+def test_memo_and_pruning_cut_explored_nodes():
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
+                                optimizer_step=0.02)
+    params = bts.Params.from_costs(costs, 16, 1, 1)
+    state = bts.ModelState.fresh(16, 1)
+    v_full, _, full = bts.solve(params, state)
+    v_plain, _, plain = bts.solve(params, state, memo=False, prune=False, node_cap=10**7)
+    v_memo, _, memo_only = bts.solve(params, state, memo=True, prune=False, node_cap=10**7)
+    assert v_full == pytest.approx(v_plain) == pytest.approx(v_memo)
+    assert full.nodes * 10 < plain.nodes, (full.nodes, plain.nodes)
+    assert memo_only.nodes * 3 < plain.nodes  # memoization alone
+    assert full.nodes * 2 < memo_only.nodes  # pruning on top
+
+
+def test_node_cap_falls_back_to_a_valid_plan():
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05)
+    params = bts.Params.from_costs(costs, 40, 1, 3)
+    state = bts.ModelState.fresh(40, 3)
+    value, decision, stats = bts.solve(params, state, node_cap=5)
+    assert stats.capped
+    assert decision in (True, False)
+    never = bts.play(params, state, lambda s: False)
+    assert value <= never + 1e-9
+
+
+def test_bts_b128_ratio_01_is_fast_enough_to_run_every_bubble():
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
+                                optimizer_step=0.02)
+    params = bts.Params.from_costs(costs, 128, 1, 4)
+    _, _, stats = bts.solve(params, bts.ModelState.fresh(128, 4))
+    assert not stats.capped
+    assert stats.seconds < 2.0  # generous for a shared CI core; bench/bts.py measures the real figure

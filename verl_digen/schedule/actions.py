@@ -1,0 +1,41 @@
+"""Actions the scheduler emits; the executor runs each and reports its completion.
+
+An :class:`Action` names its kind, the workers it occupies, the global step and policy version it
+belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt, sample) pairs.
+``start`` is stamped by the scheduler with the ``now`` it was emitted at. Kinds (``costs.KINDS``):
+
+- ``generate``: sample the micro-batch on generator worker ``genI`` with weights ``version``
+  (``stale`` when ``version == step - 1``, TCSS).
+- ``tag_generate``: the trainer unit samples the micro-batch with its own (current) weights.
+- ``score``: reward the micro-batch on a generator worker.
+- ``update``: forward/backward + gradient accumulation of the micro-batch on the trainer (no step).
+- ``switch_to_gen`` / ``switch_to_train``: trainer context switch around TAG.
+- ``optimizer_step``: apply the accumulated gradient; closes the step's training.
+- ``weight_sync``: push weights ``version`` from the trainer to every generator worker (occupies all).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(eq=False)
+class Action:
+    kind: str
+    workers: tuple[str, ...]
+    step: int
+    version: int
+    mb: int | None = None
+    samples: tuple[tuple[int, int], ...] = ()
+    stale: bool = False
+    start: float = 0.0
+
+    @property
+    def worker(self) -> str:
+        return self.workers[0]
+
+    def __repr__(self) -> str:
+        mb = f" mb={self.mb}" if self.mb is not None else ""
+        stale = " stale" if self.stale else ""
+        where = ",".join(self.workers)
+        return f"Action({self.kind} {where} step={self.step} v={self.version}{mb}{stale} @{self.start:.6g})"

@@ -1,0 +1,220 @@
+"""Cost model: what each stage costs, per pool and per micro-batch.
+
+Two levels, because two consumers need different things:
+
+- :class:`CostModel` is the *hardware-level* description of a cluster: per-GPU affine costs
+  (``fixed + per_unit * units``) of sampling, scoring and one training pass for each pool's hardware
+  type, the pool sizes, the workload's trained-step count ``K`` and kept-sample fraction, and the
+  trainer's context-switch, optimizer-step and weight-sync times. It derives the per-action durations
+  of any micro-batch size and TSP degree, and the phases of the colocated baseline.
+- :class:`StageCosts` is the *scheduler-level* view: one float per action kind for the configured
+  micro-batch size. The scheduler, BTS and the profiler work on it only.
+
+The trainer pool acts as one data-parallel unit of ``R`` ranks: an update or a TAG generation of a
+micro-batch splits its rows (samples) over the ranks, so a micro-batch smaller than ``R`` leaves ranks
+idle, which is exactly the inefficiency TSP (more rows per pass) removes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, fields, replace
+
+# Action kinds, shared by the scheduler, the timeline, the profiler and the profile format.
+GENERATE = "generate"
+TAG_GENERATE = "tag_generate"
+SCORE = "score"
+UPDATE = "update"
+SWITCH_TO_GEN = "switch_to_gen"
+SWITCH_TO_TRAIN = "switch_to_train"
+OPTIMIZER_STEP = "optimizer_step"
+WEIGHT_SYNC = "weight_sync"
+KINDS = (
+    GENERATE,
+    TAG_GENERATE,
+    SCORE,
+    UPDATE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
+    OPTIMIZER_STEP,
+    WEIGHT_SYNC,
+)
+
+
+def _check_cost(name: str, value: float) -> None:
+    if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
+        raise ValueError(f"cost {name!r} must be a finite number, got {value!r}")
+    if value < 0:
+        raise ValueError(f"cost {name!r} must be >= 0, got {value}")
+
+
+@dataclass(frozen=True)
+class Affine:
+    """Duration ``fixed + per_unit * units`` (seconds); zero units cost nothing."""
+
+    fixed: float = 0.0
+    per_unit: float = 0.0
+
+    def __post_init__(self) -> None:
+        _check_cost("fixed", self.fixed)
+        _check_cost("per_unit", self.per_unit)
+
+    def __call__(self, units: float) -> float:
+        if units <= 0:
+            return 0.0
+        return self.fixed + self.per_unit * units
+
+    def scaled(self, factor: float) -> Affine:
+        return Affine(self.fixed * factor, self.per_unit * factor)
+
+
+@dataclass(frozen=True)
+class Hardware:
+    """Per-GPU costs of one hardware type running this workload.
+
+    ``generate(s)``: one GPU samples ``s`` trajectories in one call (all denoising steps + decode).
+    ``score(s)``: one GPU scores ``s`` samples with the reward model.
+    ``train_pass(r)``: one forward+backward pass over ``r`` rows on one GPU (a row is one
+    (sample, timestep) pair); ``fixed`` holds the per-pass overhead (FSDP all-gathers, launch) that
+    TSP amortizes.
+    """
+
+    name: str = "gpu"
+    generate: Affine = Affine()
+    score: Affine = Affine()
+    train_pass: Affine = Affine()
+
+
+@dataclass(frozen=True)
+class Pool:
+    """``workers`` GPUs of one hardware type."""
+
+    hardware: Hardware
+    workers: int
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.workers, int) or self.workers < 1:
+            raise ValueError(f"pool {self.hardware.name!r} needs at least one worker, got {self.workers!r}")
+
+
+@dataclass(frozen=True)
+class StageCosts:
+    """Seconds per action for one micro-batch size: what the scheduler and BTS plan with."""
+
+    generate: float  # one micro-batch on one generator worker
+    tag_generate: float  # one micro-batch on the trainer unit (TAG)
+    score: float  # one micro-batch on one generator worker
+    update: float  # one micro-batch on the trainer unit (gradient accumulation, no optimizer step)
+    switch_to_gen: float = 0.0
+    switch_to_train: float = 0.0
+    optimizer_step: float = 0.0
+    weight_sync: float = 0.0
+
+    def __post_init__(self) -> None:
+        for f in fields(self):
+            _check_cost(f.name, getattr(self, f.name))
+
+    def duration(self, kind: str) -> float:
+        if kind not in KINDS:
+            raise ValueError(f"unknown action kind {kind!r}")
+        return getattr(self, kind)
+
+    def as_dict(self) -> dict[str, float]:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+def passes(steps_trained: int, tsp_degree: int) -> list[int]:
+    """Timesteps per training pass: ``K`` trained steps in passes of at most ``tsp_degree``."""
+    if tsp_degree < 1:
+        raise ValueError(f"TSP degree must be >= 1, got {tsp_degree}")
+    d = min(tsp_degree, steps_trained)
+    full, rest = divmod(steps_trained, d)
+    return [d] * full + ([rest] if rest else [])
+
+
+def _rows_per_rank(rows: float, ranks: int) -> float:
+    # Rows are split over data-parallel ranks; a rank cannot hold less than one whole row.
+    if rows <= 0:
+        return 0.0
+    if rows <= ranks:
+        return min(rows, 1.0)
+    return math.ceil(rows / ranks - 1e-9)
+
+
+@dataclass(frozen=True)
+class CostModel:
+    """A cluster (generator pool + trainer pool) running one diffusion-RL workload."""
+
+    generator: Pool
+    trainer: Pool
+    steps_trained: int = 1  # K: denoising steps trained per kept sample
+    keep_fraction: float = 1.0  # fraction of generated samples that are trained (best-of-N keeps fewer)
+    switch_to_gen: float = 0.0  # trainer: training mode -> generation mode (offload optimizer, load sampler)
+    switch_to_train: float = 0.0
+    optimizer_step: float = 0.0
+    weight_sync: float = 0.0  # trainer -> all generator workers, blocks both
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.steps_trained, int) or self.steps_trained < 1:
+            raise ValueError(f"steps_trained must be a positive integer, got {self.steps_trained!r}")
+        if not 0 < self.keep_fraction <= 1:
+            raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
+        for name in ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync"):
+            _check_cost(name, getattr(self, name))
+
+    @property
+    def total_workers(self) -> int:
+        return self.generator.workers + self.trainer.workers
+
+    def with_workers(self, generator: int, trainer: int) -> CostModel:
+        return replace(
+            self,
+            generator=Pool(self.generator.hardware, generator),
+            trainer=Pool(self.trainer.hardware, trainer),
+        )
+
+    def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware) -> float:
+        """Forward+backward of ``samples`` generated samples on ``ranks`` data-parallel GPUs."""
+        kept = samples * self.keep_fraction
+        return sum(hw.train_pass(_rows_per_rank(kept * d, ranks)) for d in passes(self.steps_trained, tsp_degree))
+
+    def stage_costs(self, mb_size: int, tsp_degree: int = 1) -> StageCosts:
+        """Per-action durations of the disaggregated scheduler for micro-batches of ``mb_size`` samples."""
+        if mb_size < 1:
+            raise ValueError(f"micro-batch size must be >= 1, got {mb_size}")
+        g_hw, t_hw, r = self.generator.hardware, self.trainer.hardware, self.trainer.workers
+        return StageCosts(
+            generate=g_hw.generate(mb_size),
+            tag_generate=t_hw.generate(math.ceil(mb_size / r)),
+            score=g_hw.score(mb_size),
+            update=self.train_time(mb_size, tsp_degree, r, t_hw),
+            switch_to_gen=self.switch_to_gen,
+            switch_to_train=self.switch_to_train,
+            optimizer_step=self.optimizer_step,
+            weight_sync=self.weight_sync,
+        )
+
+    def colocated_phases(self, batch: int, tsp_degree: int = 1) -> dict[str, float]:
+        """Phases of one colocated step: every GPU of both pools generates, scores, then trains.
+
+        The batch is split evenly over all GPUs (data parallel); with two hardware types the slower
+        one sets each phase's time (each phase ends with a collective).
+        """
+        w = self.total_workers
+        per_gpu = math.ceil(batch / w)
+        hws = (self.generator.hardware, self.trainer.hardware)
+        return {
+            SWITCH_TO_GEN: self.switch_to_gen,
+            GENERATE: max(hw.generate(per_gpu) for hw in hws),
+            SCORE: max(hw.score(per_gpu) for hw in hws),
+            SWITCH_TO_TRAIN: self.switch_to_train,
+            UPDATE: max(self.train_time(batch, tsp_degree, w, hw) for hw in hws),
+            OPTIMIZER_STEP: self.optimizer_step,
+        }
+
+
+def uniform_stage_costs(generate: float, update: float, **kw: float) -> StageCosts:
+    """StageCosts with TAG as fast as a generator worker and free extras unless given (tests, benches)."""
+    kw.setdefault("tag_generate", generate)
+    kw.setdefault("score", 0.0)
+    return StageCosts(generate=generate, update=update, **kw)

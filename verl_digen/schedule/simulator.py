@@ -1,0 +1,205 @@
+"""Virtual-clock executor: runs a :class:`StepScheduler` (or the colocated baseline) under a cost model.
+
+``execute`` is the whole executor: a heap of completion times, the scheduler's actions in, completion
+events out; completions within 1 ns are delivered together (as a real event loop batches them).
+Durations come from the *true* cost model, optionally with multiplicative log-normal noise; the
+scheduler only sees them through its profiler, exactly as it would at run time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from dataclasses import dataclass, field, replace
+
+from .bounds import Bounds, pool_busy, step_bounds, throughput
+from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
+from .costs import (
+    GENERATE,
+    OPTIMIZER_STEP,
+    SCORE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
+    UPDATE,
+    CostModel,
+    StageCosts,
+)
+from .policies import parse_policy
+from .profiler import Profiler
+from .scheduler import Decision, StepScheduler
+from .timeline import TRAINER, Record, Timeline, gen_worker
+
+EPS = 1e-9
+
+
+@dataclass
+class SimResult:
+    label: str
+    config: ScheduleConfig
+    timeline: Timeline
+    makespan: float
+    step_time: float
+    throughput: float
+    total_gpus: int
+    bounds: Bounds | None
+    busy: dict[str, float]
+    stage_costs: StageCosts | None = None
+    decisions: list[Decision] = field(default_factory=list)
+    bts_solve_seconds: list[float] = field(default_factory=list)
+
+    @property
+    def fraction_of_ideal(self) -> float | None:
+        return None if self.bounds is None else self.bounds.ideal / self.step_time
+
+    @property
+    def bts_predicted(self) -> list[float]:
+        """Per step, the optimizer-step end BTS predicted at the step's first solve (absolute time)."""
+        out: dict[int, float] = {}
+        for d in self.decisions:
+            if d.predicted_end is not None and d.step not in out:
+                out[d.step] = d.predicted_end
+        return [out[s] for s in sorted(out)]
+
+    def row(self) -> dict:
+        return {
+            "label": self.label,
+            "mode": self.config.mode,
+            "policy": self.config.policy if self.config.mode == DIGEN else None,
+            "step_time": self.step_time,
+            "throughput": self.throughput,
+            "fraction_of_ideal": self.fraction_of_ideal,
+            "ideal": None if self.bounds is None else self.bounds.ideal,
+            "generator_busy": self.busy["generator"],
+            "trainer_busy": self.busy["trainer"],
+        }
+
+
+def execute(sched: StepScheduler, true_costs: StageCosts, noise: float = 0.0, seed: int = 0) -> Timeline:
+    """Run ``sched`` to completion on a virtual clock; returns its timeline."""
+    rng = random.Random(seed)
+    heap: list[tuple[float, int, object]] = []
+    seq = 0
+
+    def launch(actions, now: float) -> None:
+        nonlocal seq
+        for a in actions:
+            d = true_costs.duration(a.kind)
+            if noise:
+                d *= math.exp(rng.gauss(0.0, noise) - noise * noise / 2)
+            heapq.heappush(heap, (now + d, seq, a))
+            seq += 1
+
+    launch(sched.start(0.0), 0.0)
+    while not sched.done:
+        if not heap:
+            raise RuntimeError("scheduler stalled: no action in flight and not done")
+        t, _, a = heapq.heappop(heap)
+        group = [(t, a)]
+        while heap and heap[0][0] <= t + EPS:
+            t2, _, a2 = heapq.heappop(heap)
+            group.append((t2, a2))
+        now = max(x[0] for x in group)
+        for end, act in group:
+            sched.on_complete(act, end)
+        launch(sched.next_actions(now), now)
+    return sched.timeline
+
+
+def simulate(
+    config: ScheduleConfig,
+    model: CostModel,
+    label: str | None = None,
+    noise: float = 0.0,
+    seed: int = 0,
+    warmup: int = 1,
+    policy=None,
+) -> SimResult:
+    """Simulate ``config`` on the cluster ``model`` (any mode)."""
+    if config.mode == COLOCATED:
+        return simulate_colocated(config, model, label)
+    costs = model.stage_costs(config.mb_size, config.tsp_degree)
+    G = model.generator.workers
+    pol = parse_policy(policy if policy is not None else config.policy)
+    sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup))
+    tl = execute(sched, costs, noise, seed)
+    span = tl.makespan
+    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size)
+    return SimResult(
+        label=label or describe(config),
+        config=config,
+        timeline=tl,
+        makespan=span,
+        step_time=span / config.steps,
+        throughput=throughput(config.batch * config.steps, span, model.total_workers),
+        total_gpus=model.total_workers,
+        bounds=bounds,
+        busy=pool_busy(tl),
+        stage_costs=costs,
+        decisions=list(sched.decisions),
+        bts_solve_seconds=list(getattr(pol, "solve_seconds", [])),
+    )
+
+
+def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None) -> SimResult:
+    """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
+    phases = model.colocated_phases(config.batch, config.tsp_degree)
+    G = model.generator.workers
+    workers = [gen_worker(i) for i in range(G)] + [TRAINER]
+    tl = Timeline(workers, 1, config.steps, COLOCATED)
+    t = 0.0
+    for s in range(config.steps):
+        for kind in (SWITCH_TO_GEN, GENERATE, SCORE, SWITCH_TO_TRAIN, UPDATE, OPTIMIZER_STEP):
+            d = phases[kind]
+            if d <= 0:
+                continue
+            for w in workers:
+                tl.add(Record(w, kind, None, s, s, t, t + d))
+            t += d
+    span = tl.makespan
+    return SimResult(
+        label=label or "colocated",
+        config=config,
+        timeline=tl,
+        makespan=span,
+        step_time=span / config.steps,
+        throughput=throughput(config.batch * config.steps, span, model.total_workers),
+        total_gpus=model.total_workers,
+        bounds=None,
+        busy=pool_busy(tl),
+    )
+
+
+def describe(config: ScheduleConfig) -> str:
+    if config.mode != DIGEN:
+        return config.mode
+    parts = [f"digen {config.partition} m={config.mb_size}"]
+    if config.tsp_degree > 1:
+        parts.append(f"tsp={config.tsp_degree}")
+    parts.append(str(parse_policy(config.policy)))
+    if config.staleness:
+        parts.append(f"tcss={config.staleness:g}")
+    return " ".join(parts)
+
+
+def ablation_configs(base: ScheduleConfig, gap_mb: int, tsp_degree: int, policy: str = "bts",
+                     staleness: float = 0.25) -> list[tuple[str, ScheduleConfig]]:
+    """The paper's ladder: colocated, naive disaggregation, +GAP, +TSP, +TAG, +TCSS."""
+    common = dict(prompts=base.prompts, group_size=base.group_size, steps=base.steps)
+    colo = ScheduleConfig(mb_size=base.group_size, mode=COLOCATED, partition="batch", **common)
+    naive = ScheduleConfig(mb_size=base.group_size, mode=SEPARATE, partition="batch", **common)
+    gap = ScheduleConfig(mb_size=gap_mb, mode=DIGEN, partition="gap", **common)
+    tsp = replace(gap, tsp_degree=tsp_degree)
+    tag = replace(tsp, policy=policy)
+    tcss = replace(tag, staleness=staleness)
+    rows = [("colocated", colo), ("naive (separate)", naive), ("+GAP", gap), ("+TSP", tsp),
+            (f"+TAG ({policy})", tag)]
+    if staleness > 0:
+        rows.append((f"+TCSS ({staleness:g})", tcss))
+    return rows
+
+
+def run_ablation(base: ScheduleConfig, model: CostModel, gap_mb: int, tsp_degree: int,
+                 policy: str = "bts", staleness: float = 0.25) -> list[SimResult]:
+    return [simulate(cfg, model, label=label)
+            for label, cfg in ablation_configs(base, gap_mb, tsp_degree, policy, staleness)]

@@ -1,0 +1,187 @@
+"""The execution record shared by the simulator and the runtime, and its invariant checker.
+
+Both executors append one :class:`Record` per (worker, action) when the action completes. Worker
+names: ``gen0 .. gen{G-1}`` for generator workers, ``trainer`` for the trainer pool (one data-parallel
+unit). ``check_timeline`` verifies the scheduling invariants of design.md section 4 (items 4 and 5)
+and raises :class:`TimelineError` naming the first violation; runtime tests call it on measured
+timelines too.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import asdict, dataclass, field
+
+from .costs import (
+    GENERATE,
+    OPTIMIZER_STEP,
+    SCORE,
+    TAG_GENERATE,
+    UPDATE,
+    WEIGHT_SYNC,
+)
+
+TRAINER = "trainer"
+EPS = 1e-9
+
+
+def gen_worker(i: int) -> str:
+    return f"gen{i}"
+
+
+@dataclass(frozen=True)
+class Record:
+    """One executed action on one worker. ``version`` is the policy version of the weights used
+    (generation), trained (update / optimizer step) or installed (weight sync)."""
+
+    worker: str
+    kind: str
+    mb: int | None
+    step: int
+    version: int
+    start: float
+    end: float
+    stale: bool = False
+
+    @property
+    def duration(self) -> float:
+        return self.end - self.start
+
+
+@dataclass
+class Timeline:
+    """Records plus what is needed to judge them: the workers and the batch structure."""
+
+    workers: list[str]
+    micro_batches: int  # per step
+    steps: int
+    mode: str = "digen"
+    records: list[Record] = field(default_factory=list)
+
+    def add(self, record: Record) -> None:
+        self.records.append(record)
+
+    @property
+    def makespan(self) -> float:
+        return max((r.end for r in self.records), default=0.0)
+
+    @property
+    def start(self) -> float:
+        return min((r.start for r in self.records), default=0.0)
+
+    def by_worker(self) -> dict[str, list[Record]]:
+        out: dict[str, list[Record]] = {w: [] for w in self.workers}
+        for r in self.records:
+            out.setdefault(r.worker, []).append(r)
+        for rs in out.values():
+            rs.sort(key=lambda r: (r.start, r.end))
+        return out
+
+    def busy(self, worker: str) -> float:
+        return sum(r.duration for r in self.records if r.worker == worker)
+
+    def step_ends(self) -> list[float]:
+        """End of each step: its weight sync if any, else its optimizer step."""
+        ends: dict[int, float] = {}
+        for r in self.records:
+            if r.kind in (WEIGHT_SYNC, OPTIMIZER_STEP):
+                ends[r.step] = max(ends.get(r.step, 0.0), r.end)
+        return [ends[s] for s in sorted(ends)]
+
+    def to_dicts(self) -> list[dict]:
+        return [asdict(r) for r in self.records]
+
+
+class TimelineError(AssertionError):
+    """A timeline violates a scheduling invariant."""
+
+
+def _fail(msg: str) -> None:
+    raise TimelineError(msg)
+
+
+def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
+    """Check the invariants every disaggregated execution must keep.
+
+    - each micro-batch of each step generated once, scored once, updated once, in that order;
+      optimizer step of a step after all its updates; nothing overlaps on one worker;
+    - scoring has priority: no generation starts while a generated micro-batch waits for scoring;
+    - no trajectory spans two versions (generation never overlaps its worker's weight sync and uses
+      the worker's current weights); staleness <= 1 version; stale fraction per step <= bound.
+    """
+    if not 0 <= staleness_bound <= 1:
+        raise ValueError(f"staleness bound must be in [0, 1], got {staleness_bound}")
+    recs = timeline.records
+    m, steps = timeline.micro_batches, timeline.steps
+    # 1. no overlap per worker
+    for w, rs in timeline.by_worker().items():
+        for a, b in zip(rs, rs[1:]):
+            if b.start < a.end - EPS:
+                _fail(f"{w}: {a.kind} (step {a.step}, mb {a.mb}) [{a.start:.6g}, {a.end:.6g}] overlaps "
+                      f"{b.kind} (step {b.step}, mb {b.mb}) starting at {b.start:.6g}")
+        for r in rs:
+            if r.end < r.start - EPS:
+                _fail(f"{w}: {r.kind} ends before it starts ({r.start} > {r.end})")
+    if timeline.mode == "colocated":
+        return
+    # 2. exactly-once per stage, in order
+    seen: dict[tuple[str, int, int], list[Record]] = defaultdict(list)
+    for r in recs:
+        if r.kind in (GENERATE, TAG_GENERATE):
+            seen[("gen", r.step, r.mb)].append(r)
+        elif r.kind in (SCORE, UPDATE):
+            seen[(r.kind, r.step, r.mb)].append(r)
+    for s in range(steps):
+        for i in range(m):
+            g, sc, up = seen.get(("gen", s, i), []), seen.get((SCORE, s, i), []), seen.get((UPDATE, s, i), [])
+            for name, lst in (("generated", g), ("scored", sc), ("updated", up)):
+                if len(lst) != 1:
+                    _fail(f"step {s} micro-batch {i} {name} {len(lst)} times (expected once)")
+            if sc[0].start < g[0].end - EPS:
+                _fail(f"step {s} mb {i} scored at {sc[0].start:.6g} before its generation ended at {g[0].end:.6g}")
+            if up[0].start < sc[0].end - EPS:
+                _fail(f"step {s} mb {i} updated at {up[0].start:.6g} before its scoring ended at {sc[0].end:.6g}")
+            if up[0].version != s:
+                _fail(f"step {s} mb {i} trained by policy version {up[0].version}, expected {s}")
+    opts = {r.step: r for r in recs if r.kind == OPTIMIZER_STEP and r.worker == TRAINER}
+    for s in range(steps):
+        if s not in opts:
+            _fail(f"step {s} has no optimizer step")
+        last_update = max(seen[(UPDATE, s, i)][0].end for i in range(m))
+        if opts[s].start < last_update - EPS:
+            _fail(f"step {s} optimizer step starts at {opts[s].start:.6g} before its last update ends")
+    extra = {k for k in seen if not (0 <= k[1] < steps and 0 <= k[2] < m)}
+    if extra:
+        _fail(f"records for unknown micro-batches: {sorted(extra)[:5]}")
+    # 3. scoring priority: a generation on a generator worker must not start while something waits
+    gen_end = {(s, i): seen[("gen", s, i)][0].end for s in range(steps) for i in range(m)}
+    score_start = {(s, i): seen[(SCORE, s, i)][0].start for s in range(steps) for i in range(m)}
+    waiting = sorted((gen_end[k], score_start[k], k) for k in gen_end)
+    for r in recs:
+        if r.kind != GENERATE:
+            continue
+        t = r.start
+        for ge, ss, k in waiting:
+            if ge > t + EPS:
+                break
+            if ss > t + EPS:
+                _fail(f"{r.worker} started generating step {r.step} mb {r.mb} at {t:.6g} while step {k[0]} "
+                      f"mb {k[1]} waited for scoring (generated {ge:.6g}, scored {ss:.6g})")
+    # 4. versions: generation uses the worker's current weights, never across a sync
+    stale_count: dict[int, int] = defaultdict(int)
+    for w, rs in timeline.by_worker().items():
+        version = 0
+        for r in rs:
+            if r.kind == WEIGHT_SYNC:
+                version = r.version
+            elif r.kind in (GENERATE, TAG_GENERATE):
+                expected = version if w != TRAINER else r.step
+                if r.version != expected:
+                    _fail(f"{w} generated step {r.step} mb {r.mb} with version {r.version} but held {expected}")
+                if not r.step - 1 <= r.version <= r.step:
+                    _fail(f"step {r.step} mb {r.mb} generated by version {r.version}: staleness above one version")
+                if r.version < r.step:
+                    stale_count[r.step] += 1
+    for s, c in stale_count.items():
+        if c > staleness_bound * m + EPS:
+            _fail(f"step {s}: {c}/{m} micro-batches stale, above the bound {staleness_bound}")
