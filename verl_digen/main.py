@@ -9,9 +9,18 @@ from __future__ import annotations
 
 import sys
 
-from omegaconf import OmegaConf
+from omegaconf import DictConfig, OmegaConf
 
 from verl_digen.trainer.local import LocalRunConfig, run_local, summarize
+
+
+def _make_writable(node: DictConfig) -> None:
+    """Frozen dataclasses become read-only nodes; overrides must still apply to them."""
+    OmegaConf.set_readonly(node, None)
+    for key in node:
+        child = node._get_node(key)
+        if isinstance(child, DictConfig):
+            _make_writable(child)
 
 
 def parse_config(argv: list[str]) -> LocalRunConfig:
@@ -20,6 +29,7 @@ def parse_config(argv: list[str]) -> LocalRunConfig:
     if bad:
         raise SystemExit(f"arguments must be key=value overrides, got {bad}")
     base = OmegaConf.structured(LocalRunConfig)
+    _make_writable(base)
     try:
         merged = OmegaConf.merge(base, OmegaConf.from_dotlist(argv))
     except Exception as err:  # omegaconf names the key and the expected type
