@@ -35,4 +35,4 @@ def random_config(rng: random.Random, max_mb: int = 10, steps: int = 1, policy: 
         m = rng.choice([d for d in range(1, n + 1) if n % d == 0])
         if prompts * n // m <= max_mb:
             return ScheduleConfig(prompts=prompts, group_size=n, mb_size=m, steps=steps, policy=policy,
-                                  staleness=staleness)
+                                  staleness=staleness, update=rng.choice(["unit", "micro_batch"]))

@@ -26,7 +26,8 @@ def _instances(n: int, seed: int):
         G = rng.randint(1, 3)
         costs = random_costs(rng, ties=i % 2 == 1, sync=False)
         stale = rng.choice([0, 0, rng.randint(1, M)])
-        yield bts.Params.from_costs(costs, M, k, G), bts.ModelState.fresh(M, G, stale)
+        upd = rng.choice([1, k])
+        yield bts.Params.from_costs(costs, M, k, G, upd), bts.ModelState.fresh(M, G, stale)
 
 
 def test_bts_equals_exhaustive_on_random_small_instances():
@@ -57,7 +58,7 @@ def test_bts_equals_exhaustive_mid_step_states():
 
         sched.policy.decide = spy
         execute(sched, costs)
-        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G)
+        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size)
         for snap in snaps:
             value, _, _ = bts.solve(params, snap)
             assert value == pytest.approx(bts.exhaustive(params, snap)[0], rel=1e-9, abs=1e-9)

@@ -109,7 +109,7 @@ def test_simulated_step_time_respects_every_lower_bound():
         costs = random_costs(rng, ties=i % 2 == 0)
         G = rng.randint(1, 4)
         sched, tl = _run(cfg, costs, G)
-        b = step_bounds(costs, sched.M, G, steps, sched.unit_size)
+        b = step_bounds(costs, sched.M, G, steps, sched.unit_size, sched.update_size)
         step_time = tl.makespan / steps
         for name, v in b.as_dict().items():
             assert step_time >= v - 1e-9, (name, v, step_time, cfg, costs)

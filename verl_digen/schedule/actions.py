@@ -29,6 +29,11 @@ class Action:
     samples: tuple[tuple[int, int], ...] = ()
     stale: bool = False
     start: float = 0.0
+    count: int = 1  # update actions: micro-batches mb .. mb + count - 1 (one release unit)
+
+    @property
+    def micro_batches(self) -> range:
+        return range(self.mb, self.mb + self.count) if self.mb is not None else range(0)
 
     @property
     def worker(self) -> str:

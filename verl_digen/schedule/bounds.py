@@ -39,12 +39,12 @@ class Bounds:
 
 
 def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: int = 1,
-                unit_size: int = 1) -> Bounds:
+                unit_size: int = 1, update_size: int = 1) -> Bounds:
     """Per-step lower bounds (see module docstring)."""
     M, G, S = micro_batches, gen_workers, steps
     g, gt, c, u = costs.generate, costs.tag_generate, costs.score, costs.update
     opt, sync = costs.optimizer_step, costs.weight_sync
-    trainer_work = M * u + opt + sync
+    trainer_work = (M // update_size) * u + opt + sync
 
     def gen_side(x: float) -> float:
         return S * (((M - x) * g + M * c) / G + sync) + u + opt

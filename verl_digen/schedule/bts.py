@@ -55,9 +55,11 @@ class Params:
     swt: float
     opt: float
     quantum: float
+    upd: int = 1  # micro-batches per update action
 
     @classmethod
-    def from_costs(cls, costs: StageCosts, micro_batches: int, unit_size: int, gen_workers: int) -> Params:
+    def from_costs(cls, costs: StageCosts, micro_batches: int, unit_size: int, gen_workers: int,
+                   update_size: int = 1) -> Params:
         scale = max(costs.generate, costs.tag_generate, costs.score, costs.update, 1e-12)
         return cls(
             M=micro_batches,
@@ -71,6 +73,7 @@ class Params:
             swt=costs.switch_to_train,
             opt=costs.optimizer_step,
             quantum=scale * 1e-9,
+            upd=update_size,
         )
 
 
@@ -173,7 +176,7 @@ def advance(p: Params, s: ModelState) -> bool:
                 if s.mode:
                     s.tk, s.te = T_SWT, t + p.swt
                 elif s.uq:
-                    s.uq -= 1
+                    s.uq -= p.upd
                     s.tk, s.te = T_UPDATE, t + p.u
                 else:
                     s.tk, s.te = T_OPT, t + p.opt
@@ -212,7 +215,7 @@ def advance(p: Params, s: ModelState) -> bool:
             tk = s.tk
             s.tk = T_IDLE
             if tk == T_UPDATE:
-                s.upd_left -= 1
+                s.upd_left -= p.upd
             elif tk == T_TAG:
                 heappush(s.sq, s.ti)
                 s.ti = -1
@@ -259,7 +262,7 @@ def lower_bound(p: Params, s: ModelState) -> float:
             if kind == GEN:
                 n_score += 1
     tail = p.u + p.opt
-    t0 = s.upd_left * p.u + p.opt
+    t0 = (s.upd_left // p.upd) * p.u + p.opt
     if s.tk:  # trainer busy (only at non-decision states)
         t0 += max(0.0, s.te - t)
     b0 = t0 + (p.swt if s.mode else 0.0)
@@ -453,7 +456,8 @@ class BtsPolicy:
         return "bts"
 
     def decide(self, ctx: BubbleContext) -> bool:
-        params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers)
+        params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers,
+                                   ctx.update_size)
         if not self.reuse or self._solver is None or self._solver.params != params:
             self._solver = Solver(params, node_cap=self.node_cap)
         before = self._solver.stats.seconds

@@ -178,8 +178,9 @@ class CostModel:
         kept = samples * self.keep_fraction
         return sum(hw.train_pass(_rows_per_rank(kept * d, ranks)) for d in passes(self.steps_trained, tsp_degree))
 
-    def stage_costs(self, mb_size: int, tsp_degree: int = 1) -> StageCosts:
-        """Per-action durations of the disaggregated scheduler for micro-batches of ``mb_size`` samples."""
+    def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None) -> StageCosts:
+        """Per-action durations of the disaggregated scheduler for micro-batches of ``mb_size`` samples
+        (an update action trains ``update_samples``, by default one micro-batch)."""
         if mb_size < 1:
             raise ValueError(f"micro-batch size must be >= 1, got {mb_size}")
         g_hw, t_hw, r = self.generator.hardware, self.trainer.hardware, self.trainer.workers
@@ -187,7 +188,7 @@ class CostModel:
             generate=g_hw.generate(mb_size),
             tag_generate=t_hw.generate(math.ceil(mb_size / r)),
             score=g_hw.score(mb_size),
-            update=self.train_time(mb_size, tsp_degree, r, t_hw),
+            update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw),
             switch_to_gen=self.switch_to_gen,
             switch_to_train=self.switch_to_train,
             optimizer_step=self.optimizer_step,

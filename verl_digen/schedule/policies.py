@@ -39,6 +39,7 @@ class BubbleContext:
     costs: StageCosts
     costs_version: int
     unit_size: int
+    update_size: int
     gen_workers: int
     snapshot: Callable[[], Any]
     predicted_end: float | None = None  # filled by BTS (absolute time of the optimizer step's end)

@@ -99,6 +99,7 @@ class StepScheduler:
         self.partition = config.make_partition(gen_workers)
         self.M = self.partition.count
         self.unit_size = self.M if config.mode == SEPARATE else self.partition.unit_size
+        self.update_size = config.update_size(self.unit_size)
         self.G = gen_workers
         self.gens = [gen_worker(i) for i in range(gen_workers)]
         if policy is None:
@@ -151,9 +152,8 @@ class StepScheduler:
         end = action.start + duration if duration is not None else now
         for w in action.workers:
             self._busy[w] = None
-            self.timeline.add(
-                Record(w, action.kind, action.mb, action.step, action.version, action.start, end, action.stale)
-            )
+            self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
+                                     action.stale, action.count))
         kind, s = action.kind, action.step
         if kind in (GENERATE, TAG_GENERATE):
             heapq.heappush(self._sq[s], action.mb)
@@ -165,7 +165,7 @@ class StepScheduler:
                 del st.scored[unit]
                 st.uq.extend(range(unit * self.unit_size, (unit + 1) * self.unit_size))
         elif kind == UPDATE:
-            self._steps[s].updated += 1
+            self._steps[s].updated += action.count
         elif kind == SWITCH_TO_GEN:
             self.trainer_mode = GEN_MODE
         elif kind == SWITCH_TO_TRAIN:
@@ -251,7 +251,11 @@ class StepScheduler:
             if self.trainer_mode == GEN_MODE:
                 return Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)
             if st.uq:
-                return self._mb_action(UPDATE, TRAINER, ts, ts, st.uq.popleft())
+                mbs = [st.uq.popleft() for _ in range(self.update_size)]
+                a = self._mb_action(UPDATE, TRAINER, ts, ts, mbs[0])
+                a.count = len(mbs)
+                a.samples = tuple(s for i in mbs for s in self.partition.micro_batches[i].samples)
+                return a
             st.opt_started = True
             return Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)
         if st.next < self.M and not self._skipped and self.gen_version == ts:
@@ -266,6 +270,7 @@ class StepScheduler:
                 costs=self.costs,
                 costs_version=self.profiler.version,
                 unit_size=self.unit_size,
+                update_size=self.update_size,
                 gen_workers=self.G,
                 snapshot=lambda: self.snapshot(now),
             )
@@ -279,7 +284,7 @@ class StepScheduler:
             st.tags += 1
             if self.trainer_mode == TRAIN_MODE:
                 self._reserved = mb
-                return Action(SWITCH_TO_GEN, (TRAINER,), ts, ts, mb)
+                return self._mb_action(SWITCH_TO_GEN, TRAINER, ts, ts, mb)  # mb: the TAG that follows
             return self._mb_action(TAG_GENERATE, TRAINER, ts, ts, mb)
         return None
 

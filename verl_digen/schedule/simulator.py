@@ -118,13 +118,15 @@ def simulate(
     """Simulate ``config`` on the cluster ``model`` (any mode)."""
     if config.mode == COLOCATED:
         return simulate_colocated(config, model, label)
-    costs = model.stage_costs(config.mb_size, config.tsp_degree)
     G = model.generator.workers
+    unit = config.make_partition(G).unit_size
+    costs = model.stage_costs(config.mb_size, config.tsp_degree,
+                              config.mb_size * config.update_size(unit))
     pol = parse_policy(policy if policy is not None else config.policy)
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup))
     tl = execute(sched, costs, noise, seed)
     span = tl.makespan
-    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size)
+    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size)
     return SimResult(
         label=label or describe(config),
         config=config,

@@ -42,6 +42,7 @@ class Record:
     start: float
     end: float
     stale: bool = False
+    count: int = 1  # micro-batches covered (an update of a whole release unit)
 
     @property
     def duration(self) -> float:
@@ -129,8 +130,11 @@ def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
     for r in recs:
         if r.kind in (GENERATE, TAG_GENERATE):
             seen[("gen", r.step, r.mb)].append(r)
-        elif r.kind in (SCORE, UPDATE):
+        elif r.kind == SCORE:
             seen[(r.kind, r.step, r.mb)].append(r)
+        elif r.kind == UPDATE:
+            for i in range(r.mb, r.mb + r.count):
+                seen[(r.kind, r.step, i)].append(r)
     for s in range(steps):
         for i in range(m):
             g, sc, up = seen.get(("gen", s, i), []), seen.get((SCORE, s, i), []), seen.get((UPDATE, s, i), [])

@@ -1,0 +1,97 @@
+"""Presets, the profile format, exports and the ``digen`` command line."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from verl_digen.cli import main
+from verl_digen.schedule import presets
+from verl_digen.schedule.config import ScheduleConfig
+from verl_digen.schedule.export import chrome_trace, save_gantt_png
+from verl_digen.schedule.profile_io import dump_profile, load, load_profile, model_from_dict, model_to_dict
+from verl_digen.schedule.simulator import run_ablation, simulate
+from verl_digen.schedule.timeline import check_timeline
+
+
+def test_every_preset_simulates_the_whole_ladder_and_keeps_invariants():
+    assert {"flux-12b-16", "qwen-image-20b-32", "wan2.1-14b-16", "hunyuanvideo-13b-32",
+            "hunyuanvideo-13b-hetero"} <= set(presets.names())
+    for name in presets.names():
+        p = presets.get(name)
+        wl = p.workload
+        base = ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.mb_size, steps=2)
+        results = run_ablation(base, p.model, wl.mb_size, wl.tsp_degree, "bts", wl.staleness)
+        assert [r.label for r in results][:3] == ["colocated", "naive (separate)", "+GAP"]
+        for r in results[1:]:
+            check_timeline(r.timeline, r.config.staleness)
+            assert 0 < r.fraction_of_ideal <= 1 + 1e-9
+        naive, tag = results[1].step_time, results[4].step_time
+        assert tag < naive  # pipelining + TSP beat naive disaggregation in every preset
+    with pytest.raises(ValueError, match="unknown preset"):
+        presets.get("sdxl")
+
+
+def test_profile_round_trip_and_measured_samples(tmp_path):
+    p = presets.get("hunyuanvideo-13b-hetero")
+    for ext in ("yaml", "json"):
+        path = tmp_path / f"prof.{ext}"
+        dump_profile(p.model, path, name="x", workload=p.workload)
+        model, wl = load(path)
+        assert model == p.model and wl == p.workload
+        assert load_profile(path) == p.model
+    d = model_to_dict(p.model)
+    d["samples"] = [
+        {"pool": "generator", "kind": "generate", "size": 1, "seconds": 40.0},
+        {"pool": "generator", "kind": "generate", "size": 3, "seconds": 100.0},
+        {"kind": "weight_sync", "seconds": 3.0},
+        {"kind": "weight_sync", "seconds": 5.0},
+        {"kind": "update", "size": 8, "tsp_degree": 4, "seconds": 30.0},
+    ]
+    fitted, _ = model_from_dict(d)
+    assert fitted.generator.hardware.generate.fixed == pytest.approx(10.0)
+    assert fitted.generator.hardware.generate.per_unit == pytest.approx(30.0)
+    assert fitted.weight_sync == pytest.approx(4.0)
+    costs = fitted.stage_costs(1, 4, update_samples=8)
+    assert costs.update == pytest.approx(30.0)
+    bad = dict(d, samples=[{"kind": "nap", "seconds": 1}])
+    with pytest.raises(ValueError, match="unknown kind"):
+        model_from_dict(bad)
+    with pytest.raises(ValueError, match="generator"):
+        model_from_dict({"trainer": {"workers": 1}})
+    with pytest.raises(ValueError, match=">= 0"):
+        model_from_dict(dict(model_to_dict(p.model), weight_sync=-1))
+
+
+def test_chrome_trace_and_gantt(tmp_path):
+    p = presets.get("wan2.1-14b-16")
+    cfg = ScheduleConfig(prompts=4, group_size=8, mb_size=1, steps=2, tsp_degree=4, policy="bts", staleness=0.25)
+    res = simulate(cfg, p.model)
+    trace = chrome_trace(res.timeline)
+    json.dumps(trace)
+    xs = [e for e in trace["traceEvents"] if e["ph"] == "X"]
+    assert len(xs) == len(res.timeline.records)
+    names = {e["args"]["name"] for e in trace["traceEvents"] if e.get("name") == "thread_name"}
+    assert names == set(res.timeline.workers)  # one track per worker
+    png = tmp_path / "g.png"
+    save_gantt_png(res.timeline, png, title="t")
+    assert png.read_bytes()[:4] == b"\x89PNG"
+
+
+def test_cli_simulate_plan_and_errors(tmp_path, capsys):
+    trace, png, prof = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "p.yaml"
+    assert main(["simulate", "--preset", "flux-12b-16", "--steps", "2", "--trace", str(trace), "--png", str(png),
+                 "--dump-profile", str(prof), "--json"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert [r["label"] for r in rows][:2] == ["colocated", "naive (separate)"]
+    assert "+TCSS (0.25)" in out and trace.exists() and png.exists()
+    assert main(["simulate", "--profile", str(prof), "--only", "digen", "--policy", "adaptive"]) == 0
+    assert main(["plan", "--preset", "qwen-image-20b-16", "--gpus", "6", "--top", "3", "--json"]) == 0
+    plan_rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert len(plan_rows) == 3 and all(r["generators"] + r["trainers"] == 6 for r in plan_rows)
+    assert plan_rows[0]["step_time"] <= plan_rows[-1]["step_time"]
+    assert main(["simulate", "--staleness", "2"]) == 2
+    assert main(["simulate", "--policy", "sometimes"]) == 2
+    assert "unknown TAG policy" in capsys.readouterr().err

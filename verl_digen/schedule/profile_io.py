@@ -1,0 +1,207 @@
+"""The profile format: a cluster's stage costs as JSON or YAML, written by hand, by ``digen simulate
+--dump-profile``, or by the runtime from measured durations; ``load_profile(path)`` returns a
+:class:`CostModel`. See docs/simulator.md for the full description. Shape::
+
+    format: verl-digen-profile
+    version: 1
+    name: my-cluster
+    generator: {workers: 8, hardware: {name: H20, generate: {fixed: 1.0, per_unit: 20.0},
+                                        score: {fixed: 0.2, per_unit: 0.3}, train_pass: {...}}}
+    trainer:   {workers: 8, hardware: {name: H100, generate: {...}, train_pass: {fixed: 0.3, per_unit: 1.1}}}
+    steps_trained: 12          # K, timesteps trained per sample
+    keep_fraction: 1.0         # share of samples trained (best-of-N < 1)
+    switch_to_gen: 0.8         # seconds; also switch_to_train, optimizer_step, weight_sync
+    workload: {prompts: 4, group_size: 8, mb_size: 1, tsp_degree: 4, staleness: 0.25, steps: 4}  # optional
+    samples:                   # optional raw measurements; refit the affine costs above
+      - {pool: generator, kind: generate, size: 2, seconds: 41.2}
+      - {pool: trainer, kind: update, size: 1, tsp_degree: 4, seconds: 9.7}
+      - {kind: weight_sync, seconds: 1.9}
+
+Per-unit costs are per sample (``generate``, ``score``) or per row of one training pass on one GPU
+(``train_pass``, a row being one (sample, timestep) pair).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections import defaultdict
+from dataclasses import asdict, dataclass, fields, replace
+from pathlib import Path
+from typing import Any
+
+from .costs import Affine, CostModel, Hardware, Pool, passes
+
+FORMAT = "verl-digen-profile"
+VERSION = 1
+_SCALARS = ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync")
+_AFFINES = ("generate", "score", "train_pass")
+
+
+@dataclass(frozen=True)
+class Workload:
+    """Default run shape stored with a profile or preset (all optional on load)."""
+
+    prompts: int = 4
+    group_size: int = 8
+    mb_size: int = 1
+    tsp_degree: int = 1
+    staleness: float = 0.25
+    steps: int = 4
+    policy: str = "bts"
+
+
+def _affine(d: Any, where: str) -> Affine:
+    if d is None:
+        return Affine()
+    if not isinstance(d, dict):
+        raise ValueError(f"{where}: expected a mapping with 'fixed' and 'per_unit', got {d!r}")
+    unknown = set(d) - {"fixed", "per_unit"}
+    if unknown:
+        raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
+    try:
+        return Affine(float(d.get("fixed", 0.0)), float(d.get("per_unit", 0.0)))
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+
+
+def _hardware(d: dict, where: str) -> Hardware:
+    return Hardware(
+        name=str(d.get("name", "gpu")),
+        **{k: _affine(d.get(k), f"{where}.{k}") for k in _AFFINES},
+    )
+
+
+def _pool(d: Any, where: str) -> Pool:
+    if not isinstance(d, dict) or "workers" not in d:
+        raise ValueError(f"profile needs '{where}: {{workers: N, hardware: {{...}}}}'")
+    return Pool(_hardware(d.get("hardware") or {}, f"{where}.hardware"), d["workers"])
+
+
+def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
+    """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
+    if d.get("format", FORMAT) != FORMAT:
+        raise ValueError(f"not a verl-digen profile (format {d.get('format')!r})")
+    if int(d.get("version", VERSION)) > VERSION:
+        raise ValueError(f"profile version {d['version']} is newer than this verl-digen ({VERSION})")
+    model = CostModel(
+        generator=_pool(d.get("generator"), "generator"),
+        trainer=_pool(d.get("trainer"), "trainer"),
+        steps_trained=int(d.get("steps_trained", 1)),
+        keep_fraction=float(d.get("keep_fraction", 1.0)),
+        **{k: float(d.get(k, 0.0)) for k in _SCALARS},
+    )
+    if d.get("samples"):
+        model = fit_samples(model, d["samples"])
+    wl = None
+    if d.get("workload") is not None:
+        allowed = {f.name for f in fields(Workload)}
+        unknown = set(d["workload"]) - allowed
+        if unknown:
+            raise ValueError(f"workload: unknown keys {sorted(unknown)}")
+        wl = Workload(**d["workload"])
+    return model, wl
+
+
+def _fit(points: list[tuple[float, float]], prior: Affine) -> Affine:
+    sizes = {s for s, _ in points}
+    mean_t = sum(t for _, t in points) / len(points)
+    if len(sizes) >= 2:
+        n = len(points)
+        mx = sum(s for s, _ in points) / n
+        sxx = sum((s - mx) ** 2 for s, _ in points)
+        slope = sum((s - mx) * (t - mean_t) for s, t in points) / sxx
+        slope = max(slope, 0.0)
+        return Affine(max(mean_t - slope * mx, 0.0), slope)
+    (size,) = sizes
+    predicted = prior(size)
+    if predicted > 0:
+        return prior.scaled(mean_t / predicted)
+    return Affine(0.0, mean_t / size if size > 0 else 0.0)
+
+
+def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
+    """Refit affine costs from measured (pool, kind, size, seconds) samples; scalar kinds -> mean."""
+    pts: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
+    scalars: dict[str, list[float]] = defaultdict(list)
+    R = model.trainer.workers
+    for i, s in enumerate(samples):
+        kind, secs = s.get("kind"), s.get("seconds")
+        if secs is None or float(secs) < 0:
+            raise ValueError(f"samples[{i}]: needs non-negative 'seconds'")
+        secs = float(secs)
+        if kind in _SCALARS:
+            scalars[kind].append(secs)
+            continue
+        size = float(s.get("size", 1))
+        if kind == "tag_generate":
+            pts[("trainer", "generate")].append((math.ceil(size / R), secs))
+        elif kind == "update":  # whole micro-batch update -> per-pass points
+            d = int(s.get("tsp_degree", 1))
+            ps = passes(model.steps_trained, d)
+            rows = max(1.0, math.ceil(size * model.keep_fraction * ps[0] / R))
+            pts[("trainer", "train_pass")].append((rows, secs / len(ps)))
+        elif kind in _AFFINES:
+            pool = s.get("pool", "trainer" if kind == "train_pass" else "generator")
+            if pool not in ("generator", "trainer"):
+                raise ValueError(f"samples[{i}]: unknown pool {pool!r}")
+            pts[(pool, kind)].append((size, secs))
+        else:
+            raise ValueError(f"samples[{i}]: unknown kind {kind!r}")
+    pools = {"generator": model.generator, "trainer": model.trainer}
+    for (pool, kind), p in pts.items():
+        hw = pools[pool].hardware
+        pools[pool] = Pool(replace(hw, **{kind: _fit(p, getattr(hw, kind))}), pools[pool].workers)
+    return replace(model, generator=pools["generator"], trainer=pools["trainer"],
+                   **{k: sum(v) / len(v) for k, v in scalars.items()})
+
+
+def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = None) -> dict:
+    def hw(h: Hardware) -> dict:
+        return {"name": h.name, **{k: asdict(getattr(h, k)) for k in _AFFINES}}
+
+    out: dict[str, Any] = {"format": FORMAT, "version": VERSION, "name": name}
+    for pool in ("generator", "trainer"):
+        p: Pool = getattr(model, pool)
+        out[pool] = {"workers": p.workers, "hardware": hw(p.hardware)}
+    out["steps_trained"] = model.steps_trained
+    out["keep_fraction"] = model.keep_fraction
+    out.update({k: getattr(model, k) for k in _SCALARS})
+    if workload is not None:
+        out["workload"] = asdict(workload)
+    return out
+
+
+def _read(path: str | Path) -> dict:
+    text = Path(path).read_text()
+    if str(path).endswith(".json"):
+        return json.loads(text)
+    import yaml  # YAML is a superset of JSON; PyYAML is a dependency of the package
+
+    data = yaml.safe_load(text)
+    if not isinstance(data, dict):
+        raise ValueError(f"{path}: expected a mapping at the top level")
+    return data
+
+
+def load(path: str | Path) -> tuple[CostModel, Workload | None]:
+    """Cost model and (optional) workload of a profile file."""
+    try:
+        return model_from_dict(_read(path))
+    except (ValueError, TypeError) as e:
+        raise ValueError(f"{path}: {e}") from None
+
+
+def load_profile(path: str | Path) -> CostModel:
+    """The cost model of a profile (JSON or YAML) measured by the runtime or written by hand."""
+    return load(path)[0]
+
+
+def dump_profile(model: CostModel, path: str | Path, name: str = "", workload: Workload | None = None) -> None:
+    d = model_to_dict(model, name, workload)
+    if str(path).endswith(".json"):
+        Path(path).write_text(json.dumps(d, indent=2) + "\n")
+    else:
+        import yaml
+
+        Path(path).write_text(yaml.safe_dump(d, sort_keys=False))
