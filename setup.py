@@ -39,7 +39,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff", "build"],
+        "test": ["pytest>=8", "ruff", "build", "rapidocr-onnxruntime"],
         "vllm": ["vllm", "vllm-omni"],
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
     },
