@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from _grid import B_VALUES, RATIOS, cluster  # noqa: E402
+from bts import B_VALUES, RATIOS, cluster  # noqa: E402  (the same synthetic grid)
 
 from verl_digen.schedule.config import ScheduleConfig  # noqa: E402
 from verl_digen.schedule.simulator import simulate  # noqa: E402
