@@ -1,57 +1,78 @@
-"""``python -m verl_digen.main [key=value ...]``: the main training job.
+"""``python -m verl_digen.main [overrides]``: the main training job (Hydra).
 
-With no overrides it trains the embedded default: a tiny random-weight FLUX-architecture model on a
-learnable offline reward, on CPU, in about a minute. Overrides use the dotted ``key=value`` syntax
-(``steps=20 sampler.eta=0.5 arch=sd3``).
+``trainer=digen`` (default) runs the disaggregated scheduler, ``trainer=colocated`` and
+``trainer=separate`` the baselines on the same code. With no overrides it trains the embedded default:
+a tiny random-weight FLUX-architecture model on a learnable offline reward, 1 generator + 1 trainer
+worker on CPU, 10 steps, ending with a summary table.
 """
 
 from __future__ import annotations
 
 import sys
 
-from omegaconf import DictConfig, OmegaConf
+import hydra
+from omegaconf import DictConfig
 
-from verl_digen.trainer.local import LocalRunConfig, run_local, summarize
-
-
-def _make_writable(node: DictConfig) -> None:
-    """Frozen dataclasses become read-only nodes; overrides must still apply to them."""
-    OmegaConf.set_readonly(node, None)
-    for key in node:
-        child = node._get_node(key)
-        if isinstance(child, DictConfig):
-            _make_writable(child)
+from verl_digen.trainer.config import ConfigError, RunConfig, load, validate
 
 
-def parse_config(argv: list[str]) -> LocalRunConfig:
-    """Defaults merged with ``key=value`` overrides; unknown keys and bad values name themselves."""
-    bad = [a for a in argv if "=" not in a]
-    if bad:
-        raise SystemExit(f"arguments must be key=value overrides, got {bad}")
-    base = OmegaConf.structured(LocalRunConfig)
-    _make_writable(base)
+def _pair(rows, pool: str, avg) -> str:
+    return f"{avg(rows, f'pool/{pool}_busy'):.2f} / {avg(rows, f'pool/{pool}_bubble'):.2f}"
+
+
+def summary_table(reports, cfg: RunConfig) -> str:
+    """Throughput, bubbles and reward at start vs end of a run."""
+    if not reports:
+        return "no steps were run"
+    m = [r.metrics for r in reports]
+    quarter = max(1, len(m) // 4)
+    avg = lambda rows, key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
+    steady = m[1:] or m  # the first step pays warm-up (allocations, first BTS solve)
+    rows = [
+        ("mode", cfg.trainer.mode),
+        ("workers (generator + trainer)", f"{cfg.resources.generator.workers} + {cfg.resources.trainer.workers}"),
+        ("steps", str(len(m))),
+        ("step time (s, after step 1)", f"{avg(steady, 'timing/step_s'):.3f}"),
+        ("samples / worker-second", f"{avg(steady, 'perf/samples_per_worker_s'):.3f}"),
+        ("generator busy / bubble", _pair(steady, "generator", avg)),
+        ("trainer busy / bubble", _pair(steady, "trainer", avg)),
+        ("fraction of ideal", f"{avg(steady, 'perf/fraction_of_ideal'):.2f}"),
+        ("reward (first quarter)", f"{avg(m[:quarter], 'reward/mean'):+.4f}"),
+        ("reward (last quarter)", f"{avg(m[-quarter:], 'reward/mean'):+.4f}"),
+    ]
+    width = max(len(k) for k, _ in rows) + 2
+    return "\n".join(f"{k:<{width}}{v:>16}" for k, v in rows)
+
+
+def run(cfg: RunConfig, log=print):
+    """Validate, train, and print the summary; returns the run result."""
+    from verl_digen.trainer.runtime import DigenTrainer
+
+    trainer = DigenTrainer(cfg, log=log)
     try:
-        merged = OmegaConf.merge(base, OmegaConf.from_dotlist(argv))
-    except Exception as err:  # omegaconf names the key and the expected type
-        raise SystemExit(f"bad override: {err}") from None
-    cfg = OmegaConf.to_object(merged)
+        result = trainer.fit()
+    finally:
+        trainer.shutdown()
+    log("")
+    log(summary_table(result.reports, cfg))
+    if result.trace_path:
+        log(f"\ntrace: {result.trace_path} (open in ui.perfetto.dev)")
+    return result
+
+
+@hydra.main(config_path="config", config_name="digen", version_base=None)
+def _hydra_main(raw: DictConfig) -> None:
     try:
-        cfg.validate()
-    except ValueError as err:
-        raise SystemExit(f"invalid configuration: {err}") from None
-    return cfg
+        cfg = load(raw)
+        validate(cfg)
+    except ConfigError as err:
+        print(f"invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    run(cfg)
 
 
-def main(argv: list[str] | None = None) -> None:
-    import torch
-
-    torch.set_num_threads(1)
-    cfg = parse_config(sys.argv[1:] if argv is None else argv)
-    print(f"verl-digen local run: arch={cfg.arch} steps={cfg.steps} batch="
-          f"{cfg.prompts_per_step}x{cfg.group_size} reward={cfg.reward}", flush=True)
-    history = run_local(cfg, log=lambda line: print(line, flush=True))
-    print()
-    print(summarize(history, cfg.prompts_per_step * cfg.group_size))
+def main() -> None:
+    _hydra_main()
 
 
 if __name__ == "__main__":

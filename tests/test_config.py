@@ -1,0 +1,114 @@
+"""The Hydra config: composition of the trainer modes, and clear errors before any Ray work."""
+
+import pytest
+from hydra import compose, initialize_config_module
+from hydra.errors import ConfigCompositionException
+
+from verl_digen.trainer.config import ConfigError, RunConfig, load, validate
+
+
+def _compose(*overrides: str) -> RunConfig:
+    with initialize_config_module("verl_digen.config", version_base=None):
+        return load(compose("digen", overrides=list(overrides)))
+
+
+def test_default_config_is_the_tiny_digen_run():
+    cfg = _compose()
+    validate(cfg)
+    assert cfg.trainer.mode == "digen" and cfg.digen.tag.policy == "bts" and cfg.digen.gap.enable
+    assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (1, 1)
+    assert cfg.model.arch == "flux" and cfg.model.path is None and cfg.trainer.device == "cpu"
+    sched = cfg.schedule_config()
+    assert sched.prompts * sched.group_size == cfg.batch == 16
+    assert cfg.worker_config().sampler.selection.k == 4
+
+
+@pytest.mark.parametrize("mode, policy, degree", [("colocated", "never", 1), ("separate", "never", 1)])
+def test_trainer_group_selects_the_baselines(mode, policy, degree):
+    cfg = _compose(f"trainer={mode}")
+    validate(cfg)
+    assert cfg.trainer.mode == mode and cfg.digen.tag.policy == policy and cfg.digen.tsp.degree == degree
+    if mode == "separate":
+        assert cfg.schedule_config().mode == "separate"
+
+
+def test_overrides_reach_the_worker_and_schedule_configs():
+    cfg = _compose("digen.tsp.degree=2", "digen.tag.policy=static:2", "digen.tcss.staleness=0.5",
+                   "model.lora_rank=4", "rollout.noise_level=0.5", "digen.gap.enable=false",
+                   "rollout.micro_batch_size=4")
+    validate(cfg)
+    w, s = cfg.worker_config(), cfg.schedule_config()
+    assert w.tsp_degree == 2 and w.policy.lora_rank == 4 and w.sampler.eta == 0.5
+    assert s.tsp_degree == 2 and s.policy == "static:2" and s.staleness == 0.5 and s.partition == "batch"
+
+
+def test_unknown_trainer_mode_is_rejected_by_hydra():
+    with pytest.raises(ConfigCompositionException, match="trainer"):
+        _compose("trainer=async")
+
+
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("rollout.micro_batch_size=3", "rollout.micro_batch_size"),
+        ("rollout.n=1", "rollout.n"),
+        ("resources.generator.workers=0", "resources.generator.workers"),
+        ("resources.trainer.workers=0", "resources.trainer.workers"),
+        ("resources.trainer.workers=3", "rollout.micro_batch_size"),
+        ("model.arch=sdxl", "model.arch"),
+        ("reward.name=aesthetics", "reward.name"),
+        ("digen.tag.policy=greedy", "digen.tag.policy"),
+        ("digen.tcss.staleness=1.5", "digen.tcss.staleness"),
+        ("digen.tsp.degree=9", "digen.tsp.degree"),
+        ("model.lora_rank=-1", "model.lora_rank"),
+        ("rollout.sde_type=ddim", "rollout.sde_type"),
+        ("rollout.train_steps=7", "rollout.train_steps"),
+        ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
+        ("data.train_files=/nonexistent/prompts.txt", "data.train_files"),
+        ("model.latent_size=7", "model.latent_size"),
+        ("digen.sync.backend=nccl_p2p", "digen.sync.backend"),
+        ("algorithm.adv_std=batch", "algorithm.adv_std"),
+        ("digen.gap.enable=false", "rollout.micro_batch_size"),  # batch layout needs whole prompts
+    ],
+)
+def test_bad_values_name_their_key(override, key):
+    cfg = _compose(override)
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key and key in str(err.value)
+
+
+def test_staleness_needs_digen_mode():
+    with pytest.raises(ConfigError, match="digen.tcss.staleness"):
+        validate(_compose("trainer=separate", "digen.tcss.staleness=0.25"))
+
+
+def test_colocated_batch_must_split_over_all_workers():
+    with pytest.raises(ConfigError, match="data.train_batch_size"):
+        validate(_compose("trainer=colocated", "resources.generator.workers=2", "resources.trainer.workers=1"))
+
+
+def test_pool_sizes_exceeding_the_cluster():
+    with pytest.raises(ConfigError, match="resources"):
+        validate(_compose("resources.generator.workers=4"), cluster_workers=3)
+
+
+def test_unknown_keys_and_wrong_types_name_themselves():
+    with pytest.raises(ConfigError, match="rollout.n"):
+        _compose("rollout.n=four")
+    with pytest.raises(ConfigCompositionException):
+        _compose("digen.tag.polcy=bts")  # not in the YAML: Hydra refuses a new key without '+'
+    with pytest.raises(ConfigError, match="polcy"):
+        _compose("+digen.tag.polcy=bts")  # in the YAML but not in the schema
+
+
+def test_bad_config_fails_before_ray_starts():
+    import ray
+
+    from verl_digen.trainer.runtime import DigenTrainer
+
+    cfg = _compose("rollout.micro_batch_size=5")
+    was_running = ray.is_initialized()
+    with pytest.raises(ConfigError, match="rollout.micro_batch_size"):
+        DigenTrainer(cfg)
+    assert ray.is_initialized() == was_running

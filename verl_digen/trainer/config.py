@@ -1,0 +1,346 @@
+"""The run configuration: typed dataclasses (the Hydra schema), validation, and resolution into what
+the workers (``WorkerConfig``) and the scheduler (``ScheduleConfig``) consume.
+
+Validation runs on the driver before Ray starts; every error names the key, the bad value and what is
+allowed, so a typo costs a second instead of a cluster start-up.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_digen.algo.advantages import STD_SCOPES, AdvantageConfig
+from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.sde import SDE_KINDS
+from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
+from verl_digen.rollout.sampler import SamplerConfig
+from verl_digen.schedule import ScheduleConfig
+from verl_digen.schedule.config import COLOCATED, DIGEN, MODES, SEPARATE
+from verl_digen.schedule.policies import parse_policy
+from verl_digen.workers.config import OptimConfig, PolicyConfig, WorkerConfig
+
+SYNC_BACKENDS = ("object_store", "collective")
+DEVICES = ("cpu", "cuda")
+LOGGERS = ("console", "tensorboard", "wandb")
+
+
+class ConfigError(ValueError):
+    """A configuration value is invalid; the message names the key, the value and what is allowed."""
+
+    def __init__(self, key: str, value: Any, expected: str) -> None:
+        super().__init__(f"config key '{key}' = {value!r} is invalid: expected {expected}")
+        self.key = key
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "flux"
+    path: str | None = None  # local path or hub id of a diffusers pipeline; None = tiny random weights
+    dtype: str = "float32"
+    latent_size: int | None = None
+    num_frames: int | None = None
+    seed: int = 0
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    target_modules: list[str] | None = None
+
+
+@dataclass
+class DataConfig:
+    train_files: str | None = None  # .txt (one prompt per line) or .jsonl with a 'prompt' field
+    train_batch_size: int = 4  # prompts per global step
+    synthetic_prompts: int = 64  # built-in prompts when train_files is None
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 4  # samples per prompt (the GRPO group)
+    micro_batch_size: int = 4  # samples per generation micro-batch (the pipeline unit)
+    num_steps: int = 6
+    noise_level: float = 0.7
+    sde_type: str = "flow_grpo"
+    guidance_scale: float = 1.0
+    shift: float = 1.0
+    selection: str = "first_k"
+    train_steps: int | None = 4  # K trained steps (or use timestep_fraction)
+    timestep_fraction: float | None = None
+    window_start: int | None = None
+    shared_group_noise: bool = False
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.0
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_std: str = "group"
+    adv_eps: float = 1e-4
+    adv_clip: float | None = 5.0
+    drop_zero_groups: bool = False
+    keep_extremes: int | None = None
+
+
+@dataclass
+class RewardConfig:
+    name: str = "latent_mean"
+    weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
+
+
+@dataclass
+class PoolConfig:
+    workers: int = 1
+    node_resource: str | None = None  # a Ray custom resource the pool's nodes advertise (GPU type)
+
+
+@dataclass
+class ResourcesConfig:
+    generator: PoolConfig = field(default_factory=PoolConfig)
+    trainer: PoolConfig = field(default_factory=PoolConfig)
+
+
+@dataclass
+class GapConfig:
+    enable: bool = True
+
+
+@dataclass
+class TspConfig:
+    degree: int | None = None  # trained steps per pass; None = all K in one pass
+
+
+@dataclass
+class TagConfig:
+    policy: str = "bts"  # never | static:K | adaptive:R | bts
+
+
+@dataclass
+class TcssConfig:
+    staleness: float = 0.0
+
+
+@dataclass
+class SyncConfig:
+    backend: str = "object_store"
+
+
+@dataclass
+class DigenConfig:
+    gap: GapConfig = field(default_factory=GapConfig)
+    tsp: TspConfig = field(default_factory=TspConfig)
+    tag: TagConfig = field(default_factory=TagConfig)
+    tcss: TcssConfig = field(default_factory=TcssConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    update: str = "unit"  # unit | micro_batch
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = DIGEN
+    total_steps: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    project_name: str = "verl-digen"
+    experiment_name: str = "tiny"
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    default_local_dir: str = "outputs/checkpoints"
+    save_freq: int = -1  # save a checkpoint every N steps (-1: only at the end when > 0 steps ran)
+    resume_from: str | None = None
+    trace_dir: str | None = "outputs/trace"
+    progress: bool = True
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    digen: DigenConfig = field(default_factory=DigenConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def total_workers(self) -> int:
+        return self.resources.generator.workers + self.resources.trainer.workers
+
+    def step_selection(self) -> StepSelection:
+        r = self.rollout
+        return StepSelection(r.selection, k=None if r.timestep_fraction is not None else r.train_steps,
+                             timestep_fraction=r.timestep_fraction, window_start=r.window_start)
+
+    def sampler(self) -> SamplerConfig:
+        r = self.rollout
+        return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=r.sde_type, eta=r.noise_level,
+                             guidance_scale=r.guidance_scale, selection=self.step_selection(),
+                             shared_group_noise=r.shared_group_noise, decode=True)
+
+    def trained_steps(self) -> int:
+        return self.sampler().validate()
+
+    def worker_config(self) -> WorkerConfig:
+        m, a = self.model, self.actor
+        reward: Any = dict(self.reward.weights) if self.reward.weights else self.reward.name
+        return WorkerConfig(
+            policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
+                                num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
+                                lora_alpha=m.lora_alpha,
+                                lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
+            sampler=self.sampler(),
+            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),
+            optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
+            reward=reward,
+            tsp_degree=self.digen.tsp.degree,
+            seed=self.trainer.seed,
+            device=self.trainer.device,
+            sync_backend=self.digen.sync.backend,
+        )
+
+    def advantage(self) -> AdvantageConfig:
+        g = self.algorithm
+        return AdvantageConfig(std_scope=g.adv_std, eps=g.adv_eps, clip=g.adv_clip,
+                               drop_zero_groups=g.drop_zero_groups, keep_extremes=g.keep_extremes)
+
+    def schedule_config(self, steps: int | None = None) -> ScheduleConfig:
+        d = self.digen
+        return ScheduleConfig(
+            prompts=self.data.train_batch_size, group_size=self.rollout.n,
+            mb_size=self.rollout.micro_batch_size, steps=steps or self.trainer.total_steps,
+            mode=self.trainer.mode if self.trainer.mode != COLOCATED else SEPARATE,
+            partition="gap" if d.gap.enable else "batch",
+            tsp_degree=d.tsp.degree or self.trained_steps(),
+            policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
+            staleness=d.tcss.staleness if self.trainer.mode == DIGEN else 0.0,
+            update=d.update,
+        )
+
+
+def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value >= 1)
+    if not ok:
+        raise ConfigError(key, value, "an integer >= 0" if allow_zero else "an integer >= 1")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"one of {', '.join(allowed)}")
+
+
+def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
+    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one.
+
+    ``cluster_workers``: how many workers the cluster can place (None: not checked here).
+    """
+    from verl_digen.models import known_archs
+    from verl_digen.rewards import REWARDS
+
+    t, r, d = cfg.trainer, cfg.rollout, cfg.digen
+    _choice("trainer.mode", t.mode, MODES)
+    _choice("trainer.device", t.device, DEVICES)
+    _positive("trainer.total_steps", t.total_steps)
+    for name in t.logger:
+        _choice("trainer.logger", name, LOGGERS)
+    if t.resume_from is not None and not os.path.isdir(t.resume_from):
+        raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory")
+    try:
+        from verl_digen.models import canonical_arch
+
+        canonical_arch(cfg.model.arch)
+    except ValueError:
+        raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(known_archs())}") from None
+    _choice("model.dtype", cfg.model.dtype, ("float32", "float64", "bfloat16", "float16"))
+    _positive("model.lora_rank", cfg.model.lora_rank, allow_zero=True)
+    if cfg.model.latent_size is not None and (cfg.model.latent_size < 2 or cfg.model.latent_size % 2):
+        raise ConfigError("model.latent_size", cfg.model.latent_size, "a positive even number (latents are 2x2-packed)")
+    names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+    for name in names:
+        if name not in REWARDS:
+            raise ConfigError("reward.name" if not cfg.reward.weights else "reward.weights", name,
+                              f"one of {', '.join(sorted(REWARDS))}")
+    _positive("data.train_batch_size", cfg.data.train_batch_size)
+    if cfg.data.train_files is not None and not os.path.isfile(cfg.data.train_files):
+        raise ConfigError("data.train_files", cfg.data.train_files, "an existing .txt or .jsonl prompt file")
+    _positive("rollout.n", r.n)
+    if r.n < 2:
+        raise ConfigError("rollout.n", r.n, "a group size >= 2 (GRPO advantages compare samples of a prompt)")
+    _positive("rollout.micro_batch_size", r.micro_batch_size)
+    if cfg.batch % r.micro_batch_size:
+        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
+                          f"a divisor of the step batch data.train_batch_size x rollout.n = {cfg.batch}")
+    _choice("rollout.sde_type", r.sde_type, SDE_KINDS)
+    _choice("rollout.selection", r.selection, SELECTION_KINDS)
+    if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):
+        raise ConfigError("rollout.noise_level", r.noise_level, "a number > 0 (training needs stochastic steps)")
+    _positive("rollout.num_steps", r.num_steps)
+    try:
+        k = cfg.trained_steps()
+    except ValueError as err:
+        raise ConfigError("rollout.train_steps", r.train_steps, str(err)) from None
+    if d.tsp.degree is not None and not (isinstance(d.tsp.degree, int) and 1 <= d.tsp.degree <= k):
+        raise ConfigError("digen.tsp.degree", d.tsp.degree, f"null or an integer in [1, {k}] (the trained steps)")
+    if not 0 <= d.tcss.staleness <= 1:
+        raise ConfigError("digen.tcss.staleness", d.tcss.staleness, "a fraction in [0, 1]")
+    if d.tcss.staleness and t.mode != DIGEN:
+        raise ConfigError("digen.tcss.staleness", d.tcss.staleness, f"0 unless trainer=digen (mode is {t.mode})")
+    try:
+        parse_policy(d.tag.policy)
+    except ValueError as err:
+        raise ConfigError("digen.tag.policy", d.tag.policy, f"never, static:K, adaptive:R or bts ({err})") from None
+    _choice("digen.sync.backend", d.sync.backend, SYNC_BACKENDS)
+    _choice("digen.update", d.update, ("unit", "micro_batch"))
+    _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
+    if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:
+        raise ConfigError("algorithm.adv_std", "batch",
+                          "'group' with trainer=digen (batch-wide std needs the whole batch before any update)")
+    if cfg.actor.lr <= 0:
+        raise ConfigError("actor.lr", cfg.actor.lr, "a number > 0")
+    if cfg.actor.clip_ratio <= 0:
+        raise ConfigError("actor.clip_ratio", cfg.actor.clip_ratio, "a number > 0")
+    if cfg.actor.kl_coef < 0:
+        raise ConfigError("actor.kl_coef", cfg.actor.kl_coef, "a number >= 0")
+    gen, trn = cfg.resources.generator.workers, cfg.resources.trainer.workers
+    _positive("resources.generator.workers", gen)
+    _positive("resources.trainer.workers", trn)
+    if cluster_workers is not None and gen + trn > cluster_workers:
+        raise ConfigError("resources", f"{gen} + {trn} workers",
+                          f"at most {cluster_workers} workers, what the Ray cluster can place")
+    # every data-parallel split must be even: FSDP forwards and backwards are collective
+    if t.mode == COLOCATED:
+        if cfg.batch % cfg.total_workers:
+            raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                              f"a batch ({cfg.batch} samples) divisible by all {cfg.total_workers} colocated workers")
+    elif r.micro_batch_size % trn:
+        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
+                          f"a multiple of resources.trainer.workers = {trn} (each rank trains an equal share)")
+    if t.mode != COLOCATED:
+        try:
+            cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
+        except ValueError as err:
+            raise ConfigError("rollout.micro_batch_size", r.micro_batch_size, str(err)) from None
+
+
+def load(cfg: DictConfig | dict) -> RunConfig:
+    """Merge a Hydra/OmegaConf config onto the schema: unknown keys and wrong types name themselves."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+    except Exception as err:  # omegaconf's message names full_key, value and expected type
+        raise ConfigError(getattr(err, "full_key", "?") or "?", getattr(err, "value", None),
+                          f"a valid value ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return OmegaConf.to_object(merged)

@@ -1,0 +1,49 @@
+"""Ray resource pools for the generator and the trainer, placed on the nodes their config names.
+
+verl's ``RayResourcePool`` ties a pool to a hardware type only through GPU bundles
+(``accelerator_type``), and its ``ResourcePoolManager`` insists on GPUs. Disaggregation needs each pool
+placed independently, on CPU too: ``PlacedResourcePool`` adds the pool's node resource (a Ray custom
+resource its nodes advertise, e.g. ``H20`` / ``H100``, or on a laptop a stand-in name) to every bundle,
+so Ray can only put the pool's workers on matching nodes.
+"""
+
+from __future__ import annotations
+
+import ray
+from ray.util.placement_group import placement_group
+from verl.single_controller.ray.base import RayResourcePool, sort_placement_group_by_node_ip
+
+#: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
+NODE_RESOURCE_PER_WORKER = 1.0
+
+
+class PlacedResourcePool(RayResourcePool):
+    """A ``RayResourcePool`` whose bundles also require ``node_resource`` (when set)."""
+
+    def __init__(self, workers: int, use_gpu: bool, name_prefix: str, node_resource: str | None = None) -> None:
+        super().__init__([workers], use_gpu=use_gpu, name_prefix=name_prefix, max_colocate_count=1)
+        self.node_resource = node_resource
+
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str = "cuda"):
+        if self.pgs is not None:
+            return self.pgs
+        bundle: dict[str, float] = {"CPU": self.max_colocate_count}
+        if self.use_gpu:
+            bundle["GPU"] = 1
+        if self.node_resource:
+            bundle[self.node_resource] = NODE_RESOURCE_PER_WORKER
+        prefix = name or f"{self.name_prefix}digen_pool:"
+        pgs = [
+            placement_group(bundles=[dict(bundle) for _ in range(count)], strategy=strategy, name=f"{prefix}{i}")
+            for i, count in enumerate(self._store)
+        ]
+        ray.get([pg.ready() for pg in pgs])
+        self.pgs = sort_placement_group_by_node_ip(pgs)
+        return self.pgs
+
+
+def schedulable_workers(use_gpu: bool, node_resource: str | None) -> int:
+    """How many one-worker bundles the running Ray cluster could place for a pool (for validation)."""
+    total = ray.cluster_resources()
+    key = node_resource or ("GPU" if use_gpu else "CPU")
+    return int(total.get(key, 0) // (NODE_RESOURCE_PER_WORKER if node_resource else 1))

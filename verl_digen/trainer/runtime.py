@@ -1,0 +1,441 @@
+"""DigenTrainer: the Ray runtime that executes the scheduling core on real verl worker groups.
+
+The scheduler (``verl_digen.schedule.StepScheduler``) decides; this module only executes: each action
+becomes one or more worker-group calls returning futures, and each completed future goes back to the
+scheduler as an event with its wall-clock time. The same trainer runs the baselines on the same code:
+``separate`` is the scheduler's full-batch-barrier mode, and ``colocated`` (every worker generates, then
+every worker trains data-parallel) is a plain loop over one hybrid worker group.
+
+Data path: a generator returns a ``Trajectories`` future, a generator scores it (reward models live on
+the generator pool), the driver computes group advantages once a GRPO group is complete, and the trainer
+ranks accumulate gradients on their shard of the rows; the optimizer steps once per global step.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ray
+import torch
+from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
+
+from verl_digen.algo.advantages import group_advantages
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.algo.tsp import TrainMetrics
+from verl_digen.data import PromptDataset
+from verl_digen.schedule import ScheduleConfig, StageCosts, StepScheduler, step_bounds
+from verl_digen.schedule.actions import Action
+from verl_digen.schedule.config import COLOCATED
+from verl_digen.schedule.costs import (
+    GENERATE,
+    OPTIMIZER_STEP,
+    SCORE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
+    TAG_GENERATE,
+    UPDATE,
+    WEIGHT_SYNC,
+)
+from verl_digen.schedule.export import save_chrome_trace
+from verl_digen.schedule.timeline import Record, Timeline
+from verl_digen.trainer.config import RunConfig, validate
+from verl_digen.trainer.metrics import window_metrics
+from verl_digen.trainer.pools import PlacedResourcePool
+from verl_digen.workers.actor import HybridWorker, TSPActorWorker
+from verl_digen.workers.generator import GeneratorWorker
+from verl_digen.workers.sync import WeightSync
+
+#: environment every worker process gets on a CPU run
+CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+@dataclass
+class StepReport:
+    """What one global step measured (also logged through verl's Tracking)."""
+
+    step: int
+    metrics: dict[str, float]
+
+
+@dataclass
+class RunResult:
+    reports: list[StepReport] = field(default_factory=list)
+    timeline: Timeline | None = None
+    final_step: int = 0
+    profile_path: str | None = None
+    trace_path: str | None = None
+
+
+class _Group:
+    """The futures of one action; the action completes when all of them are ready."""
+
+    def __init__(self, action: Action, refs: list[ray.ObjectRef], payload: Any = None) -> None:
+        self.action, self.refs, self.payload = action, refs, payload
+        self.pending = set(refs)
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    """Start (or join) Ray; CPU workers get the verl CPU platform through the runtime env."""
+    if ray.is_initialized():
+        return
+    env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    if cfg.trainer.device == "cpu":
+        os.environ.setdefault("VERL_PLATFORM", "cpu")
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
+                              "log_to_driver": True}
+    if address is None and cfg.trainer.device == "cpu":
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
+    ray.init(address=address, **kwargs)
+
+
+class DigenTrainer:
+    """Builds the pools and worker groups of a run and executes its global steps."""
+
+    def __init__(self, cfg: RunConfig, log=print) -> None:
+        validate(cfg)
+        self.cfg = cfg
+        self.log = log
+        self.worker_cfg = cfg.worker_config()
+        self.k = cfg.trained_steps()
+        self.dataset = (PromptDataset.from_file(cfg.data.train_files) if cfg.data.train_files
+                        else PromptDataset.synthetic(cfg.data.synthetic_prompts))
+        self.use_gpu = cfg.trainer.device == "cuda"
+        self.start_step = 0
+        self.gen_wg: RayWorkerGroup | None = None
+        self.trn_wg: RayWorkerGroup | None = None
+        self.sync: WeightSync | None = None
+        self.tracking = None
+
+    # ---------------------------------------------------------------------------------- setup
+    def _group(self, cls, workers: int, prefix: str, node_resource: str | None) -> RayWorkerGroup:
+        pool = PlacedResourcePool(workers, self.use_gpu, prefix, node_resource)
+        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg),
+                            name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
+        wg.init_model()
+        return wg
+
+    def init_workers(self) -> None:
+        """Create the worker groups (the expensive part) and wire weight sync."""
+        ensure_ray(self.cfg)
+        res = self.cfg.resources
+        if self.cfg.trainer.mode == COLOCATED:
+            self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated",
+                                      res.trainer.node_resource)
+        else:
+            tag = self.cfg.schedule_config().policy != "never"
+            self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
+                                      res.generator.node_resource)
+            self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
+                                      res.trainer.node_resource)
+            self.sync = WeightSync(self.cfg.digen.sync.backend)
+            self.sync.setup(self.trn_wg, self.gen_wg)
+        if self.cfg.trainer.resume_from:
+            self._resume(self.cfg.trainer.resume_from)
+
+    def _resume(self, path: str) -> None:
+        extras = ray.get([w.load_checkpoint.remote(path) for w in self.trn_wg.workers])
+        self.start_step = int(extras[0]["step"])
+        if self.sync is not None:  # generators start from the restored weights
+            self.sync.sync(self.start_step)
+        self.log(f"resumed from {path} at step {self.start_step}")
+
+    def shutdown(self) -> None:
+        for wg in (self.gen_wg, self.trn_wg):
+            if wg is not None:
+                for w in wg.workers:
+                    ray.kill(w)
+        self.gen_wg = self.trn_wg = None
+
+    # ---------------------------------------------------------------------------------- helpers
+    def _prompts_of(self, step: int) -> tuple[list[int], list[str]]:
+        p = self.cfg.data.train_batch_size
+        return self.dataset.batch(step * p, p)
+
+    def _rows(self, step: int, samples) -> tuple[list[tuple[int, int]], list[str]]:
+        """Scheduler (prompt-in-step, sample) pairs -> global (prompt id, sample) rows and their texts."""
+        ids, texts = self._prompts_of(step)
+        return [(ids[p], s) for p, s in samples], [texts[p] for p, _ in samples]
+
+    def _all_rows(self, step: int) -> tuple[list[tuple[int, int]], list[str]]:
+        n = self.cfg.rollout.n
+        return self._rows(step, [(p, s) for p in range(self.cfg.data.train_batch_size) for s in range(n)])
+
+    def _with_advantages(self, batch: Trajectories, rewards: dict[tuple[int, int, int], float],
+                         step: int) -> Trajectories:
+        """Group advantages for ``batch``'s rows from the complete groups' rewards."""
+        groups = sorted(set(batch.prompt_ids.tolist()))
+        keys = [(step, g, s) for g in groups for s in range(self.cfg.rollout.n)]
+        missing = [k for k in keys if k not in rewards]
+        if missing:
+            raise RuntimeError(f"group incomplete when its update started (missing samples {missing[:4]})")
+        r = torch.tensor([rewards[k] for k in keys], dtype=torch.float64)
+        gid = torch.tensor([k[1] for k in keys])
+        adv, _ = group_advantages(r, gid, self.cfg.advantage())
+        lookup = {(k[1], k[2]): a for k, a in zip(keys, adv.tolist())}
+        batch.advantages = torch.tensor(
+            [lookup[(p, s)] for p, s in zip(batch.prompt_ids.tolist(), batch.sample_ids.tolist())],
+            dtype=torch.float64)
+        return batch
+
+    def _scale(self) -> float:
+        """Loss scale: 1 / rows of a global step, so accumulation gives the full-batch mean gradient."""
+        return 1.0 / (self.cfg.batch * self.k)
+
+    def _tracking(self):
+        if self.tracking is None:
+            from omegaconf import OmegaConf
+            from verl.utils.tracking import Tracking
+
+            t = self.cfg.trainer
+            self.tracking = Tracking(t.project_name, t.experiment_name, default_backend=list(t.logger),
+                                     config=OmegaConf.to_container(OmegaConf.structured(self.cfg)))
+        return self.tracking
+
+    def _save(self, step: int) -> str:
+        path = str(Path(self.cfg.trainer.default_local_dir) / f"global_step_{step}")
+        ray.get([w.save_checkpoint.remote(path, {"step": step, "data_position": step * self.cfg.data.train_batch_size})
+                 for w in self.trn_wg.workers])
+        return path
+
+    def _should_save(self, step: int, last: bool) -> bool:
+        f = self.cfg.trainer.save_freq
+        return f > 0 and (step % f == 0 or last)
+
+    # ---------------------------------------------------------------------------------- run
+    def fit(self) -> RunResult:
+        """Run ``trainer.total_steps`` global steps (from the resume point) and return the reports."""
+        if self.trn_wg is None:
+            self.init_workers()
+        steps = self.cfg.trainer.total_steps - self.start_step
+        if steps <= 0:
+            self.log(f"nothing to do: checkpoint is at step {self.start_step} >= total_steps")
+            return RunResult(final_step=self.start_step)
+        if self.cfg.trainer.mode == COLOCATED:
+            result = self._fit_colocated(steps)
+        else:
+            result = self._fit_scheduled(steps)
+        result.final_step = self.start_step + steps
+        self._write_outputs(result)
+        return result
+
+    def _write_outputs(self, result: RunResult) -> None:
+        trace_dir = self.cfg.trainer.trace_dir
+        if trace_dir and result.timeline is not None:
+            Path(trace_dir).mkdir(parents=True, exist_ok=True)
+            result.trace_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_trace.json")
+            save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {self.cfg.trainer.mode}")
+            result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_timeline.json")
+            Path(result.profile_path).write_text(json.dumps({
+                "mode": self.cfg.trainer.mode,
+                "gen_workers": self.cfg.resources.generator.workers,
+                "trainer_workers": self.cfg.resources.trainer.workers,
+                "micro_batch_size": self.cfg.rollout.micro_batch_size,
+                "trained_steps": self.k,
+                "records": result.timeline.to_dicts(),
+            }))
+
+    def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
+                gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,
+                extra: dict[str, float]) -> None:
+        r = torch.tensor(rewards, dtype=torch.float64)
+        step_s = end - start
+        metrics = {
+            "timing/step_s": step_s,
+            "perf/samples_per_worker_s": self.cfg.batch / (step_s * self.cfg.total_workers),
+            "reward/mean": float(r.mean()),
+            "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
+            **{f"actor/{k}": v for k, v in train.summary().items() if k != "rows"},
+            **window_metrics(records, start, end, gen_names, trn_names),
+            **extra,
+        }
+        result.reports.append(StepReport(step, metrics))
+        self._tracking().log(data=metrics, step=step)
+
+    # -- disaggregated (digen / separate) -----------------------------------------------------
+    def _fit_scheduled(self, steps: int) -> RunResult:
+        cfg = self.cfg
+        sched_cfg: ScheduleConfig = cfg.schedule_config(steps=steps)
+        prior = StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0)
+        sched = StepScheduler(sched_cfg, prior, gen_workers=cfg.resources.generator.workers)
+        gens = self.gen_wg.workers
+        trainers = self.trn_wg.workers
+        base = self.start_step
+        generated: dict[tuple[int, int], ray.ObjectRef] = {}
+        scored: dict[tuple[int, int], Trajectories] = {}
+        rewards: dict[tuple[int, int, int], float] = {}
+        step_rewards: dict[int, list[float]] = {}
+        train_metrics: dict[int, TrainMetrics] = {}
+        step_extra: dict[int, dict[str, float]] = {}
+        inflight: dict[ray.ObjectRef, _Group] = {}
+        result = RunResult()
+        t0 = time.perf_counter()
+        now = lambda: time.perf_counter() - t0  # noqa: E731
+        last_end = 0.0
+        gen_names = [f"gen{i}" for i in range(len(gens))]
+        progress = _Progress(steps, cfg.trainer.progress, self.log)
+
+        def launch(a: Action) -> None:
+            g = base + a.step
+            if a.kind == GENERATE:
+                i = int(a.worker[3:])
+                rows, texts = self._rows(g, a.samples)
+                refs = [gens[i].generate.remote(g, base + a.version, rows, texts)]
+            elif a.kind == TAG_GENERATE:
+                rows, texts = self._rows(g, a.samples)
+                refs = [w.tag_generate.remote(g, base + a.version, rows, texts) for w in trainers]
+            elif a.kind == SCORE:
+                i = int(a.worker[3:])
+                refs = [gens[i].score.remote(generated.pop((a.step, a.mb)))]
+            elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
+                refs = [getattr(w, a.kind).remote() for w in trainers]
+            elif a.kind == UPDATE:
+                batch = Trajectories.cat([scored.pop((a.step, m)) for m in a.micro_batches])
+                batch = self._with_advantages(batch, rewards, g)
+                ref = ray.put(batch)
+                refs = [w.update.remote(ref, self._scale()) for w in trainers]
+            elif a.kind == OPTIMIZER_STEP:
+                refs = [w.optimizer_step.remote() for w in trainers]
+            elif a.kind == WEIGHT_SYNC:
+                refs = self.sync.launch(base + a.version)
+            else:
+                raise RuntimeError(f"the runtime cannot execute action kind {a.kind!r}")
+            group = _Group(a, refs)
+            for ref in refs:
+                inflight[ref] = group
+
+        def complete(group: _Group) -> None:
+            nonlocal last_end
+            a = group.action
+            t = now()
+            if a.kind in (GENERATE, TAG_GENERATE):
+                if a.kind == GENERATE:
+                    generated[(a.step, a.mb)] = group.refs[0]
+                else:
+                    parts = [p for p in ray.get(group.refs) if p is not None]
+                    generated[(a.step, a.mb)] = ray.put(Trajectories.cat(parts))
+            elif a.kind == SCORE:
+                traj = ray.get(group.refs[0])
+                scored[(a.step, a.mb)] = traj
+                for p, s, rew in zip(traj.prompt_ids.tolist(), traj.sample_ids.tolist(), traj.rewards.tolist()):
+                    rewards[(base + a.step, p, s)] = rew
+                    step_rewards.setdefault(a.step, []).append(rew)
+            elif a.kind == UPDATE:
+                m = train_metrics.setdefault(a.step, TrainMetrics())
+                for part in ray.get(group.refs):
+                    m.merge(TrainMetrics(**part))
+            sched.on_complete(a, t)
+            if a.kind == OPTIMIZER_STEP:
+                g = base + a.step
+                extra = self._scheduled_extra(sched, a.step, t - last_end)
+                extra.update(step_extra.get(a.step, {}))
+                self._report(result, g + 1, last_end, t, sched.timeline.records, gen_names, ["trainer"],
+                             step_rewards.pop(a.step, []), train_metrics.pop(a.step, TrainMetrics()), extra)
+                last_end = t
+                if self._should_save(g + 1, last=a.step == steps - 1):
+                    self._save(g + 1)
+                progress.update(g + 1, result.reports[-1].metrics)
+
+        for a in sched.start(now()):
+            launch(a)
+        while not sched.done:
+            if not inflight:
+                raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
+            ready, _ = ray.wait(list(inflight), num_returns=1)
+            ref = ready[0]
+            group = inflight.pop(ref)
+            group.pending.discard(ref)
+            if not group.pending:
+                complete(group)
+                for a in sched.next_actions(now()):
+                    launch(a)
+        progress.close()
+        result.timeline = sched.timeline
+        self.scheduler = sched
+        return result
+
+    def _scheduled_extra(self, sched: StepScheduler, step: int, step_s: float) -> dict[str, float]:
+        """Fraction of ideal, staleness and BTS prediction of one step."""
+        recs = [r for r in sched.timeline.records if r.step == step]
+        gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
+        stale = sum(1 for r in gens if r.stale)
+        bounds = step_bounds(sched.costs, sched.M, sched.G, unit_size=sched.unit_size,
+                             update_size=sched.update_size)
+        out = {
+            "perf/fraction_of_ideal": bounds.ideal / step_s if step_s > 0 else 0.0,
+            "perf/ideal_step_s": bounds.ideal,
+            "digen/stale_fraction": stale / max(sched.M, 1),
+            "digen/tag_micro_batches": float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
+        }
+        predicted = [d.predicted_end for d in sched.decisions if d.step == step and d.predicted_end is not None]
+        if predicted:
+            out["digen/bts_predicted_end_s"] = predicted[0]
+        return out
+
+    # -- colocated baseline --------------------------------------------------------------------
+    def _fit_colocated(self, steps: int) -> RunResult:
+        """Every worker generates its share, scores it, then all train data-parallel (verl-omni today)."""
+        workers = self.trn_wg.workers
+        names = [f"col{i}" for i in range(len(workers))]
+        timeline = Timeline(names, 1, steps, COLOCATED)
+        result = RunResult(timeline=timeline)
+        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
+        t0 = time.perf_counter()
+        now = lambda: time.perf_counter() - t0  # noqa: E731
+        for s in range(steps):
+            g = self.start_step + s
+            start = now()
+
+            def phase(kind: str, refs: list[ray.ObjectRef], step=s, version=g) -> list[Any]:
+                t_start = now()
+                out = ray.get(refs)
+                t_end = now()
+                for name in names:
+                    timeline.add(Record(name, kind, None, step, version, t_start, t_end))
+                return out
+
+            rows, texts = self._all_rows(g)
+            parts = phase(GENERATE, [w.tag_generate.remote(g, g, rows, texts) for w in workers])
+            scored = phase(SCORE, [w.score.remote(p) for w, p in zip(workers, parts)])
+            batch = Trajectories.cat([p for p in scored if p is not None])
+            rewards = {(g, p, si): r for p, si, r in zip(batch.prompt_ids.tolist(), batch.sample_ids.tolist(),
+                                                         batch.rewards.tolist())}
+            batch = self._with_advantages(batch, rewards, g)
+            ref = ray.put(batch)
+            train = TrainMetrics()
+            for part in phase(UPDATE, [w.update.remote(ref, self._scale()) for w in workers]):
+                train.merge(TrainMetrics(**part))
+            phase(OPTIMIZER_STEP, [w.optimizer_step.remote() for w in workers])
+            end = now()
+            self._report(result, g + 1, start, end, timeline.records, [], names, batch.rewards.tolist(), train, {})
+            if self._should_save(g + 1, last=s == steps - 1):
+                self._save(g + 1)
+            progress.update(g + 1, result.reports[-1].metrics)
+        progress.close()
+        return result
+
+
+class _Progress:
+    """A tqdm bar over global steps with the headline metrics (plain lines when disabled)."""
+
+    def __init__(self, total: int, enabled: bool, log) -> None:
+        self.bar = None
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="global steps", unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{metrics['reward/mean']:+.4f}", step_s=f"{metrics['timing/step_s']:.2f}")
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
