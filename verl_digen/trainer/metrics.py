@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from typing import TYPE_CHECKING
 
 from verl_digen.schedule.costs import (
     GENERATE,
@@ -13,8 +14,16 @@ from verl_digen.schedule.costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
+    CostModel,
+    Hardware,
+    Pool,
 )
-from verl_digen.schedule.timeline import Record
+from verl_digen.schedule.profile_io import Workload, fit_samples
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline
+
+if TYPE_CHECKING:
+    from verl_digen.trainer.config import RunConfig
+
 
 TIME_KEYS = {
     GENERATE: "time/gen_s",
@@ -50,3 +59,29 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     for key in set(TIME_KEYS.values()):
         out[key] = times.get(key, 0.0)
     return out
+
+
+def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Workload]:
+    """The run's stage costs as a simulator profile, fitted from its measured records, so
+    ``digen simulate --profile`` can replay (and re-plan) the same cluster."""
+    mb = cfg.rollout.micro_batch_size
+    degree = cfg.digen.tsp.degree or cfg.trained_steps()
+    samples = []
+    for r in timeline.records:
+        if r.kind in (GENERATE, SCORE):
+            samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
+        elif r.kind == TAG_GENERATE:
+            samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
+        elif r.kind == UPDATE:
+            samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
+        elif r.worker == TRAINER:  # switches, optimizer step, weight sync (recorded once, on the trainer)
+            samples.append({"kind": r.kind, "seconds": r.duration})
+    res = cfg.resources
+    base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
+                     Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
+                     steps_trained=cfg.trained_steps())
+    d = cfg.digen
+    workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
+                        tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
+                        policy=d.tag.policy)
+    return fit_samples(base, samples), workload

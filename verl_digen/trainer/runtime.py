@@ -42,9 +42,10 @@ from verl_digen.schedule.costs import (
     WEIGHT_SYNC,
 )
 from verl_digen.schedule.export import save_chrome_trace
+from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import Record, Timeline
 from verl_digen.trainer.config import RunConfig, validate
-from verl_digen.trainer.metrics import window_metrics
+from verl_digen.trainer.metrics import measured_profile, window_metrics
 from verl_digen.trainer.pools import PlacedResourcePool
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
@@ -231,15 +232,12 @@ class DigenTrainer:
             Path(trace_dir).mkdir(parents=True, exist_ok=True)
             result.trace_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_trace.json")
             save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {self.cfg.trainer.mode}")
-            result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_timeline.json")
-            Path(result.profile_path).write_text(json.dumps({
-                "mode": self.cfg.trainer.mode,
-                "gen_workers": self.cfg.resources.generator.workers,
-                "trainer_workers": self.cfg.resources.trainer.workers,
-                "micro_batch_size": self.cfg.rollout.micro_batch_size,
-                "trained_steps": self.k,
-                "records": result.timeline.to_dicts(),
-            }))
+            Path(trace_dir, f"{self.cfg.trainer.mode}_timeline.json").write_text(
+                json.dumps({"mode": self.cfg.trainer.mode, "records": result.timeline.to_dicts()}))
+            if self.cfg.trainer.mode != COLOCATED:
+                result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_profile.json")
+                dump_profile(*measured_profile(self.cfg, result.timeline), result.profile_path,
+                             name=f"measured {self.cfg.trainer.mode} run")
 
     def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
                 gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,
