@@ -57,3 +57,4 @@ class WorkerConfig:
     seed: int = 0  # sampling seed (placement-invariant streams)
     device: str = "cpu"  # "cuda" on GPU pools
     sync_backend: str = "object_store"  # or "collective"
+    rollout_backend: str = "diffusers"  # generator rollout: "diffusers" (any device) or "vllm" (vLLM-Omni, GPU)

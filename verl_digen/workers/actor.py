@@ -1,0 +1,326 @@
+"""The trainer pool: ``TSPActorWorker`` (TSP gradient accumulation, optimizer step, weight export,
+checkpoints) and ``HybridWorker`` (the TAG trainer that can also generate and score).
+
+All trainer methods are ``ONE_TO_ALL``: every rank takes part (FSDP2 forwards/backwards and gathers
+are collectives), rank-0-only results are documented per method (other ranks return ``None``).
+A global step is: ``update`` once per micro-batch (gradients accumulate, no step), then
+``optimizer_step`` (clip, step, zero, version += 1), then weight sync.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.algo.tsp import tsp_backward
+from verl_digen.models import disable_adapters
+from verl_digen.rewards import build_reward
+from verl_digen.workers import checkpoint as ckpt
+from verl_digen.workers import fsdp
+from verl_digen.workers import policy as P
+from verl_digen.workers.config import WorkerConfig
+from verl_digen.workers.generator import check_version
+from verl_digen.workers.sync import SyncGroup
+
+
+def contiguous_share(n: int, rank: int, world: int, what: str) -> slice:
+    """Rank ``rank``'s equal contiguous slice of ``n`` rows (equal shares keep collectives in step)."""
+    if n % world:
+        raise ValueError(f"{what}: {n} rows cannot be split evenly over {world} trainer ranks; "
+                         f"make the batch a multiple of the trainer pool size")
+    share = n // world
+    return slice(rank * share, (rank + 1) * share)
+
+
+class TSPActorWorker(Worker):
+    """One rank of the trainer pool (FSDP2 across ranks, a plain module with one rank)."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        super().__init__()
+        P.setup_worker_process()
+        self.cfg = cfg
+        self.model = None
+        self.version = 0
+        self._sync: SyncGroup | None = None
+        self._mode = "train"
+
+    # -- setup -------------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Process group, trainable policy (FSDP2 when the pool has >1 rank), AdamW, KL reference."""
+        cfg = self.cfg
+        self.device = P.worker_device(cfg)
+        self.dist_rank, self.dist_world = fsdp.init_distributed(self.device)
+        self.sharded = self.dist_world > 1
+        torch.manual_seed(cfg.seed)
+        self.model = P.build_policy(cfg, self.device)
+        self.ref_model = None
+        if cfg.loss.kl_coef > 0 and not cfg.policy.lora:
+            self.ref_model = P.freeze(P.build_policy(cfg, self.device))  # frozen initial policy
+        if self.sharded:
+            fsdp.shard_transformer(self.model.transformer, self.dist_world, self.device)
+        self.model.transformer.train()
+        self.named_params = [(n, p) for n, p in self.model.transformer.named_parameters() if p.requires_grad]
+        if not self.named_params:
+            raise RuntimeError("the policy has no trainable parameters")
+        o = cfg.optim
+        self.optimizer = torch.optim.AdamW(
+            [p for _, p in self.named_params], lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay
+        )
+        self.train_cfg = cfg.sampler.train_config(cfg.loss)
+        self.reward = None
+        self.version = 0
+
+    def _require(self, mode: str = "train") -> None:
+        if self.model is None:
+            raise RuntimeError(f"{type(self).__name__}.init_model() must be called first")
+        if mode == "train" and self._mode != "train":
+            raise RuntimeError("training state is switched out for generation: call switch_to_train() first")
+
+    def _reference(self):
+        """The KL reference velocity: base model (adapters off) with LoRA, frozen copy otherwise."""
+        if self.cfg.loss.kl_coef <= 0:
+            return None
+        g = self.train_cfg.guidance_scale
+        if self.cfg.policy.lora:
+            def ref(x, s, c):
+                with disable_adapters(self.model):
+                    return self.model.velocity(x, s, c, g)
+            return ref
+        return lambda x, s, c: self.ref_model.velocity(x, s, c, g)
+
+    # -- training ----------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def update(self, traj: Trajectories, scale: float) -> dict[str, float]:
+        """Accumulate this rank's contiguous share of ``traj``'s gradient with TSP (no optimizer step).
+
+        ``scale`` = 1 / (rows of the global step x K); gradients are summed over ranks, so the
+        accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums
+        (merge the ranks' dicts with ``policy.merge_metrics``).
+        """
+        self._require()
+        if traj.advantages is None:
+            raise ValueError("update needs trajectories with advantages set")
+        if int(traj.versions.max()) > self.version:
+            raise ValueError(f"trajectories of version {int(traj.versions.max())} are newer than the "
+                             f"trainer's policy version {self.version}")
+        mine = traj.index(list(range(len(traj)))[contiguous_share(len(traj), self.dist_rank, self.dist_world,
+                                                                   "update")])
+        mine = P.to_device(mine, self.device)
+        metrics = tsp_backward(self.model, mine, self.train_cfg, scale, degree=self.cfg.tsp_degree,
+                               reference=self._reference())
+        return P.metrics_dict(metrics)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def optimizer_step(self) -> dict[str, float]:
+        """Clip the global gradient norm, step AdamW, zero gradients, bump the policy version.
+        Returns {"grad_norm", "version"} (same on every rank)."""
+        self._require()
+        params = [p for _, p in self.named_params]
+        norm = fsdp.clip_grad_norm(params, self.cfg.optim.grad_clip, self.device)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.version += 1
+        return {"grad_norm": norm, "version": self.version}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def runtime_info(self) -> dict[str, Any]:
+        """Platform, threads and rank env this worker sees (diagnostics)."""
+        return P.runtime_info()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_version(self) -> int:
+        return self.version
+
+    # -- weights out -------------------------------------------------------------------------------
+    def _gather_weights(self) -> dict[str, torch.Tensor] | None:
+        """What weight sync moves, gathered to rank 0 (adapters only with LoRA); None elsewhere."""
+        if not self.sharded:
+            return P.policy_weights(self.model, self.cfg.policy.lora)
+        full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
+        if self.dist_rank != 0:
+            return None
+        return P.lora_from_full_state(self.model, full) if self.cfg.policy.lora else full
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def export_weights(self, version: int | None = None) -> dict[str, torch.Tensor] | None:
+        """Full weights (adapter-only with LoRA) as CPU tensors on rank 0; ``None`` on other ranks.
+        ``version``, when given, must be the trainer's current version."""
+        self._require(mode="any")
+        if version is not None:
+            check_version(self.version, version, "trainer (export_weights)")
+        return self._gather_weights()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_checksum(self) -> str | None:
+        """sha256 of the exported weights on rank 0 (``None`` on other ranks)."""
+        self._require(mode="any")
+        state = self._gather_weights()
+        return None if state is None else P.weights_checksum(state)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
+                        timeout_s: float = 300.0) -> None:
+        """Trainer rank 0 joins the cross-pool weight-sync group as its rank 0 (the source)."""
+        if self.dist_rank != 0 or rank != 0:
+            raise ValueError("only trainer rank 0 joins the weight-sync group, as its rank 0")
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_weights(self, version: int) -> int:
+        """Collective backend: every trainer rank gathers; rank 0 broadcasts to the generators."""
+        self._require(mode="any")
+        check_version(self.version, version, "trainer (send_weights)")
+        state = self._gather_weights()
+        if state is not None:
+            if self._sync is None:
+                raise RuntimeError("join_sync_group must be called on trainer rank 0 before send_weights")
+            self._sync.send(version, state)
+        return version
+
+    # -- exact state (tests) -----------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def full_state(self) -> dict[str, Any] | None:
+        """Gathered CPU copies of trainable params, accumulated grads and optimizer state (keyed by
+        parameter name) plus the version, on rank 0; ``None`` elsewhere. For bit-identity tests."""
+        self._require()
+        params, grads, optim = {}, {}, {}
+        for name, p in self.named_params:
+            params[name] = fsdp.full_tensor(p)
+            if p.grad is not None:
+                grads[name] = fsdp.full_tensor(p.grad)
+            state = self.optimizer.state.get(p, {})
+            optim[name] = {k: fsdp.full_tensor(v) if torch.is_tensor(v) else v for k, v in sorted(state.items())}
+        if self.dist_rank != 0:
+            return None
+        return {"params": params, "grads": grads, "optim": optim, "version": self.version}
+
+    # -- checkpoints -------------------------------------------------------------------------------
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+        """Write weights, optimizer state, version, RNG and the driver's ``extra`` at a step boundary
+        (call after ``optimizer_step``, when no gradient is pending)."""
+        self._require()
+        state = self.full_state()
+        payload = None
+        if state is not None:
+            groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
+            payload = {
+                "params": state["params"], "optim": state["optim"], "param_groups": groups,
+                "version": self.version, "extra": dict(extra or {}), "lora": self.cfg.policy.lora,
+            }
+        ckpt.write(path, self.dist_rank, payload)
+        fsdp.barrier(self.sharded)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_checkpoint(self, path: str) -> dict[str, Any]:
+        """Restore what ``save_checkpoint`` wrote (any trainer pool size); returns the driver's ``extra``."""
+        self._require()
+        payload, rng = ckpt.read(path, self.dist_rank)
+        names, saved_names = {n for n, _ in self.named_params}, set(payload["params"])
+        if saved_names != names:
+            missing, extra = sorted(names - saved_names)[:5], sorted(saved_names - names)[:5]
+            raise ValueError(f"checkpoint at {path!r} does not match the policy: missing {missing}, unexpected {extra}")
+        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.state.clear()
+        for name, p in self.named_params:
+            fsdp.copy_full_into(p, payload["params"][name])
+            saved = payload["optim"].get(name, {})
+            if saved:
+                self.optimizer.state[p] = {
+                    k: (fsdp.like(v, p) if torch.is_tensor(v) and v.shape == p.shape else
+                        v.clone() if torch.is_tensor(v) else v)
+                    for k, v in saved.items()
+                }
+        for group, saved in zip(self.optimizer.param_groups, payload["param_groups"], strict=True):
+            group.update(saved)
+        self.version = int(payload["version"])
+        if rng is not None:
+            ckpt.set_rng_state(rng)
+        fsdp.barrier(self.sharded)
+        return payload["extra"]
+
+
+class HybridWorker(TSPActorWorker):
+    """The TAG trainer: also generates with its current weights and scores, between micro-batch
+    updates, after a real context switch that moves the training state out and back."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        super().__init__(cfg)
+        self._grad_stash: dict[str, torch.Tensor] = {}
+        self._optim_stash: dict[str, dict[str, Any]] = {}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def switch_to_gen(self) -> float:
+        """Move accumulated grads and optimizer state out of the way (GPU: offloaded to CPU; CPU:
+        moved into a stash of detached copies, live tensors freed); returns seconds taken."""
+        self._require(mode="any")
+        t0 = time.perf_counter()
+        if self._mode == "gen":
+            return 0.0
+        on_gpu = self.device.type != "cpu"
+        if on_gpu:
+            from verl.utils.fsdp_utils import offload_fsdp_optimizer
+
+            offload_fsdp_optimizer(self.optimizer)
+        for name, p in self.named_params:
+            if p.grad is not None:
+                self._grad_stash[name] = p.grad.detach().to("cpu", copy=True)
+                p.grad = None
+            if not on_gpu and p in self.optimizer.state:
+                state = self.optimizer.state.pop(p)
+                self._optim_stash[name] = {k: v.detach().clone() if torch.is_tensor(v) else v
+                                           for k, v in state.items()}
+                del state
+        if on_gpu:
+            torch.cuda.synchronize()
+            torch.cuda.empty_cache()
+        self._mode = "gen"
+        return time.perf_counter() - t0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def switch_to_train(self) -> float:
+        """Bring grads and optimizer state back, bit-identical; returns seconds taken."""
+        self._require(mode="any")
+        t0 = time.perf_counter()
+        if self._mode == "train":
+            return 0.0
+        on_gpu = self.device.type != "cpu"
+        for name, p in self.named_params:
+            if name in self._grad_stash:
+                g = self._grad_stash.pop(name)
+                p.grad = g.to(self.device) if on_gpu else g
+            if name in self._optim_stash:
+                self.optimizer.state[p] = self._optim_stash.pop(name)
+        if on_gpu:
+            from verl.utils.fsdp_utils import load_fsdp_optimizer
+
+            load_fsdp_optimizer(self.optimizer, self.device)
+            torch.cuda.synchronize()
+        self._mode = "train"
+        return time.perf_counter() - t0
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
+        """Generate ``rows`` with the trainer's current weights (no grad; accumulated gradients and
+        optimizer state are untouched). With >1 rank every rank generates its equal contiguous share
+        (FSDP2 forwards stay collective) and returns *its part*: concatenate the ranks' results in
+        rank order (``Trajectories.cat``). Sampling is placement-invariant, so the rows equal what a
+        generator produces for them."""
+        self._require(mode="any")
+        check_version(self.version, version, f"trainer rank {self.dist_rank} (TAG)")
+        share = contiguous_share(len(rows), self.dist_rank, self.dist_world, "tag_generate")
+        return P.generate_rows(self.model, self.cfg, step, version, list(rows)[share], list(prompts)[share])
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def score(self, traj: Trajectories) -> Trajectories:
+        """Score on the trainer (colocated mode); the reward model is built on first use."""
+        self._require(mode="any")
+        if self.reward is None:
+            self.reward = build_reward(self.cfg.reward)
+        return P.score_trajectories(self.reward, traj)

@@ -1,0 +1,109 @@
+"""The trainer pool's data parallelism: torch FSDP2 over the policy transformer, and the few
+operations that must see full (gathered) tensors: weight export, exact-state snapshots, checkpoints.
+
+With one rank the module stays a plain module and every helper degrades to a local copy, so the same
+trainer code runs in both cases.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.distributed.tensor import DTensor, distribute_tensor
+
+
+def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[int, int]:
+    """Join the trainer pool's default process group from the env verl's worker group sets
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); backend from verl's platform (gloo on CPU)."""
+    rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
+    if world > 1 and not dist.is_initialized():
+        from verl.utils.device import get_nccl_backend
+
+        backend = "gloo" if device.type == "cpu" else get_nccl_backend()
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+    return rank, world
+
+
+def shard_transformer(transformer: nn.Module, world: int, device: torch.device) -> None:
+    """FSDP2 ``fully_shard`` across the trainer pool (per transformer block through verl's
+    ``apply_fsdp2`` when the class names its blocks, else the whole module), with gradients *summed*
+    over ranks: the loss is already scaled by 1 / (rows of the global step), so averaging would
+    divide the step's gradient by the pool size."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
+    kwargs = {"mesh": mesh, "reshard_after_forward": True}
+    if getattr(transformer, "_no_split_modules", None):
+        from verl.utils.fsdp_utils import apply_fsdp2
+
+        apply_fsdp2(transformer, kwargs, {})
+    else:
+        fully_shard(transformer, **kwargs)
+    for module in transformer.modules():
+        if isinstance(module, FSDPModule):
+            module.set_gradient_divide_factor(1.0)
+
+
+def full_tensor(t: torch.Tensor) -> torch.Tensor:
+    """A detached full CPU copy (an all-gather for a sharded DTensor: every rank must call it)."""
+    if isinstance(t, DTensor):
+        t = t.full_tensor()
+    return t.detach().to("cpu", copy=True)
+
+
+@torch.no_grad()
+def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``full`` laid out like ``ref``: this rank's shard when ``ref`` is sharded (no communication:
+    every rank holds the full tensor), else a copy on ``ref``'s device."""
+    full = full.to(device=ref.device, dtype=ref.dtype)
+    if isinstance(ref, DTensor):
+        return distribute_tensor(full, ref.device_mesh, ref.placements, src_data_rank=None)
+    return full.clone()
+
+
+@torch.no_grad()
+def copy_full_into(param: torch.Tensor, full: torch.Tensor) -> None:
+    """Overwrite a (possibly sharded) parameter in place with a full tensor."""
+    src = like(full, param)
+    if isinstance(param, DTensor):
+        param.to_local().copy_(src.to_local())
+    else:
+        param.copy_(src)
+
+
+def gather_state_dict(transformer: nn.Module, sharded: bool) -> dict[str, torch.Tensor]:
+    """The full transformer state dict on CPU: on rank 0 of a sharded pool (others get {}), or a
+    local copy when unsharded."""
+    if not sharded:
+        return {k: v.detach().to("cpu", copy=True) for k, v in transformer.state_dict().items()}
+    from verl.utils.fsdp_utils import get_fsdp_full_state_dict
+
+    state = get_fsdp_full_state_dict(transformer, offload_to_cpu=True, rank0_only=True)
+    return state if dist.get_rank() == 0 else {}
+
+
+def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> float:
+    """Clip the global gradient norm (over all shards) and return it. verl's
+    ``fsdp2_clip_grad_norm_`` moves the norm to the accelerator, so it serves GPU pools; torch's
+    clip handles sharded DTensor gradients on CPU."""
+    max_norm = float(max_norm) if max_norm and max_norm > 0 else float("inf")
+    sharded = any(isinstance(p, DTensor) for p in params)
+    if sharded and device.type != "cpu":
+        from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
+
+        total = fsdp2_clip_grad_norm_(params, max_norm)
+    else:
+        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if isinstance(total, DTensor):
+        total = total.full_tensor()
+    return float(total)
+
+
+def barrier(sharded: bool) -> None:
+    if sharded:
+        dist.barrier()

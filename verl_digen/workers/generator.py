@@ -1,0 +1,116 @@
+"""The disaggregated rollout worker: a no-grad copy of the policy plus the reward model(s).
+
+The driver mostly calls individual actors (``wg.workers[i].generate.remote(...)``) so that each
+generator works on its own micro-batch; through the worker group, ``generate``/``score`` are
+``DP_COMPUTE`` (one argument list entry per worker) and the rest ``ONE_TO_ALL``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from verl.single_controller.base import Worker
+from verl.single_controller.base.decorator import Dispatch, register
+
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.rewards import build_reward
+from verl_digen.workers import policy as P
+from verl_digen.workers.config import WorkerConfig
+from verl_digen.workers.sync import SyncGroup
+
+
+class VersionMismatchError(RuntimeError):
+    """A micro-batch was requested for a policy version this worker does not hold."""
+
+
+def check_version(held: int, requested: int, who: str) -> None:
+    """A trajectory must be produced entirely by one policy version: refuse anything else."""
+    if requested != held:
+        raise VersionMismatchError(
+            f"{who} holds policy version {held} but was asked to generate with version {requested}; "
+            "sync weights first (a trajectory must never mix policy versions)"
+        )
+
+
+class GeneratorWorker(Worker):
+    """Rollout + reward on the generator pool; weights arrive versioned from the trainer."""
+
+    def __init__(self, cfg: WorkerConfig) -> None:
+        super().__init__()
+        P.setup_worker_process()
+        self.cfg = cfg
+        self.model = None
+        self.reward = None
+        self.version = 0
+        self._sync: SyncGroup | None = None
+
+    def _require_model(self) -> None:
+        if self.model is None:
+            raise RuntimeError("GeneratorWorker.init_model() must be called first")
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def init_model(self) -> None:
+        """Build the policy (version 0: the same initial weights as the trainer's) and the reward."""
+        self.device = P.worker_device(self.cfg)
+        self.model = P.freeze(P.build_policy(self.cfg, self.device))
+        if self.cfg.rollout_backend != "diffusers":
+            from verl_digen.workers.vllm_backend import build_rollout_backend
+
+            self.backend = build_rollout_backend(self.cfg, self.model)
+        self.reward = build_reward(self.cfg.reward)
+        self.version = 0
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
+        """Trajectories for (prompt_id, sample_id) ``rows`` (``prompts[i]`` is row i's text), CPU tensors."""
+        self._require_model()
+        check_version(self.version, version, f"generator rank {self.rank}")
+        return P.generate_rows(self.model, self.cfg, step, version, rows, prompts)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def score(self, traj: Trajectories) -> Trajectories:
+        """Rewards (float64 (B,)) and reward components filled in; images dropped."""
+        self._require_model()
+        return P.score_trajectories(self.reward, traj)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
+        """Install the trainer's weights of ``version`` (object-store backend); returns the version."""
+        self._require_model()
+        if version < self.version:
+            raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
+        P.load_policy_weights(self.model, state, self.cfg.policy.lora)
+        self.version = int(version)
+        return self.version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def runtime_info(self) -> dict[str, Any]:
+        """Platform, threads and rank env this worker sees (diagnostics)."""
+        return P.runtime_info()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_version(self) -> int:
+        return self.version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def weights_checksum(self) -> str:
+        """sha256 of what weight sync moves (adapters only with LoRA)."""
+        self._require_model()
+        return P.weights_checksum(P.policy_weights(self.model, self.cfg.policy.lora))
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
+                        timeout_s: float = 300.0) -> None:
+        """Join the cross-pool weight-sync group as ``rank`` (1..G; trainer rank 0 is rank 0)."""
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def recv_weights(self, version: int) -> int:
+        """Receive ``version`` over the sync group (concurrently with the trainer's ``send_weights``)."""
+        self._require_model()
+        if self._sync is None:
+            raise RuntimeError("join_sync_group must be called before recv_weights")
+        template = P.policy_weights(self.model, self.cfg.policy.lora)
+        state = self._sync.recv(version, template)
+        return self.load_weights(version, state)

@@ -1,0 +1,211 @@
+"""What every worker kind shares: building the policy, moving its weights, rollout and scoring.
+
+The generator, the trainer and the TAG path must hold bit-identical policies and sample the same way,
+so they all build, export, load, generate and score through these functions and nothing else.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import asdict, fields, replace
+
+import torch
+
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.algo.tsp import TrainMetrics
+from verl_digen.models import (
+    apply_lora,
+    build_model,
+    has_lora,
+    load_lora_state_dict,
+    lora_state_dict,
+    parse_dtype,
+)
+from verl_digen.models.base import DiffusionModel
+from verl_digen.models.lora import ADAPTER_NAME
+from verl_digen.rewards import MultiReward, Reward
+from verl_digen.rollout.sampler import sample_trajectories
+from verl_digen.workers.config import WorkerConfig
+
+
+def setup_worker_process(threads: int = 1) -> None:
+    """One BLAS thread per worker: the 2-core CI machine runs several workers at once."""
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+
+
+def runtime_info() -> dict[str, object]:
+    """What this worker process sees (platform, threads, verl's rank env): for diagnostics and tests."""
+    from verl.utils.device import get_device_name, get_nccl_backend
+
+    keys = ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "VERL_PLATFORM", "OMP_NUM_THREADS")
+    return {
+        "pid": os.getpid(),
+        "device_name": get_device_name(),
+        "comm_backend": get_nccl_backend(),
+        "torch_threads": torch.get_num_threads(),
+        "env": {k: os.environ.get(k) for k in keys},
+    }
+
+
+def worker_device(cfg: WorkerConfig) -> torch.device:
+    """The torch device of this worker: CPU, or the one GPU Ray made visible to it."""
+    if cfg.device == "cpu":
+        return torch.device("cpu")
+    if cfg.device == "cuda":
+        if not torch.cuda.is_available():
+            raise RuntimeError("WorkerConfig.device='cuda' but this worker sees no CUDA device")
+        return torch.device("cuda", torch.cuda.current_device())
+    raise ValueError(f"unknown WorkerConfig.device {cfg.device!r}; expected 'cpu' or 'cuda'")
+
+
+def build_policy(cfg: WorkerConfig, device: torch.device | str = "cpu") -> DiffusionModel:
+    """The policy every worker starts from: same config -> bit-identical weights on every worker
+    (tiny models are seeded by ``cfg.policy.seed``; LoRA starts with B = 0, i.e. the base model)."""
+    p = cfg.policy
+    model = build_model(
+        p.arch, pretrained=p.pretrained, dtype=parse_dtype(p.dtype), device=device, seed=p.seed,
+        latent_size=p.latent_size, num_frames=p.num_frames,
+    )
+    if p.lora:
+        apply_lora(model, rank=p.lora_rank, alpha=p.lora_alpha, target_modules=p.lora_target_modules)
+    return model
+
+
+def freeze(model: DiffusionModel) -> DiffusionModel:
+    """A no-grad eval copy (the generator's): nothing in it can accumulate a gradient."""
+    model.transformer.requires_grad_(False).eval()
+    return model
+
+
+def lora_from_full_state(model: DiffusionModel, state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """The adapter tensors of a full transformer state dict, keyed as ``models.lora_state_dict`` keys
+    them (peft's naming), so a sharded trainer exports what an unsharded generator loads."""
+    from peft import get_peft_model_state_dict
+
+    return dict(get_peft_model_state_dict(model.transformer, state_dict=state, adapter_name=ADAPTER_NAME))
+
+
+def policy_weights(model: DiffusionModel, lora: bool) -> dict[str, torch.Tensor]:
+    """What weight sync moves, as detached CPU copies: the adapters only with LoRA, else the whole
+    transformer state dict. (Unsharded models; a sharded trainer gathers first, see ``actor``.)"""
+    if lora:
+        state = lora_state_dict(model)
+    else:
+        state = model.transformer.state_dict()
+    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+
+
+@torch.no_grad()
+def load_policy_weights(model: DiffusionModel, state: dict[str, torch.Tensor], lora: bool) -> None:
+    """Load what ``policy_weights`` exported; any key mismatch is an error (a partial load would
+    silently desynchronize generator and trainer)."""
+    if lora:
+        if not has_lora(model):
+            raise ValueError("LoRA weights given but the model has no adapters")
+        load_lora_state_dict(model, state)
+        return
+    expected = set(model.transformer.state_dict())
+    if set(state) != expected:
+        missing, extra = sorted(expected - set(state))[:5], sorted(set(state) - expected)[:5]
+        raise ValueError(f"weights do not match the policy: missing {missing}, unexpected {extra}")
+    model.transformer.load_state_dict(state, strict=True)
+
+
+def weights_checksum(state: dict[str, torch.Tensor]) -> str:
+    """sha256 over sorted names, dtypes, shapes and raw bytes: equal iff bit-identical weights."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous()
+        h.update(name.encode())
+        h.update(str(t.dtype).encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+    return h.hexdigest()
+
+
+def to_device(traj: Trajectories, device: torch.device | str) -> Trajectories:
+    """The same trajectories with every tensor on ``device`` (CPU is what crosses Ray's object store)."""
+    device = torch.device(device)
+    if traj.final_latents.device == device:
+        return traj
+    changes = {
+        f.name: getattr(traj, f.name).to(device)
+        for f in fields(traj)
+        if isinstance(getattr(traj, f.name), torch.Tensor)
+    }
+    changes["cond"] = traj.cond.to(device=device)
+    changes["reward_components"] = {k: v.to(device) for k, v in traj.reward_components.items()}
+    return replace(traj, **changes)
+
+
+def check_rows(rows: list[tuple[int, int]], prompts: list[str]) -> tuple[list[int], list[int]]:
+    """Split (prompt_id, sample_id) rows; ``prompts[i]`` is the text of ``rows[i]``."""
+    if len(rows) == 0:
+        raise ValueError("generate needs at least one (prompt_id, sample_id) row")
+    if len(prompts) != len(rows):
+        raise ValueError(
+            f"one prompt per row expected (prompts[i] is the text of rows[i]): {len(rows)} rows, "
+            f"{len(prompts)} prompts"
+        )
+    return [int(r[0]) for r in rows], [int(r[1]) for r in rows]
+
+
+def generate_rows(
+    model: DiffusionModel, cfg: WorkerConfig, step: int, version: int, rows: list[tuple[int, int]],
+    prompts: list[str],
+) -> Trajectories:
+    """Roll out one trajectory per row with the placement-invariant sampler; CPU tensors out.
+
+    Prompts are encoded once per distinct text and gathered per row, so a row's conditioning is the
+    same whichever batch it is generated in.
+    """
+    prompt_ids, sample_ids = check_rows(rows, prompts)
+    unique = list(dict.fromkeys(prompts))
+    where = {p: i for i, p in enumerate(unique)}
+    cond = model.encode_prompts(unique).index([where[p] for p in prompts])
+    was_training = model.transformer.training
+    model.transformer.eval()
+    try:
+        traj = sample_trajectories(
+            model, cond, list(prompts), prompt_ids, sample_ids, cfg.sampler, cfg.seed, step, version
+        )
+    finally:
+        model.transformer.train(was_training)
+    return to_device(traj, "cpu")
+
+
+@torch.no_grad()
+def score_trajectories(reward: Reward, traj: Trajectories) -> Trajectories:
+    """Fill float64 rewards (and per-component scores) and drop the images, which the trainer never
+    needs and which dominate the transfer size."""
+    if traj.images is None:
+        raise ValueError(
+            "trajectories carry no decoded images to score: sample with sampler.decode=True "
+            "(or score before the images are dropped)"
+        )
+    if isinstance(reward, MultiReward):
+        parts = reward.components(traj.images, traj.prompts, traj.final_latents)
+        rewards = reward.weighted_sum(parts)
+    else:
+        rewards = reward(traj.images, traj.prompts, traj.final_latents)
+        parts = {getattr(reward, "name", "reward"): rewards}
+    traj.rewards = rewards.to(device="cpu", dtype=torch.float64)
+    traj.reward_components = {k: v.to(device="cpu", dtype=torch.float64) for k, v in parts.items()}
+    traj.images = None
+    return traj
+
+
+def metrics_dict(metrics: TrainMetrics) -> dict[str, float]:
+    """TrainMetrics as a plain dict of its running sums (merge with ``merge_metrics``)."""
+    return asdict(metrics)
+
+
+def merge_metrics(parts: list[dict[str, float] | None]) -> TrainMetrics:
+    """Fold the per-rank (or per-micro-batch) sums returned by ``update`` into one TrainMetrics."""
+    total = TrainMetrics()
+    for part in parts:
+        if part:
+            total.merge(TrainMetrics(**part))
+    return total
