@@ -19,7 +19,7 @@ from verl_digen.algo.sde import SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
 from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
-from verl_digen.schedule.config import COLOCATED, DIGEN, MODES, SEPARATE
+from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.policies import parse_policy
 from verl_digen.workers.config import OptimConfig, PolicyConfig, WorkerConfig
 
@@ -222,8 +222,9 @@ class RunConfig:
         return ScheduleConfig(
             prompts=self.data.train_batch_size, group_size=self.rollout.n,
             mb_size=self.rollout.micro_batch_size, steps=steps or self.trainer.total_steps,
-            mode=self.trainer.mode if self.trainer.mode != COLOCATED else SEPARATE,
-            partition="gap" if d.gap.enable else "batch",
+            mode=self.trainer.mode,
+            # colocated has no pipeline: its micro-batch layout is irrelevant, so never reject it
+            partition="gap" if d.gap.enable or self.trainer.mode == COLOCATED else "batch",
             tsp_degree=d.tsp.degree or self.trained_steps(),
             policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
             staleness=d.tcss.staleness if self.trainer.mode == DIGEN else 0.0,
@@ -328,11 +329,10 @@ def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     elif r.micro_batch_size % trn:
         raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                           f"a multiple of resources.trainer.workers = {trn} (each rank trains an equal share)")
-    if t.mode != COLOCATED:
-        try:
-            cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
-        except ValueError as err:
-            raise ConfigError("rollout.micro_batch_size", r.micro_batch_size, str(err)) from None
+    try:
+        cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
+    except ValueError as err:
+        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size, str(err)) from None
 
 
 def load(cfg: DictConfig | dict) -> RunConfig:
@@ -344,3 +344,12 @@ def load(cfg: DictConfig | dict) -> RunConfig:
         raise ConfigError(getattr(err, "full_key", "?") or "?", getattr(err, "value", None),
                           f"a valid value ({type(err).__name__}: {str(err).splitlines()[0]})") from None
     return OmegaConf.to_object(merged)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "digen") -> RunConfig:
+    """The packaged Hydra config with ``overrides`` applied (for Python callers, tests and recipes)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_module
+
+    with initialize_config_module("verl_digen.config", version_base=None):
+        return load(hydra_compose(config_name, overrides=list(overrides or [])))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING
 
+from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     GENERATE,
     OPTIMIZER_STEP,
@@ -63,23 +64,43 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
 
 def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
-    ``digen simulate --profile`` can replay (and re-plan) the same cluster."""
+    ``digen simulate --profile`` can replay (and re-plan) the same cluster.
+
+    A colocated run measures every worker doing every stage: its phases become samples of both pools'
+    hardware (generation of batch / N samples per worker, training passes of batch / N x degree rows)."""
     mb = cfg.rollout.micro_batch_size
-    degree = cfg.digen.tsp.degree or cfg.trained_steps()
-    samples = []
-    for r in timeline.records:
-        if r.kind in (GENERATE, SCORE):
-            samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
-        elif r.kind == TAG_GENERATE:
-            samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
-        elif r.kind == UPDATE:
-            samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
-        elif r.worker == TRAINER:  # switches, optimizer step, weight sync (recorded once, on the trainer)
-            samples.append({"kind": r.kind, "seconds": r.duration})
+    k = cfg.trained_steps()
+    degree = cfg.digen.tsp.degree or k
     res = cfg.resources
+    samples = []
+    if timeline.mode == COLOCATED:
+        n = cfg.total_workers
+        per_worker = cfg.batch // n
+        passes = -(-k // degree)
+        for r in timeline.records:
+            if r.worker != timeline.workers[0]:
+                continue
+            if r.kind in (GENERATE, SCORE):
+                for pool in ("generator", "trainer"):
+                    samples.append({"pool": pool, "kind": r.kind, "size": per_worker, "seconds": r.duration})
+            elif r.kind == UPDATE:
+                samples.append({"pool": "trainer", "kind": "train_pass", "size": per_worker * degree,
+                                "seconds": r.duration / passes})
+            else:
+                samples.append({"kind": r.kind, "seconds": r.duration})
+    else:
+        for r in timeline.records:
+            if r.kind in (GENERATE, SCORE):
+                samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
+            elif r.kind == TAG_GENERATE:
+                samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
+            elif r.kind == UPDATE:
+                samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
+            elif r.worker == TRAINER:  # switches, optimizer step, weight sync (recorded once, on the trainer)
+                samples.append({"kind": r.kind, "seconds": r.duration})
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
-                     steps_trained=cfg.trained_steps())
+                     steps_trained=k)
     d = cfg.digen
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,

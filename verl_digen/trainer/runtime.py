@@ -234,10 +234,10 @@ class DigenTrainer:
             save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {self.cfg.trainer.mode}")
             Path(trace_dir, f"{self.cfg.trainer.mode}_timeline.json").write_text(
                 json.dumps({"mode": self.cfg.trainer.mode, "records": result.timeline.to_dicts()}))
-            if self.cfg.trainer.mode != COLOCATED:
-                result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_profile.json")
-                dump_profile(*measured_profile(self.cfg, result.timeline), result.profile_path,
-                             name=f"measured {self.cfg.trainer.mode} run")
+            result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_profile.json")
+            model, workload = measured_profile(self.cfg, result.timeline)
+            dump_profile(model, result.profile_path, name=f"measured {self.cfg.trainer.mode} run",
+                         workload=workload)
 
     def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
                 gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,

@@ -1,0 +1,123 @@
+"""End-to-end CPU benchmark: the same 2-worker budget under every mode, interleaved.
+
+Colocated uses both workers as colocated workers (FSDP over 2 ranks); the disaggregated modes use
+1 generator + 1 trainer. Modes: colocated (per-timestep training, as upstream runs today), colocated
+with TSP (so the gain of disaggregation alone is visible), separate, digen without TAG, digen + BTS,
+digen + BTS + TCSS(0.5). Rounds interleave the modes (A B C ... A B C ...) so machine noise hits all
+alike. For each mode it prints the steady-state step time (the first step of each run is warm-up),
+samples per worker-second, the ratio to colocated, the fraction of ideal, and the simulator's
+prediction of the step time from the profile that same run measured.
+
+    python bench/e2e_cpu.py            # table
+    python bench/e2e_cpu.py --json     # table, then one JSON list on the last line
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+
+os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ["VERL_PLATFORM"] = "cpu"
+
+import ray  # noqa: E402
+
+from verl_digen.schedule.costs import OPTIMIZER_STEP  # noqa: E402
+from verl_digen.schedule.profile_io import load  # noqa: E402
+from verl_digen.schedule.simulator import simulate, simulate_colocated  # noqa: E402
+from verl_digen.trainer.config import compose  # noqa: E402
+from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
+
+#: the workload: 4 prompts x 4 samples, 8 sampling steps of which 6 are trained, 16x16 latents
+WORKLOAD = [
+    "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=2",
+    "rollout.num_steps=8", "rollout.train_steps=6", "trainer.progress=false", "trainer.logger=[]",
+]
+
+MODES = {
+    "colocated": ["trainer=colocated"],
+    "colocated+tsp": ["trainer=colocated", "digen.tsp.degree=null"],
+    "separate": ["trainer=separate", "digen.tsp.degree=null"],
+    "digen": ["trainer=digen", "digen.tag.policy=never"],
+    "digen+bts": ["trainer=digen", "digen.tag.policy=bts"],
+    "digen+bts+tcss": ["trainer=digen", "digen.tag.policy=bts", "digen.tcss.staleness=0.5"],
+}
+
+
+def predicted_step(cfg, profile_path: str) -> float:
+    """The simulator's steady-state step time (median over steps 2..N, as measured) for this run's
+    config, from the profile the run measured."""
+    model, _ = load(profile_path)
+    sched_cfg = cfg.schedule_config(steps=cfg.trainer.total_steps)
+    sim = simulate_colocated(sched_cfg, model) if cfg.trainer.mode == "colocated" else simulate(sched_cfg, model)
+    ends = sorted({r.end for r in sim.timeline.records if r.kind == OPTIMIZER_STEP})
+    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+
+
+def run_mode(name: str, steps: int, out_dir: str) -> dict:
+    cfg = compose([*WORKLOAD, *MODES[name], f"trainer.total_steps={steps}",
+                   f"trainer.trace_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/ckpt"])
+    trainer = DigenTrainer(cfg, log=lambda _: None)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.shutdown()
+    steady = [r.metrics for r in result.reports[1:]]
+    return {
+        "step_s": statistics.median(m["timing/step_s"] for m in steady),
+        "fraction_of_ideal": statistics.median(m.get("perf/fraction_of_ideal", float("nan")) for m in steady),
+        "predicted_step_s": predicted_step(cfg, result.profile_path),
+        "batch": cfg.batch,
+        "workers": cfg.total_workers,
+    }
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--rounds", type=int, default=2, help="interleaved rounds over all modes")
+    ap.add_argument("--steps", type=int, default=5, help="global steps per run (the first is warm-up)")
+    ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    if args.steps < 2:
+        raise SystemExit("--steps must be >= 2 (the first step of each run is warm-up)")
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+             runtime_env={"env_vars": {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1"}})
+    runs: dict[str, list[dict]] = {m: [] for m in args.modes}
+    with tempfile.TemporaryDirectory() as tmp:
+        for r in range(args.rounds):
+            for mode in args.modes:
+                row = run_mode(mode, args.steps, tmp)
+                runs[mode].append(row)
+                print(f"  round {r + 1}/{args.rounds} {mode:<16} step {row['step_s']:.3f}s "
+                      f"(predicted {row['predicted_step_s']:.3f}s)", file=sys.stderr, flush=True)
+    rows = []
+    for mode, rs in runs.items():
+        step = statistics.median(x["step_s"] for x in rs)
+        pred = statistics.median(x["predicted_step_s"] for x in rs)
+        rows.append({
+            "mode": mode,
+            "step_s": step,
+            "samples_per_worker_s": rs[0]["batch"] / (step * rs[0]["workers"]),
+            "fraction_of_ideal": statistics.median(x["fraction_of_ideal"] for x in rs),
+            "predicted_step_s": pred,
+            "prediction_error": pred / step - 1,
+        })
+    base = next((r for r in rows if r["mode"] == "colocated"), None)
+    for r in rows:
+        r["vs_colocated"] = base["step_s"] / r["step_s"] if base else float("nan")
+    print(f"{'mode':<16}{'step s':>9}{'samp/wkr-s':>12}{'vs coloc':>10}{'frac ideal':>12}{'pred s':>9}{'err':>8}")
+    for r in rows:
+        print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['samples_per_worker_s']:>12.3f}{r['vs_colocated']:>9.2f}x"
+              f"{r['fraction_of_ideal']:>12.2f}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%")
+    if args.json:
+        print(json.dumps(rows))
+    ray.shutdown()
+
+
+if __name__ == "__main__":
+    main()
