@@ -69,7 +69,11 @@ def build_policy(cfg: WorkerConfig, device: torch.device | str = "cpu") -> Diffu
         latent_size=p.latent_size, num_frames=p.num_frames,
     )
     if p.lora:
-        apply_lora(model, rank=p.lora_rank, alpha=p.lora_alpha, target_modules=p.lora_target_modules)
+        # peft draws the A matrices from the global RNG: seed it so every worker gets the same adapters
+        devices = [device] if torch.device(device).type == "cuda" else []
+        with torch.random.fork_rng(devices=devices):
+            torch.manual_seed(p.seed)
+            apply_lora(model, rank=p.lora_rank, alpha=p.lora_alpha, target_modules=p.lora_target_modules)
     return model
 
 
