@@ -44,3 +44,17 @@ def test_full_export_mismatch_is_an_error():
 def test_rows_need_one_prompt_each():
     with pytest.raises(ValueError, match="one prompt per row"):
         P.check_rows([(0, 0), (0, 1)], ["a"])
+
+
+def test_vllm_backend_without_vllm_names_the_extra():
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        pass
+    else:
+        pytest.skip("vllm is installed here")
+    from verl_digen.workers.vllm_backend import build_rollout_backend
+
+    cfg = tiny_cfg(rollout_backend="vllm")
+    with pytest.raises(ImportError, match=r"pip install verl-digen\[vllm\]"):
+        build_rollout_backend(cfg, P.build_policy(cfg))

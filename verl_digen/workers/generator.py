@@ -41,6 +41,7 @@ class GeneratorWorker(Worker):
         P.setup_worker_process()
         self.cfg = cfg
         self.model = None
+        self.backend = None  # a vLLM-Omni engine when cfg.rollout_backend == "vllm"
         self.reward = None
         self.version = 0
         self._sync: SyncGroup | None = None
@@ -66,6 +67,9 @@ class GeneratorWorker(Worker):
         """Trajectories for (prompt_id, sample_id) ``rows`` (``prompts[i]`` is row i's text), CPU tensors."""
         self._require_model()
         check_version(self.version, version, f"generator rank {self.rank}")
+        if self.backend is not None:
+            prompt_ids, sample_ids = P.check_rows(rows, prompts)
+            return self.backend.generate(step, version, prompt_ids, sample_ids, list(prompts))
         return P.generate_rows(self.model, self.cfg, step, version, rows, prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
@@ -81,6 +85,8 @@ class GeneratorWorker(Worker):
         if version < self.version:
             raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
         P.load_policy_weights(self.model, state, self.cfg.policy.lora)
+        if self.backend is not None:
+            self.backend.load_weights(version, state)
         self.version = int(version)
         return self.version
 

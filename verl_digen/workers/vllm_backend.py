@@ -1,0 +1,160 @@
+"""Generator rollout through vLLM-Omni (``WorkerConfig.rollout_backend = "vllm"``; ``pip install
+verl-digen[vllm]``), for GPU generator pools serving real checkpoints.
+
+What this module relies on, as read from vllm-omni's public sources and docs (not run here: neither
+vllm nor vllm-omni nor a GPU is available where this was written):
+
+- ``vllm_omni.entrypoints.omni.Omni(model=<path>, **engine_kwargs)`` and
+  ``Omni.generate(prompts, sampling_params_list)``, where ``sampling_params_list`` has one entry per
+  *pipeline stage* (a single diffusion stage here), so per-sample seeds mean one request per row;
+- ``vllm_omni.inputs.data.OmniDiffusionSamplingParams`` fields ``num_inference_steps``,
+  ``guidance_scale``, ``seed``, ``latents``, ``sigmas``, ``eta``, ``return_trajectory_latents``,
+  ``lora_request``, ``extra_args``;
+- request outputs carrying ``images``, ``trajectory_latents``, ``trajectory_timesteps`` and (with an RL
+  pipeline such as verl-omni's Flow-GRPO pipelines, asked for with ``extra_args={"logprobs": True}``)
+  ``trajectory_log_probs``; ``vllm_omni.lora.request.LoRARequest(name, int_id, path)`` for adapters.
+
+What is *not* verified, and why the diffusers backend stays the reference:
+- Stock vllm-omni pipelines do not return per-step SDE log-probs; without an RL pipeline that does,
+  ``generate`` raises. The log-probs come from the engine's own SDE code, so they match
+  ``algo.sde`` only when that pipeline implements the same transition (``sampler.sde``, ``eta``).
+- Only x_T is placement-invariant (we pass our seeded initial noise); the per-step SDE noise is the
+  engine's, so vllm trajectories are *not* bit-identical to diffusers/TAG ones: the exact
+  TAG == generator equivalence holds for the diffusers backend only.
+- Latents must come back unpacked, shaped like ``model.latent_shape`` (checked; packed FLUX tokens
+  raise); the trained step selection is applied here from ``trajectory_latents``.
+- Weight updates: LoRA adapters are written in PEFT layout and served through a fresh ``LoRARequest``
+  per version. Full fine-tune updates into a running engine go through verl-omni's worker extension
+  (IPC / collective), which is not a public vllm-omni API: refused with a clear error.
+"""
+
+from __future__ import annotations
+
+import json
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from verl_digen.algo.seeding import sample_seed
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.models.base import DiffusionModel
+from verl_digen.rollout.sampler import initial_noise
+from verl_digen.workers.config import WorkerConfig
+
+INSTALL_HINT = "pip install verl-digen[vllm]"
+
+
+def require_vllm_omni() -> tuple[Any, Any, Any]:
+    """(Omni, OmniDiffusionSamplingParams, LoRARequest), or an ImportError naming the extra."""
+    try:
+        import vllm  # noqa: F401
+        from vllm_omni.entrypoints.omni import Omni
+        from vllm_omni.inputs.data import OmniDiffusionSamplingParams
+        from vllm_omni.lora.request import LoRARequest
+    except ImportError as err:
+        raise ImportError(
+            f"rollout_backend='vllm' needs vllm and vllm-omni ({err}); install them with `{INSTALL_HINT}` "
+            "or use rollout_backend='diffusers'"
+        ) from err
+    return Omni, OmniDiffusionSamplingParams, LoRARequest
+
+
+def _first(value: Any) -> Any:
+    """Strip a leading batch dimension of one (outputs are per request)."""
+    if isinstance(value, (list, tuple)):
+        return value[0] if value else None
+    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == 1:
+        return value[0]
+    return value
+
+
+class VllmOmniRollout:
+    """One vLLM-Omni engine per generator worker; ``generate`` returns our ``Trajectories``."""
+
+    def __init__(self, cfg: WorkerConfig, model: DiffusionModel, **engine_kwargs: Any) -> None:
+        omni_cls, self._params_cls, self._lora_cls = require_vllm_omni()
+        if not cfg.policy.pretrained:
+            raise ValueError("rollout_backend='vllm' serves a real checkpoint: set policy.pretrained")
+        self.cfg, self.model = cfg, model
+        self.engine = omni_cls(model=cfg.policy.pretrained, **engine_kwargs)
+        self.lora_request = None
+        self._lora_dir = Path(tempfile.mkdtemp(prefix="digen_lora_"))
+
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Serve new adapters (PEFT layout on local disk, one ``LoRARequest`` id per version)."""
+        if not self.cfg.policy.lora:
+            raise NotImplementedError(
+                "full fine-tune weight updates into a running vLLM-Omni engine are not a public vllm-omni "
+                "API (verl-omni uses its own worker extension); use LoRA or rollout_backend='diffusers'"
+            )
+        from safetensors.torch import save_file
+
+        out = self._lora_dir / f"v{version}"
+        out.mkdir(parents=True, exist_ok=True)
+        peft_cfg = self.model.transformer.peft_config["default"].to_dict()
+        peft_cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in peft_cfg.items()}
+        (out / "adapter_config.json").write_text(json.dumps(peft_cfg, default=str))
+        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
+                  str(out / "adapter_model.safetensors"))
+        self.lora_request = self._lora_cls(f"digen_v{version}", version + 1, str(out))
+
+    def _params(self, x_t: torch.Tensor, seed: int) -> Any:
+        s = self.cfg.sampler
+        return self._params_cls(
+            num_inference_steps=s.num_steps, guidance_scale=s.guidance_scale, seed=seed,
+            latents=x_t.unsqueeze(0), sigmas=s.sigmas(torch.float64)[:-1].tolist(), eta=s.eta,
+            return_trajectory_latents=True, lora_request=self.lora_request,
+            extra_args={"logprobs": True, "sde_type": s.sde},
+        )
+
+    def generate(self, step: int, version: int, prompt_ids: list[int], sample_ids: list[int],
+                 prompts: list[str]) -> Trajectories:
+        """One request per row (per-sample seeds); trained steps selected like the diffusers sampler."""
+        s, model = self.cfg.sampler, self.model
+        dtype = model.dtype
+        x_t = initial_noise(tuple(model.latent_shape), prompt_ids, sample_ids, self.cfg.seed, step, dtype,
+                            s.shared_group_noise)
+        sigmas = s.sigmas(dtype)
+        selected = s.selection.select(s.num_steps, self.cfg.seed, step, prompt_ids, sample_ids)
+        states, nexts, log_probs, finals, images = [], [], [], [], []
+        for i, (p, j, text) in enumerate(zip(prompt_ids, sample_ids, prompts, strict=True)):
+            seed = sample_seed(self.cfg.seed, step, p, j, "sde") & 0x7FFFFFFF
+            outs = self.engine.generate([text], [self._params(x_t[i], seed)])
+            req = _first(getattr(outs[0], "request_output", None) or outs[0])
+            lat = _first(getattr(req, "trajectory_latents", None))
+            lp = _first(getattr(req, "trajectory_log_probs", None))
+            if lat is None or lp is None:
+                raise RuntimeError(
+                    "vLLM-Omni returned no trajectory latents/log-probs: serve the model with an RL pipeline "
+                    "that records them (e.g. verl-omni's Flow-GRPO pipelines)"
+                )
+            lat, lp = torch.as_tensor(lat, dtype=dtype).cpu(), torch.as_tensor(lp, dtype=dtype).cpu().reshape(-1)
+            if tuple(lat.shape[1:]) != tuple(model.latent_shape) or lat.shape[0] != s.num_steps + 1:
+                raise RuntimeError(f"vLLM-Omni trajectory latents have shape {tuple(lat.shape)}; expected "
+                                   f"({s.num_steps + 1}, {', '.join(map(str, model.latent_shape))}) unpacked")
+            idx = selected[i]
+            states.append(lat[idx])
+            nexts.append(lat[idx + 1])
+            log_probs.append(lp[idx])
+            finals.append(lat[-1])
+            img = _first(getattr(req, "images", None))
+            if img is not None:
+                images.append(torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1))
+        cond = model.encode_prompts(list(prompts)).to(device="cpu")
+        return Trajectories(
+            prompts=list(prompts), prompt_ids=torch.as_tensor(prompt_ids), sample_ids=torch.as_tensor(sample_ids),
+            cond=cond, step_indices=selected, sigmas=sigmas[selected], sigmas_next=sigmas[selected + 1],
+            states=torch.stack(states), next_states=torch.stack(nexts), log_probs=torch.stack(log_probs),
+            final_latents=torch.stack(finals), versions=torch.full((len(prompt_ids),), version),
+            global_step=step, images=torch.stack(images) if len(images) == len(prompt_ids) else None,
+        )
+
+
+def build_rollout_backend(cfg: WorkerConfig, model: DiffusionModel) -> VllmOmniRollout:
+    """The rollout engine named by ``cfg.rollout_backend`` (only 'vllm' lives here)."""
+    if cfg.rollout_backend != "vllm":
+        raise ValueError(f"unknown rollout_backend {cfg.rollout_backend!r}; expected 'diffusers' or 'vllm'")
+    return VllmOmniRollout(cfg, model)
