@@ -11,7 +11,8 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   and broadcasts each tensor in sorted-name order after a checked header (version, count, layout hash).
 
 ``WeightSync`` is the driver-side helper the trainer loop calls: ``setup`` once, ``sync(version)`` after
-every optimizer step; it returns the measured seconds.
+every optimizer step; it returns the measured seconds (``launch`` is the non-blocking form for an
+event loop that waits on the returned refs itself).
 """
 
 from __future__ import annotations
@@ -145,19 +146,21 @@ class WeightSync:
         ]
         ray.get(calls, timeout=self.timeout_s)
 
-    def sync(self, version: int) -> float:
-        """Move the trainer's weights of ``version`` to every generator; returns wall seconds."""
+    def launch(self, version: int) -> list[ray.ObjectRef]:
+        """Start moving ``version`` to every generator without waiting: the refs of every call taking
+        part (trainer ranks and generators); the sync is done when all of them are."""
         if not self.trainers:
             raise RuntimeError("WeightSync.setup must be called before sync")
-        t0 = time.perf_counter()
         if self.backend == "object_store":
-            refs = [w.export_weights.remote() for w in self.trainers]
-            loads = [g.load_weights.remote(version, refs[0]) for g in self.generators]
-            ray.get(loads + refs[1:], timeout=self.timeout_s)
-        else:
-            sends = [w.send_weights.remote(version) for w in self.trainers]
-            recvs = [g.recv_weights.remote(version) for g in self.generators]
-            ray.get(sends + recvs, timeout=self.timeout_s)
+            refs = [w.export_weights.remote(version) for w in self.trainers]
+            return [g.load_weights.remote(version, refs[0]) for g in self.generators] + refs[1:]
+        sends = [w.send_weights.remote(version) for w in self.trainers]
+        return sends + [g.recv_weights.remote(version) for g in self.generators]
+
+    def sync(self, version: int) -> float:
+        """Move the trainer's weights of ``version`` to every generator; returns wall seconds."""
+        t0 = time.perf_counter()
+        ray.get(self.launch(version), timeout=self.timeout_s)
         seconds = time.perf_counter() - t0
         self.history.append(seconds)
         return seconds
