@@ -6,7 +6,7 @@ optimizer step, TAG split over ranks == local generation, and weight sync from t
 import pytest
 import ray
 import torch
-from workers_helpers import kill_group, local_batch, make_group, rows_of, tiny_cfg
+from workers_helpers import assert_state_equal, kill_group, local_batch, make_group, rows_of, tiny_cfg
 
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
@@ -78,9 +78,15 @@ def test_two_rank_fsdp2_matches_single_process(setup):
     with pytest.raises(ray.exceptions.RayTaskError, match="cannot be split evenly over 2 trainer ranks"):
         trainer.update(traj.index([0, 1, 2]), scale)
 
-    # TAG over both ranks (contiguous halves, concatenated in rank order) == local generation
+    # TAG over both ranks (contiguous halves, concatenated in rank order) == local generation, and the
+    # sharded accumulated gradients / optimizer state survive the context switch bit for bit
+    trainer.update(traj, scale)
+    before = trainer.full_state()[0]
+    trainer.switch_to_gen()
     rows, prompts = rows_of([2, 3], 2)
     parts = trainer.tag_generate(1, 1, rows, prompts)
+    trainer.switch_to_train()
+    assert_state_equal(before, trainer.full_state()[0], exact=True)
     assert [len(p) for p in parts] == [2, 2]
     tag = Trajectories.cat(parts)
     want = P.generate_rows(model, cfg, 1, 1, rows, prompts)

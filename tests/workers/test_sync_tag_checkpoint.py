@@ -123,6 +123,8 @@ def test_tag_between_micro_batch_updates_keeps_training_state(pools, local_model
     after = trainer.full_state()[0]
     assert_state_equal(before, after, exact=True)
     assert out_s > 0 and in_s > 0
+    print(f"\nTAG context switch (CPU stash, {len(before['grads'])} grads + AdamW state): "
+          f"out {out_s * 1e3:.2f} ms, back {in_s * 1e3:.2f} ms")
 
     trainer.update(traj.index([4, 5, 6, 7]), scale)  # micro-batch 2 still accumulates onto micro-batch 1
     grads_2 = trainer.full_state()[0]["grads"]
