@@ -11,5 +11,12 @@ def register() -> None:
     """Register verl-digen's hooks with verl."""
     from verl_digen.workers import platform_cpu  # noqa: F401  (registers the 'cpu' platform)
 
+    try:  # verl-omni users: trainer mode 'digen' + Hydra configs; a no-op without verl-omni, never raises
+        from verl_digen.integrations.verl_omni import install
+
+        install()
+    except Exception:
+        pass
+
 
 register()
