@@ -23,7 +23,7 @@ from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 
 
 def node_of(actor) -> str:
-    return ray.get(actor.execute_func_rank_zero.remote(lambda _self: ray.get_runtime_context().get_node_id()))
+    return ray.get(actor.execute_func_rank_zero.remote(lambda: ray.get_runtime_context().get_node_id()))
 
 
 def main(tmp: str) -> None:

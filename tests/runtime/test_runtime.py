@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 
 import pytest
-import ray
 import torch
 from runtime_helpers import compose_run
 
@@ -21,7 +20,7 @@ def _train(cfg):
     trainer = DigenTrainer(cfg, log=lambda _: None)
     try:
         result = trainer.fit()
-        state = ray.get(trainer.trn_wg.workers[0].full_state.remote())
+        state = trainer.trn_wg.full_state()[0]  # collective over the trainer ranks; rank 0 holds it
     finally:
         trainer.shutdown()
     return result, state["params"]
@@ -46,7 +45,7 @@ def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_cpu, tmp_pat
     fresh = DigenTrainer(compose_run(tmp_path=tmp_path / "f"), log=lambda _: None)
     try:
         fresh.init_workers()
-        init = ray.get(fresh.trn_wg.workers[0].full_state.remote())["params"]
+        init = fresh.trn_wg.full_state()[0]["params"]
     finally:
         fresh.shutdown()
     assert max(float((params_d[k] - init[k]).abs().max()) for k in init) > 1e-6
@@ -125,8 +124,8 @@ def test_lora_digen_run_with_collective_sync(ray_cpu, tmp_path, backend):
     trainer = DigenTrainer(cfg, log=lambda _: None)
     try:
         result = trainer.fit()
-        gen_sum = ray.get(trainer.gen_wg.workers[0].weights_checksum.remote())
-        trn_sum = ray.get(trainer.trn_wg.workers[0].weights_checksum.remote())
+        gen_sum = trainer.gen_wg.weights_checksum()[0]
+        trn_sum = trainer.trn_wg.weights_checksum()[0]
     finally:
         trainer.shutdown()
     check_timeline(result.timeline)

@@ -16,12 +16,14 @@ from __future__ import annotations
 import json
 import os
 import time
+import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import ray
 import torch
+from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.algo.advantages import group_advantages
@@ -113,10 +115,13 @@ class DigenTrainer:
         self.trn_wg: RayWorkerGroup | None = None
         self.sync: WeightSync | None = None
         self.tracking = None
+        self._pools: list[PlacedResourcePool] = []
 
     # ---------------------------------------------------------------------------------- setup
     def _group(self, cls, workers: int, prefix: str, node_resource: str | None) -> RayWorkerGroup:
+        prefix = f"{prefix}_{uuid.uuid4().hex[:6]}_"  # several runs may share one Ray session
         pool = PlacedResourcePool(workers, self.use_gpu, prefix, node_resource)
+        self._pools.append(pool)
         wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg),
                             name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
         wg.init_model()
@@ -148,10 +153,15 @@ class DigenTrainer:
         self.log(f"resumed from {path} at step {self.start_step}")
 
     def shutdown(self) -> None:
+        """Kill the workers and release their placement groups (the Ray session stays up)."""
         for wg in (self.gen_wg, self.trn_wg):
             if wg is not None:
                 for w in wg.workers:
                     ray.kill(w)
+        for pool in self._pools:
+            for pg in pool.pgs or []:
+                remove_placement_group(pg)
+        self._pools.clear()
         self.gen_wg = self.trn_wg = None
 
     # ---------------------------------------------------------------------------------- helpers
