@@ -1,13 +1,33 @@
-"""Shared test settings: one thread (2-core CI machines), deterministic torch where torch is used."""
+"""Shared test settings: one thread (2-core CI machines), the verl CPU platform, and one Ray session
+for the whole test run (each worker actor costs ~0.5 GB and 5-10 s to start on 2 cores)."""
 
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+os.environ["VERL_PLATFORM"] = "cpu"  # the driver resolves verl's platform too (placement groups)
 
-try:
-    import torch
+import pytest  # noqa: E402
+import torch  # noqa: E402
 
-    torch.set_num_threads(1)
-except ImportError:  # the pure scheduling tests do not need torch
-    pass
+torch.set_num_threads(1)
+
+#: what every worker process gets: Ray merges it with the per-actor env verl's worker groups set
+#: (RANK, WORLD_SIZE, MASTER_ADDR/PORT)
+WORKER_ENV = {
+    "VERL_PLATFORM": "cpu",
+    "OMP_NUM_THREADS": "1",
+    "RAY_AUTH_MODE": "disabled",
+    "TOKENIZERS_PARALLELISM": "false",
+}
+
+
+@pytest.fixture(scope="session")
+def ray_session():
+    """A local Ray instance shared by every test that needs one; shut down at the end of the run."""
+    import ray
+
+    if not ray.is_initialized():
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
+    yield ray
+    ray.shutdown()

@@ -68,7 +68,19 @@ def _hydra_main(raw: DictConfig) -> None:
     except ConfigError as err:
         print(f"invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    if cfg.trainer.dry_run:
+        print(dry_run(cfg))
+        return
     run(cfg)
+
+
+def dry_run(cfg: RunConfig) -> str:
+    """The resolved config and the resource plan, without starting Ray."""
+    from omegaconf import OmegaConf
+
+    from verl_digen.trainer.plan import resource_plan
+
+    return OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + resource_plan(cfg).render()
 
 
 def main() -> None:

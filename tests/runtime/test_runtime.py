@@ -32,7 +32,7 @@ def _assert_params_close(a, b, atol):
     assert worst <= atol, f"parameters differ by {worst:.3e}"
 
 
-def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_cpu, tmp_path):
+def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_session, tmp_path):
     digen = compose_run("trainer=digen", "digen.tag.policy=static:2", "digen.tsp.degree=2",
                         "digen.gap.enable=true", tmp_path=tmp_path / "d")
     colocated = compose_run("trainer=colocated", tmp_path=tmp_path / "c")
@@ -51,7 +51,7 @@ def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_cpu, tmp_pat
     assert max(float((params_d[k] - init[k]).abs().max()) for k in init) > 1e-6
 
 
-def test_real_timeline_keeps_the_invariants_with_tcss(ray_cpu, tmp_path):
+def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     cfg = compose_run("trainer.total_steps=3", "digen.tcss.staleness=0.5", "data.train_batch_size=4",
                       "rollout.micro_batch_size=2", tmp_path=tmp_path)
     trainer = DigenTrainer(cfg, log=lambda _: None)
@@ -75,7 +75,7 @@ def test_real_timeline_keeps_the_invariants_with_tcss(ray_cpu, tmp_path):
     assert model.trainer.hardware.train_pass.fixed + model.trainer.hardware.train_pass.per_unit > 0
 
 
-def test_resume_reproduces_the_uninterrupted_run(ray_cpu, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run(ray_session, tmp_path):
     common = ["trainer.total_steps=4", "trainer.save_freq=2", "digen.tag.policy=never"]
     _, straight = _train(compose_run(*common, tmp_path=tmp_path / "a"))
     ckpt = tmp_path / "a" / "ckpt" / "global_step_2"
@@ -86,7 +86,7 @@ def test_resume_reproduces_the_uninterrupted_run(ray_cpu, tmp_path):
     _assert_params_close(straight, resumed, atol=1e-10)
 
 
-def test_reward_rises_over_a_short_digen_run(ray_cpu, tmp_path):
+def test_reward_rises_over_a_short_digen_run(ray_session, tmp_path):
     cfg = compose_run("model.dtype=float32", "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4",
                       "rollout.micro_batch_size=4", "rollout.num_steps=6", "rollout.train_steps=4",
                       "trainer.total_steps=8", tmp_path=tmp_path)
@@ -118,7 +118,7 @@ def test_heterogeneous_pools_land_on_their_nodes(tmp_path):
 
 
 @pytest.mark.parametrize("backend", ["collective"])
-def test_lora_digen_run_with_collective_sync(ray_cpu, tmp_path, backend):
+def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     cfg = compose_run("model.lora_rank=2", f"digen.sync.backend={backend}", "trainer.total_steps=2",
                       tmp_path=tmp_path)
     trainer = DigenTrainer(cfg, log=lambda _: None)

@@ -141,6 +141,7 @@ class DigenConfig:
     tcss: TcssConfig = field(default_factory=TcssConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     update: str = "unit"  # unit | micro_batch
+    profile: str | None = None  # cost estimates: a measured profile file or a simulator preset name
 
 
 @dataclass
@@ -157,6 +158,7 @@ class TrainerConfig:
     resume_from: str | None = None
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
+    dry_run: bool = False  # print the resolved config and the resource plan, then exit
 
 
 @dataclass
@@ -329,6 +331,10 @@ def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     elif r.micro_batch_size % trn:
         raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                           f"a multiple of resources.trainer.workers = {trn} (each rank trains an equal share)")
+    if d.profile is not None:
+        from verl_digen.trainer.plan import load_costs
+
+        load_costs(d.profile)  # raises ConfigError naming digen.profile
     try:
         cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
     except ValueError as err:

@@ -30,7 +30,7 @@ from verl_digen.algo.advantages import group_advantages
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.data import PromptDataset
-from verl_digen.schedule import ScheduleConfig, StageCosts, StepScheduler, step_bounds
+from verl_digen.schedule import ScheduleConfig, StepScheduler, step_bounds
 from verl_digen.schedule.actions import Action
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
@@ -48,6 +48,7 @@ from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import Record, Timeline
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.metrics import measured_profile, window_metrics
+from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
@@ -270,8 +271,7 @@ class DigenTrainer:
     def _fit_scheduled(self, steps: int) -> RunResult:
         cfg = self.cfg
         sched_cfg: ScheduleConfig = cfg.schedule_config(steps=steps)
-        prior = StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0)
-        sched = StepScheduler(sched_cfg, prior, gen_workers=cfg.resources.generator.workers)
+        sched = StepScheduler(sched_cfg, prior_stage_costs(cfg), gen_workers=cfg.resources.generator.workers)
         gens = self.gen_wg.workers
         trainers = self.trn_wg.workers
         base = self.start_step

@@ -1,0 +1,103 @@
+"""The resource plan of a run: which pool gets which workers, how the batch is cut, and the step time
+the simulator predicts. Printed by the dry run (``trainer.dry_run=true``) before anything starts."""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+
+from verl_digen.schedule import presets
+from verl_digen.schedule.config import COLOCATED
+from verl_digen.schedule.costs import CostModel, StageCosts
+from verl_digen.schedule.profile_io import load_profile
+from verl_digen.schedule.simulator import simulate
+from verl_digen.trainer.config import ConfigError, RunConfig
+
+
+def load_costs(spec: str) -> CostModel:
+    """A cost model from a preset name (``digen simulate --preset``) or a profile file."""
+    if spec in presets.names():
+        return presets.get(spec).model
+    if os.path.isfile(spec):
+        return load_profile(spec)
+    raise ConfigError("digen.profile", spec, f"a profile file or a preset name ({', '.join(presets.names())})")
+
+
+def cluster_costs(cfg: RunConfig) -> CostModel | None:
+    """The run's cost model, resized to its pools, when ``digen.profile`` names one."""
+    if not cfg.digen.profile:
+        return None
+    model = load_costs(cfg.digen.profile)
+    return model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
+
+
+def prior_stage_costs(cfg: RunConfig) -> StageCosts:
+    """The scheduler's starting cost estimates (the online profiler refines them from step 1)."""
+    model = cluster_costs(cfg)
+    if model is None:
+        return StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0)
+    sched = cfg.schedule_config()
+    unit = sched.make_partition(cfg.resources.generator.workers).unit_size
+    return model.stage_costs(sched.mb_size, sched.tsp_degree, sched.mb_size * sched.update_size(unit))
+
+
+@dataclass
+class ResourcePlan:
+    pools: list[tuple[str, int, str]]  # (pool, workers, placement)
+    batch: int
+    micro_batches: int
+    release_unit: int
+    trained_steps: int
+    tsp_passes: int
+    predicted_step_s: float | None
+    predicted_colocated_step_s: float | None
+
+    @property
+    def total_workers(self) -> int:
+        return sum(n for _, n, _ in self.pools)
+
+    def render(self) -> str:
+        lines = ["resource plan:"]
+        for name, n, where in self.pools:
+            lines.append(f"  {name:<10} {n:>4} worker(s)  on {where}")
+        lines += [
+            f"  batch      {self.batch} samples = {self.micro_batches} micro-batch(es); "
+            f"release unit {self.release_unit} micro-batch(es)",
+            f"  training   {self.trained_steps} trained step(s) per sample in {self.tsp_passes} TSP pass(es)",
+        ]
+        if self.predicted_step_s is None:
+            lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
+        else:
+            lines.append(f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)")
+            colo = self.predicted_colocated_step_s
+            if colo:
+                lines.append(f"             {colo:.2f} s/step colocated on the same {self.total_workers} workers "
+                             f"(this run: {colo / self.predicted_step_s:.2f}x the colocated throughput)")
+        return "\n".join(lines)
+
+
+def resource_plan(cfg: RunConfig) -> ResourcePlan:
+    """Pools, batch layout and predicted step time of a validated config."""
+    res, dev = cfg.resources, cfg.trainer.device
+
+    def where(node_resource: str | None) -> str:
+        return f"nodes with resource '{node_resource}'" if node_resource else f"any {dev} node"
+
+    if cfg.trainer.mode == COLOCATED:
+        pools = [("colocated", cfg.total_workers, where(res.trainer.node_resource))]
+    else:
+        pools = [("generator", res.generator.workers, where(res.generator.node_resource)),
+                 ("trainer", res.trainer.workers, where(res.trainer.node_resource))]
+    sched = cfg.schedule_config(steps=3)
+    part = sched.make_partition(res.generator.workers)
+    k = cfg.trained_steps()
+    predicted = colocated = None
+    model = cluster_costs(cfg)
+    if model is not None:
+        predicted = simulate(sched, model).step_time
+        colocated = simulate(replace(sched, mode=COLOCATED, staleness=0.0, policy="never"), model).step_time
+    return ResourcePlan(
+        pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
+        tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated_step_s=colocated,
+    )
