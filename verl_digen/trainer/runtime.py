@@ -280,7 +280,6 @@ class DigenTrainer:
         rewards: dict[tuple[int, int, int], float] = {}
         step_rewards: dict[int, list[float]] = {}
         train_metrics: dict[int, TrainMetrics] = {}
-        step_extra: dict[int, dict[str, float]] = {}
         inflight: dict[ray.ObjectRef, _Group] = {}
         result = RunResult()
         t0 = time.perf_counter()
@@ -341,8 +340,7 @@ class DigenTrainer:
             sched.on_complete(a, t)
             if a.kind == OPTIMIZER_STEP:
                 g = base + a.step
-                extra = self._scheduled_extra(sched, a.step, t - last_end)
-                extra.update(step_extra.get(a.step, {}))
+                extra = self._scheduled_extra(sched, a.step, last_end, t - last_end)
                 self._report(result, g + 1, last_end, t, sched.timeline.records, gen_names, ["trainer"],
                              step_rewards.pop(a.step, []), train_metrics.pop(a.step, TrainMetrics()), extra)
                 last_end = t
@@ -368,7 +366,7 @@ class DigenTrainer:
         self.scheduler = sched
         return result
 
-    def _scheduled_extra(self, sched: StepScheduler, step: int, step_s: float) -> dict[str, float]:
+    def _scheduled_extra(self, sched: StepScheduler, step: int, step_start: float, step_s: float) -> dict[str, float]:
         """Fraction of ideal, staleness and BTS prediction of one step."""
         recs = [r for r in sched.timeline.records if r.step == step]
         gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
@@ -382,8 +380,8 @@ class DigenTrainer:
             "digen/tag_micro_batches": float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
         }
         predicted = [d.predicted_end for d in sched.decisions if d.step == step and d.predicted_end is not None]
-        if predicted:
-            out["digen/bts_predicted_end_s"] = predicted[0]
+        if predicted:  # BTS's first plan of the step vs what the step really took
+            out["digen/bts_predicted_step_s"] = predicted[0] - step_start
         return out
 
     # -- colocated baseline --------------------------------------------------------------------
