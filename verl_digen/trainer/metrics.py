@@ -18,6 +18,7 @@ from verl_digen.schedule.costs import (
     CostModel,
     Hardware,
     Pool,
+    StageCosts,
 )
 from verl_digen.schedule.profile_io import Workload, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
@@ -60,6 +61,17 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     for key in set(TIME_KEYS.values()):
         out[key] = times.get(key, 0.0)
     return out
+
+
+def step_stage_costs(records: list[Record], fallback: StageCosts) -> StageCosts:
+    """Mean measured duration of each action kind among ``records`` (one step's), the fallback for
+    kinds that did not run; weight syncs count once (the trainer's record)."""
+    seen: dict[str, list[float]] = defaultdict(list)
+    for r in records:
+        if r.kind != WEIGHT_SYNC or r.worker == TRAINER:
+            seen[r.kind].append(r.duration)
+    base = fallback.as_dict()
+    return StageCosts(**{k: (sum(seen[k]) / len(seen[k]) if seen.get(k) else v) for k, v in base.items()})
 
 
 def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Workload]:

@@ -47,7 +47,7 @@ from verl_digen.schedule.export import save_chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import Record, Timeline
 from verl_digen.trainer.config import RunConfig, validate
-from verl_digen.trainer.metrics import measured_profile, window_metrics
+from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
@@ -371,8 +371,9 @@ class DigenTrainer:
         recs = [r for r in sched.timeline.records if r.step == step]
         gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
         stale = sum(1 for r in gens if r.stale)
-        bounds = step_bounds(sched.costs, sched.M, sched.G, unit_size=sched.unit_size,
-                             update_size=sched.update_size)
+        # the ideal of this step's own measured costs, so the fraction compares like with like
+        costs = step_stage_costs([r for r in recs if r.step == step], sched.costs)
+        bounds = step_bounds(costs, sched.M, sched.G, unit_size=sched.unit_size, update_size=sched.update_size)
         out = {
             "perf/fraction_of_ideal": bounds.ideal / step_s if step_s > 0 else 0.0,
             "perf/ideal_step_s": bounds.ideal,
