@@ -22,9 +22,14 @@ setup(
     long_description_content_type="text/markdown",
     license="Apache-2.0",
     python_requires=">=3.10",
-    packages=find_packages(include=["verl_digen", "verl_digen.*"]),
+    # the top-level recipes/ folder is the source of truth; it ships as the verl_digen.recipes package
+    packages=[*find_packages(include=["verl_digen", "verl_digen.*"]), "verl_digen.recipes"],
+    package_dir={"verl_digen.recipes": "recipes"},
     include_package_data=True,
-    package_data={"verl_digen": ["config/**/*.yaml", "presets/*.yaml"]},
+    package_data={
+        "verl_digen": ["config/**/*.yaml", "presets/*.yaml"],
+        "verl_digen.recipes": ["*.yaml", "setting/*.yaml", "*.sh", "launch/*.sh", "README.md"],
+    },
     install_requires=[
         "verl==0.9.1",
         "torch>=2.4",

@@ -64,13 +64,16 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
         ("data.train_files=/nonexistent/prompts.txt", "data.train_files"),
         ("model.latent_size=7", "model.latent_size"),
+        ("model.num_frames=5", "model.num_frames"),  # frames for an image model
+        ("model.arch=wan model.path=Wan-AI/Wan2.1-T2V-14B-Diffusers model.num_frames=24", "model.num_frames"),
+        ("model.arch=hunyuan_video model.path=hunyuanvideo-community/HunyuanVideo", "model.num_frames"),
         ("digen.sync.backend=nccl_p2p", "digen.sync.backend"),
         ("algorithm.adv_std=batch", "algorithm.adv_std"),
         ("digen.gap.enable=false", "rollout.micro_batch_size"),  # batch layout needs whole prompts
     ],
 )
 def test_bad_values_name_their_key(override, key):
-    cfg = _compose(override)
+    cfg = _compose(*override.split())
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == key and key in str(err.value)

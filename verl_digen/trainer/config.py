@@ -245,6 +245,24 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(key, value, f"one of {', '.join(allowed)}")
 
 
+def _check_frames(m: ModelConfig) -> None:
+    """Frames must fit the architecture: none for image models; for a pretrained video model, pixel
+    frames of the form 4k + 1 (Wan's and HunyuanVideo's VAEs compress time 4x causally: 25 -> 7)."""
+    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+
+    arch = canonical_arch(m.arch)
+    video = MODEL_REGISTRY[arch].latent_ndim == 5
+    if not video and m.num_frames is not None:
+        raise ConfigError("model.num_frames", m.num_frames, f"null for the image model '{arch}'")
+    if video and m.path is not None:
+        nf = m.num_frames
+        if not (isinstance(nf, int) and not isinstance(nf, bool) and nf >= 1 and (nf - 1) % 4 == 0):
+            raise ConfigError("model.num_frames", nf, f"pixel frames 4k + 1 (e.g. 25 -> 7 latent frames) for "
+                              f"the pretrained video model '{arch}'")
+    elif m.num_frames is not None:
+        _positive("model.num_frames", m.num_frames)
+
+
 def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one.
 
@@ -271,6 +289,7 @@ def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     _positive("model.lora_rank", cfg.model.lora_rank, allow_zero=True)
     if cfg.model.latent_size is not None and (cfg.model.latent_size < 2 or cfg.model.latent_size % 2):
         raise ConfigError("model.latent_size", cfg.model.latent_size, "a positive even number (latents are 2x2-packed)")
+    _check_frames(cfg.model)
     names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
     for name in names:
         if name not in REWARDS:

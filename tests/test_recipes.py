@@ -1,0 +1,216 @@
+"""The paper's recipes (recipes/, installed as verl_digen.recipes): every one composes from its own
+directory, validates, and has a resource plan that adds up; the launch scripts name real recipes; one
+dry run goes through the real command line. Nothing is launched and no Ray starts."""
+
+import os
+import re
+import subprocess
+import sys
+from dataclasses import asdict
+
+import pytest
+from hydra import compose, initialize_config_dir
+
+from verl_digen import recipes
+from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+from verl_digen.rewards import REWARDS
+from verl_digen.schedule import presets
+from verl_digen.trainer.config import RunConfig, load, validate
+from verl_digen.trainer.plan import ResourcePlan, resource_plan
+
+#: setting -> (GPUs, generator workers, trainer workers, diffusers hub id); the paper's section 5
+SETTINGS = {
+    "flux-12b-32": (32, 16, 16, "black-forest-labs/FLUX.1-dev"),
+    "qwen-image-20b-32": (32, 16, 16, "Qwen/Qwen-Image"),
+    "wan2.1-14b-16": (16, 8, 8, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "wan2.1-14b-32": (32, 16, 16, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "hunyuanvideo-13b-16": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
+    "hunyuanvideo-13b-32": (32, 16, 16, "hunyuanvideo-community/HunyuanVideo"),
+    "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
+}
+TWIN = "-colocated"
+ALL = sorted([*SETTINGS, *(s + TWIN for s in SETTINGS)])
+LAUNCH_DIR = recipes.RECIPES_DIR / "launch"
+
+
+def _setting(name: str) -> str:
+    return name.removesuffix(TWIN)
+
+
+def _compose(name: str, *overrides: str) -> RunConfig:
+    """Compose a recipe from the recipes directory alone: the recipe's own ``hydra.searchpath`` must
+    bring in the packaged configs (as it does for ``--config-dir`` on the command line)."""
+    with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
+        return load(compose(name, overrides=list(overrides)))
+
+
+_CACHE: dict[str, tuple[RunConfig, ResourcePlan]] = {}
+
+
+def _dry_run(name: str) -> tuple[RunConfig, ResourcePlan]:
+    """What ``trainer.dry_run=true`` does: resolve, validate, plan (cached across the tests)."""
+    if name not in _CACHE:
+        cfg = _compose(name)
+        validate(cfg)
+        _CACHE[name] = (cfg, resource_plan(cfg))
+    return _CACHE[name]
+
+
+def test_every_setting_has_a_recipe_and_a_colocated_twin():
+    assert recipes.names() == ALL
+    for name in ALL:
+        assert recipes.path(name).is_file()
+    with pytest.raises(ValueError, match="flux-12b-32"):
+        recipes.path("flux-12b-64")
+
+
+@pytest.mark.parametrize("name", ALL)
+def test_recipe_composes_validates_and_its_plan_adds_up(name):
+    gpus, gen, trn, model_id = SETTINGS[_setting(name)]
+    cfg, plan = _dry_run(name)
+    colocated = name.endswith(TWIN)
+    assert cfg.trainer.mode == ("colocated" if colocated else "digen")
+    # the split and the GPU count
+    assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (gen, trn)
+    assert cfg.total_workers == plan.total_workers == gpus
+    if colocated:
+        assert [(p, n) for p, n, _ in plan.pools] == [("colocated", gpus)]
+    else:
+        assert [(p, n) for p, n, _ in plan.pools] == [("generator", gen), ("trainer", trn)]
+    # the batch layout
+    assert plan.batch == cfg.data.train_batch_size * cfg.rollout.n
+    assert plan.micro_batches * cfg.rollout.micro_batch_size == plan.batch
+    assert plan.micro_batches >= 2 * gen, "fewer than two micro-batches per generator worker: nothing to pipeline"
+    assert plan.trained_steps == int(cfg.rollout.num_steps * cfg.rollout.timestep_fraction)
+    # the prediction: the preset named like the setting, with both step times
+    assert cfg.digen.profile == _setting(name) and cfg.digen.profile in presets.names()
+    assert plan.predicted_step_s is not None and plan.predicted_step_s > 0
+    assert plan.predicted_colocated_step_s is not None and plan.predicted_colocated_step_s > 0
+    assert "s/step (simulator)" in plan.render()
+    # real weights at the paper's precision on GPUs
+    m = cfg.model
+    assert m.path == model_id and m.dtype == "bfloat16" and cfg.trainer.device == "cuda" and m.lora_rank == 0
+    assert cfg.reward.name in REWARDS and cfg.reward.weights is None
+    assert cfg.trainer.experiment_name == name
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_latent_size_matches_the_paper_resolution(name):
+    cfg, _ = _dry_run(name)
+    arch = canonical_arch(cfg.model.arch)
+    assert cfg.model.arch == arch
+    if MODEL_REGISTRY[arch].latent_ndim == 5:  # 352 x 352 x 25 video: 8x spatial, 4x causal temporal VAE
+        assert cfg.model.latent_size == 352 // 8 and cfg.model.num_frames == 25
+        assert (cfg.model.num_frames - 1) // 4 + 1 == 7
+    else:  # 512 x 512 images, 8x VAE
+        assert cfg.model.latent_size == 512 // 8 and cfg.model.num_frames is None
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_digen_recipe_uses_tag_bts_and_its_twin_the_same_workload(name):
+    cfg, plan = _dry_run(name)
+    twin, twin_plan = _dry_run(name + TWIN)
+    d = cfg.digen
+    assert d.gap.enable and d.tag.policy == "bts" and 0 <= d.tcss.staleness <= 0.5
+    assert d.tsp.degree is None or 1 <= d.tsp.degree <= plan.trained_steps
+    # the twin: the colocated baseline's knobs (no TAG, no TCSS, per-step training as upstream)
+    assert (twin.digen.tag.policy, twin.digen.tcss.staleness, twin.digen.tsp.degree) == ("never", 0.0, 1)
+    # ... on the same GPUs and the same workload, so the two step times compare
+    assert twin.total_workers == cfg.total_workers
+    for part in ("model", "data", "rollout", "actor", "algorithm", "reward"):
+        assert asdict(getattr(twin, part)) == asdict(getattr(cfg, part)), part
+    assert twin.digen.profile == cfg.digen.profile
+    assert twin_plan.batch == plan.batch
+    # the twin's own prediction is the colocated run the digen plan compares itself with (that one
+    # keeps the recipe's TSP degree, the twin trains step by step as upstream does)
+    assert twin_plan.predicted_step_s == pytest.approx(plan.predicted_colocated_step_s, rel=0.1)
+
+
+def _gb(resource: str) -> int:
+    match = re.search(r"(\d+)\s*gb", resource.lower())
+    assert match, f"node resource {resource!r} does not name the GPU memory"
+    return int(match.group(1))
+
+
+def test_heterogeneous_recipe_trains_on_the_stronger_gpus():
+    cfg, plan = _dry_run("hunyuanvideo-13b-hetero")
+    gen, trn = cfg.resources.generator.node_resource, cfg.resources.trainer.node_resource
+    assert gen and trn and gen != trn
+    assert (_gb(gen), _gb(trn)) == (48, 96)
+    assert [where for _, _, where in plan.pools] == [f"nodes with resource '{gen}'", f"nodes with resource '{trn}'"]
+    # the preset it predicts with agrees: the trainer pool's GPU trains a row faster than the generator's
+    model = presets.get(cfg.digen.profile).model
+    assert model.trainer.hardware.train_pass.per_unit < model.generator.hardware.train_pass.per_unit
+    assert plan.predicted_step_s < plan.predicted_colocated_step_s
+    # the colocated twin spans both GPU types (a pool pinned to one type would not fit 16 workers)
+    twin, twin_plan = _dry_run("hunyuanvideo-13b-hetero" + TWIN)
+    assert twin.resources.generator.node_resource is None and twin.resources.trainer.node_resource is None
+    assert twin_plan.pools == [("colocated", 16, "any cuda node")]
+    # the homogeneous settings pin no GPU type
+    for name in SETTINGS.keys() - {"hunyuanvideo-13b-hetero"}:
+        c, _ = _dry_run(name)
+        assert c.resources.generator.node_resource is None and c.resources.trainer.node_resource is None
+
+
+def _launch_scripts() -> list:
+    return sorted(LAUNCH_DIR.glob("*.sh"))
+
+
+def test_every_launch_script_references_an_existing_recipe():
+    scripts = _launch_scripts()
+    assert sorted(s.stem for s in scripts) == sorted(SETTINGS)
+    for script in scripts:
+        text = script.read_text()
+        named = re.findall(r"^recipe=(\S+)$", text, flags=re.M)
+        assert named == [script.stem], script
+        assert (recipes.RECIPES_DIR / f"{named[0]}.yaml").is_file()
+        assert (recipes.RECIPES_DIR / f"{named[0]}{TWIN}.yaml").is_file()
+        assert "../run.sh" in text and os.access(script, os.X_OK), script
+    run = recipes.RECIPES_DIR / "run.sh"
+    assert "-m verl_digen.main --config-dir" in run.read_text() and os.access(run, os.X_OK)
+    for script in [run, *scripts]:
+        subprocess.run(["bash", "-n", str(script)], check=True)
+    assert recipes.launch_command("flux-12b-32")[-2:] == ["--config-name", "flux-12b-32"]
+
+
+def test_run_sh_rejects_an_unknown_recipe(tmp_path):
+    out = subprocess.run(["bash", str(recipes.RECIPES_DIR / "run.sh"), "flux-12b-64"], capture_output=True,
+                         text=True, cwd=tmp_path)
+    assert out.returncode == 2 and "no recipe 'flux-12b-64'" in out.stderr
+
+
+def test_dry_run_through_the_command_line(tmp_path):
+    """The launch script -> run.sh -> ``python -m verl_digen.main --config-dir recipes --config-name ...``
+    with ``trainer.dry_run=true``: prints the resolved config and the plan, starts nothing."""
+    script = LAUNCH_DIR / "hunyuanvideo-13b-hetero.sh"
+    env = {**os.environ, "PYTHON": sys.executable}
+    out = subprocess.run(["bash", str(script), "trainer.dry_run=true", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    text = out.stdout
+    assert "path: hunyuanvideo-community/HunyuanVideo" in text and "mode: digen" in text
+    assert "profile: hunyuanvideo-13b-hetero" in text
+    assert re.search(r"generator\s+8 worker\(s\)\s+on nodes with resource 'gpu_48gb'", text), text
+    assert re.search(r"trainer\s+8 worker\(s\)\s+on nodes with resource 'gpu_96gb'", text), text
+    assert "batch      512 samples = 64 micro-batch(es)" in text
+    predicted = re.search(r"predicted\s+([\d.]+) s/step \(simulator\)", text)
+    assert predicted and float(predicted.group(1)) > 0
+    _, plan = _dry_run("hunyuanvideo-13b-hetero")
+    assert float(predicted.group(1)) == pytest.approx(plan.predicted_step_s, abs=0.01)
+    assert not (tmp_path / "outputs").exists(), "a dry run must not create run outputs"
+
+
+def test_readme_table_is_what_the_dry_run_says():
+    """recipes/README.md lists every setting with the step times its dry runs predict."""
+    text = (recipes.RECIPES_DIR / "README.md").read_text()
+    row = re.compile(r"^\| [^|]+ \| (\d+) \| [^|]+ \| `([^`]+)` \| `recipes/launch/(\S+)\.sh` \| "
+                     r"([\d.]+) s/step \| ([\d.]+) s/step \|$", re.M)
+    rows = {m.group(3): m for m in row.finditer(text)}
+    assert sorted(rows) == sorted(SETTINGS)
+    for name, m in rows.items():
+        gpus, _, _, model_id = SETTINGS[name]
+        _, plan = _dry_run(name)
+        _, twin_plan = _dry_run(name + TWIN)
+        assert (int(m.group(1)), m.group(2)) == (gpus, model_id), name
+        assert float(m.group(4)) == pytest.approx(plan.predicted_step_s, abs=0.051), (name, plan.render())
+        assert float(m.group(5)) == pytest.approx(twin_plan.predicted_step_s, abs=0.051), (name, twin_plan.render())
