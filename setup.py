@@ -27,7 +27,7 @@ setup(
     package_dir={"verl_digen.recipes": "recipes"},
     include_package_data=True,
     package_data={
-        "verl_digen": ["config/**/*.yaml", "presets/*.yaml"],
+        "verl_digen": ["config/**/*.yaml"],
         "verl_digen.recipes": ["*.yaml", "setting/*.yaml", "*.sh", "launch/*.sh", "README.md"],
     },
     install_requires=[

@@ -39,6 +39,10 @@ def build_tiny_model(
     )
 
 
+#: spatial compression of the FLUX / SD3 / Qwen-Image / Wan / HunyuanVideo VAEs
+PIXELS_PER_LATENT = 8
+
+
 def build_model(
     arch: str,
     *,
@@ -52,6 +56,8 @@ def build_model(
 ) -> DiffusersAdapter:
     """``pretrained=None`` (or "tiny") builds the tiny model; otherwise loads ``pretrained`` (local path
     or cached hub id) with ``load_pretrained`` (``kwargs``: height, width, text_encoders, ...).
+    ``latent_size`` is the latent side in both cases (pixels = 8 x latent for real weights);
+    ``num_frames`` counts latent frames for tiny models and pixel frames (4k + 1) for real weights.
     ``dtype`` may be a torch dtype or a config string ("float32", "bf16", ...)."""
     arch = canonical_arch(arch)
     dtype = parse_dtype(dtype)
@@ -65,6 +71,9 @@ def build_model(
             num_frames=num_frames or 3,
             **kwargs,
         )
+    if latent_size is not None:  # every supported VAE compresses 8x spatially
+        kwargs.setdefault("height", latent_size * PIXELS_PER_LATENT)
+        kwargs.setdefault("width", latent_size * PIXELS_PER_LATENT)
     return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, **kwargs)
 
 

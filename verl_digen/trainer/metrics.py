@@ -85,11 +85,15 @@ def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Wor
     degree = cfg.digen.tsp.degree or k
     res = cfg.resources
     samples = []
+    records = timeline.records
+    steps = {r.step for r in records}
+    if len(steps) > 1:  # the first step is warm-up (allocator, caches, first BTS solves): not a cost
+        records = [r for r in records if r.step != min(steps)]
     if timeline.mode == COLOCATED:
         n = cfg.total_workers
         per_worker = cfg.batch // n
         passes = -(-k // degree)
-        for r in timeline.records:
+        for r in records:
             if r.worker != timeline.workers[0]:
                 continue
             if r.kind in (GENERATE, SCORE):
@@ -101,7 +105,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Wor
             else:
                 samples.append({"kind": r.kind, "seconds": r.duration})
     else:
-        for r in timeline.records:
+        for r in records:
             if r.kind in (GENERATE, SCORE):
                 samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
             elif r.kind == TAG_GENERATE:

@@ -47,6 +47,9 @@ def shard_transformer(transformer: nn.Module, world: int, device: torch.device) 
     for module in transformer.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
+            # plain SUM collectives: a custom divide factor otherwise selects PREMUL_SUM for float32 /
+            # bf16 gradients, which gloo (CPU pools) does not implement
+            module.set_force_sum_reduction_for_comms(True)
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
