@@ -15,15 +15,21 @@ from verl_digen.schedule.profile_io import load_profile
 from verl_digen.trainer.runtime import DigenTrainer
 
 
-def _train(cfg):
-    """Run ``cfg`` and return (result, rank-0 trainer parameters)."""
+def _run(cfg, inspect=None):
+    """Run ``cfg``; returns its result and ``inspect(trainer)`` taken before the workers go away."""
     trainer = DigenTrainer(cfg, log=lambda _: None)
     try:
         result = trainer.fit()
-        state = trainer.trn_wg.full_state()[0]  # collective over the trainer ranks; rank 0 holds it
+        seen = inspect(trainer) if inspect else None
     finally:
         trainer.shutdown()
-    return result, state["params"]
+    return result, seen
+
+
+def _train(cfg):
+    """Run ``cfg`` and return (result, rank-0 trainer parameters)."""
+    # full_state is collective over the trainer ranks; rank 0 holds the result
+    return _run(cfg, lambda t: t.trn_wg.full_state()[0]["params"])
 
 
 def _assert_params_close(a, b, atol):
@@ -54,11 +60,7 @@ def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_session, tmp
 def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     cfg = compose_run("trainer.total_steps=3", "digen.tcss.staleness=0.5", "data.train_batch_size=4",
                       "rollout.micro_batch_size=2", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
-    try:
-        result = trainer.fit()
-    finally:
-        trainer.shutdown()
+    result, _ = _run(cfg)
     check_timeline(result.timeline, staleness_bound=0.5)
     assert len([r for r in result.timeline.records if r.kind == OPTIMIZER_STEP]) == 3
     metrics = [r.metrics for r in result.reports]
@@ -90,11 +92,7 @@ def test_reward_rises_over_a_short_digen_run(ray_session, tmp_path):
     cfg = compose_run("model.dtype=float32", "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4",
                       "rollout.micro_batch_size=4", "rollout.num_steps=6", "rollout.train_steps=4",
                       "trainer.total_steps=8", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
-    try:
-        result = trainer.fit()
-    finally:
-        trainer.shutdown()
+    result, _ = _run(cfg)
     rewards = [r.metrics["reward/mean"] for r in result.reports]
     spread = max(r.metrics["reward/std"] for r in result.reports)
     assert sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2 > 2 * spread, rewards
@@ -121,13 +119,8 @@ def test_heterogeneous_pools_land_on_their_nodes(tmp_path):
 def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     cfg = compose_run("model.lora_rank=2", f"digen.sync.backend={backend}", "trainer.total_steps=2",
                       tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
-    try:
-        result = trainer.fit()
-        gen_sum = trainer.gen_wg.weights_checksum()[0]
-        trn_sum = trainer.trn_wg.weights_checksum()[0]
-    finally:
-        trainer.shutdown()
+    result, (gen_sum, trn_sum) = _run(
+        cfg, lambda t: (t.gen_wg.weights_checksum()[0], t.trn_wg.weights_checksum()[0]))
     check_timeline(result.timeline)
     assert gen_sum == trn_sum
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
