@@ -32,9 +32,10 @@ from verl_digen.schedule.simulator import simulate, simulate_colocated  # noqa: 
 from verl_digen.trainer.config import compose  # noqa: E402
 from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 
-#: the workload: 4 prompts x 4 samples, 8 sampling steps of which 6 are trained, 16x16 latents
+#: the workload: 4 prompts x 4 samples (one GRPO group per micro-batch), 8 sampling steps of which 6
+#: are trained, 16x16 latents
 WORKLOAD = [
-    "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=2",
+    "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=4",
     "rollout.num_steps=8", "rollout.train_steps=6", "trainer.progress=false", "trainer.logger=[]",
 ]
 
@@ -58,8 +59,8 @@ def predicted_step(cfg, profile_path: str) -> float:
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 
 
-def run_mode(name: str, steps: int, out_dir: str) -> dict:
-    cfg = compose([*WORKLOAD, *MODES[name], f"trainer.total_steps={steps}",
+def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
+    cfg = compose([*WORKLOAD, *overrides, *MODES[name], f"trainer.total_steps={steps}",
                    f"trainer.trace_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/ckpt"])
     trainer = DigenTrainer(cfg, log=lambda _: None)
     try:
@@ -82,6 +83,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="global steps per run (the first is warm-up)")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("overrides", nargs="*", help="extra config overrides for every mode (key=value)")
     args = ap.parse_args()
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step of each run is warm-up)")
@@ -91,7 +93,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for r in range(args.rounds):
             for mode in args.modes:
-                row = run_mode(mode, args.steps, tmp)
+                row = run_mode(mode, args.steps, tmp, args.overrides)
                 runs[mode].append(row)
                 print(f"  round {r + 1}/{args.rounds} {mode:<16} step {row['step_s']:.3f}s "
                       f"(predicted {row['predicted_step_s']:.3f}s)", file=sys.stderr, flush=True)
