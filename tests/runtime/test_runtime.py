@@ -12,6 +12,7 @@ from runtime_helpers import compose_run
 from verl_digen.schedule import check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
+from verl_digen.trainer.config import ConfigError
 from verl_digen.trainer.runtime import DigenTrainer
 
 
@@ -124,3 +125,11 @@ def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     check_timeline(result.timeline)
     assert gen_sum == trn_sum
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
+
+
+def test_pools_larger_than_the_cluster_fail_before_any_worker_starts(ray_session, tmp_path):
+    cfg = compose_run("resources.generator.workers=64", "rollout.micro_batch_size=2", tmp_path=tmp_path)
+    trainer = DigenTrainer(cfg, log=lambda _: None)
+    with pytest.raises(ConfigError, match="resources.generator.workers"):
+        trainer.init_workers()
+    assert trainer.gen_wg is None and trainer.trn_wg is None

@@ -24,6 +24,7 @@ from verl_digen.schedule.policies import parse_policy
 from verl_digen.workers.config import OptimConfig, PolicyConfig, WorkerConfig
 
 SYNC_BACKENDS = ("object_store", "collective")
+ROLLOUT_BACKENDS = ("diffusers", "vllm")
 DEVICES = ("cpu", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 
@@ -70,6 +71,7 @@ class RolloutConfig:
     timestep_fraction: float | None = None
     window_start: int | None = None
     shared_group_noise: bool = False
+    backend: str = "diffusers"  # rollout engine of the generator pool: diffusers | vllm (vLLM-Omni, GPU)
 
 
 @dataclass
@@ -94,6 +96,7 @@ class AlgorithmConfig:
 class RewardConfig:
     name: str = "latent_mean"
     weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
+    kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
 
 
 @dataclass
@@ -154,7 +157,7 @@ class TrainerConfig:
     experiment_name: str = "tiny"
     logger: list[str] = field(default_factory=lambda: ["console"])
     default_local_dir: str = "outputs/checkpoints"
-    save_freq: int = -1  # save a checkpoint every N steps (-1: only at the end when > 0 steps ran)
+    save_freq: int = -1  # save a checkpoint after every N-th step and after the last one; <= 0: never
     resume_from: str | None = None
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
@@ -198,7 +201,12 @@ class RunConfig:
 
     def worker_config(self) -> WorkerConfig:
         m, a = self.model, self.actor
-        reward: Any = dict(self.reward.weights) if self.reward.weights else self.reward.name
+        if self.reward.weights:
+            reward: Any = dict(self.reward.weights)
+        elif self.reward.kwargs:
+            reward = {"name": self.reward.name, **self.reward.kwargs}
+        else:
+            reward = self.reward.name
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
@@ -212,6 +220,7 @@ class RunConfig:
             seed=self.trainer.seed,
             device=self.trainer.device,
             sync_backend=self.digen.sync.backend,
+            rollout_backend=self.rollout.backend,
         )
 
     def advantage(self) -> AdvantageConfig:
@@ -263,11 +272,9 @@ def _check_frames(m: ModelConfig) -> None:
         _positive("model.num_frames", m.num_frames)
 
 
-def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
-    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one.
-
-    ``cluster_workers``: how many workers the cluster can place (None: not checked here).
-    """
+def validate(cfg: RunConfig) -> None:
+    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one. (Whether the
+    pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
     from verl_digen.models import known_archs
     from verl_digen.rewards import REWARDS
 
@@ -310,6 +317,13 @@ def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):
         raise ConfigError("rollout.noise_level", r.noise_level, "a number > 0 (training needs stochastic steps)")
     _positive("rollout.num_steps", r.num_steps)
+    if not (isinstance(r.guidance_scale, (int, float)) and r.guidance_scale >= 1):
+        raise ConfigError("rollout.guidance_scale", r.guidance_scale, "a number >= 1 (1 = no guidance)")
+    _choice("rollout.backend", r.backend, ROLLOUT_BACKENDS)
+    if r.backend == "vllm" and t.device != "cuda":
+        raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
+    if cfg.reward.weights and cfg.reward.kwargs:
+        raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
     try:
         k = cfg.trained_steps()
     except ValueError as err:
@@ -339,9 +353,6 @@ def validate(cfg: RunConfig, cluster_workers: int | None = None) -> None:
     gen, trn = cfg.resources.generator.workers, cfg.resources.trainer.workers
     _positive("resources.generator.workers", gen)
     _positive("resources.trainer.workers", trn)
-    if cluster_workers is not None and gen + trn > cluster_workers:
-        raise ConfigError("resources", f"{gen} + {trn} workers",
-                          f"at most {cluster_workers} workers, what the Ray cluster can place")
     # every data-parallel split must be even: FSDP forwards and backwards are collective
     if t.mode == COLOCATED:
         if cfg.batch % cfg.total_workers:

@@ -48,7 +48,8 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     for r in records:
         overlap = max(0.0, min(r.end, end) - max(r.start, start))
         busy[r.worker] += overlap
-        if r.kind in TIME_KEYS and start - 1e-9 <= r.start < end:
+        counted_once = r.kind != WEIGHT_SYNC or r.worker in trainer_workers or not trainer_workers
+        if r.kind in TIME_KEYS and counted_once and start - 1e-9 <= r.start < end:
             times[TIME_KEYS[r.kind]] += r.duration
     gen_busy = sum(busy[w] for w in gen_workers) / (len(gen_workers) * span) if gen_workers else 0.0
     trn_busy = sum(busy[w] for w in trainer_workers) / (len(trainer_workers) * span)

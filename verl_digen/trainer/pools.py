@@ -42,8 +42,17 @@ class PlacedResourcePool(RayResourcePool):
         return self.pgs
 
 
-def schedulable_workers(use_gpu: bool, node_resource: str | None) -> int:
-    """How many one-worker bundles the running Ray cluster could place for a pool (for validation)."""
+def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) -> None:
+    """Raise ``ConfigError`` naming the pool when the running Ray cluster cannot place it, instead of
+    waiting forever for its placement group. ``pools``: config key -> (workers, node resource)."""
+    from verl_digen.trainer.config import ConfigError
+
     total = ray.cluster_resources()
-    key = node_resource or ("GPU" if use_gpu else "CPU")
-    return int(total.get(key, 0) // (NODE_RESOURCE_PER_WORKER if node_resource else 1))
+    demand: dict[str, int] = {}
+    for key, (workers, node_resource) in pools.items():
+        resource = node_resource or ("GPU" if use_gpu else "CPU")
+        demand[resource] = demand.get(resource, 0) + workers
+        have = int(total.get(resource, 0) // (NODE_RESOURCE_PER_WORKER if node_resource else 1))
+        if demand[resource] > have:
+            raise ConfigError(key, workers, f"at most {have} worker(s) in all on '{resource}', what the Ray "
+                                            f"cluster advertises ({sorted(total)})")

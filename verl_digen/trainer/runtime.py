@@ -49,7 +49,7 @@ from verl_digen.schedule.timeline import Record, Timeline
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
-from verl_digen.trainer.pools import PlacedResourcePool
+from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
 from verl_digen.workers.sync import WeightSync
@@ -132,6 +132,12 @@ class DigenTrainer:
         """Create the worker groups (the expensive part) and wire weight sync."""
         ensure_ray(self.cfg)
         res = self.cfg.resources
+        if self.cfg.trainer.mode == COLOCATED:
+            need = {"resources": (self.cfg.total_workers, res.trainer.node_resource)}
+        else:
+            need = {"resources.generator.workers": (res.generator.workers, res.generator.node_resource),
+                    "resources.trainer.workers": (res.trainer.workers, res.trainer.node_resource)}
+        check_cluster_fits(need, self.use_gpu)
         if self.cfg.trainer.mode == COLOCATED:
             self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated",
                                       res.trainer.node_resource)
