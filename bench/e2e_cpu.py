@@ -70,11 +70,17 @@ def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
     steady = [r.metrics for r in result.reports[1:]]
     return {
         "step_s": statistics.median(m["timing/step_s"] for m in steady),
-        "fraction_of_ideal": statistics.median(m.get("perf/fraction_of_ideal", float("nan")) for m in steady),
+        # colocated has no pipeline bound (a fixed sequence of phases): None
+        "fraction_of_ideal": (statistics.median(m["perf/fraction_of_ideal"] for m in steady)
+                              if "perf/fraction_of_ideal" in steady[0] else None),
         "predicted_step_s": predicted_step(cfg, result.profile_path),
         "batch": cfg.batch,
         "workers": cfg.total_workers,
     }
+
+
+def _opt(x: float | None) -> str:
+    return "-" if x is None else f"{x:.2f}"
 
 
 def main() -> None:
@@ -105,7 +111,8 @@ def main() -> None:
             "mode": mode,
             "step_s": step,
             "samples_per_worker_s": rs[0]["batch"] / (step * rs[0]["workers"]),
-            "fraction_of_ideal": statistics.median(x["fraction_of_ideal"] for x in rs),
+            "fraction_of_ideal": (None if rs[0]["fraction_of_ideal"] is None
+                                  else statistics.median(x["fraction_of_ideal"] for x in rs)),
             "predicted_step_s": pred,
             "prediction_error": pred / step - 1,
         })
@@ -115,7 +122,7 @@ def main() -> None:
     print(f"{'mode':<16}{'step s':>9}{'samp/wkr-s':>12}{'vs coloc':>10}{'frac ideal':>12}{'pred s':>9}{'err':>8}")
     for r in rows:
         print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['samples_per_worker_s']:>12.3f}{r['vs_colocated']:>9.2f}x"
-              f"{r['fraction_of_ideal']:>12.2f}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%")
+              f"{_opt(r['fraction_of_ideal']):>12}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%")
     if args.json:
         print(json.dumps(rows))
     ray.shutdown()
