@@ -1,7 +1,8 @@
 """verl's ``verl.plugins`` entry point: runs on every ``import verl`` (driver and Ray workers).
 
-It only registers things and must never fail or import heavy modules: it registers the CPU platform
-(selected with ``VERL_PLATFORM=cpu``).
+It only registers things and must never fail or import heavy modules: the CPU platform (selected with
+``VERL_PLATFORM=cpu``) and, when verl-omni is installed, the ``digen`` trainer mode and this package's
+Hydra configs (lazily, once verl-omni's trainer package is imported).
 """
 
 from __future__ import annotations
