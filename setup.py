@@ -2,7 +2,7 @@
 
 from pathlib import Path
 
-from setuptools import find_packages, setup
+from setuptools import find_namespace_packages, setup
 
 ROOT = Path(__file__).parent
 
@@ -23,12 +23,23 @@ setup(
     license="Apache-2.0",
     python_requires=">=3.10",
     # the top-level recipes/ folder is the source of truth; it ships as the verl_digen.recipes package
-    packages=[*find_packages(include=["verl_digen", "verl_digen.*"]), "verl_digen.recipes"],
-    package_dir={"verl_digen.recipes": "recipes"},
+    # (data-only folders are listed as namespace packages so setuptools ships them without warnings)
+    packages=[
+        *find_namespace_packages(include=["verl_digen", "verl_digen.*"], exclude=["*.__pycache__"]),
+        "verl_digen.recipes", "verl_digen.recipes.launch", "verl_digen.recipes.setting",
+    ],
+    package_dir={
+        "verl_digen.recipes": "recipes",
+        "verl_digen.recipes.launch": "recipes/launch",
+        "verl_digen.recipes.setting": "recipes/setting",
+    },
     include_package_data=True,
     package_data={
-        "verl_digen": ["config/**/*.yaml"],
-        "verl_digen.recipes": ["*.yaml", "setting/*.yaml", "*.sh", "launch/*.sh", "README.md"],
+        "verl_digen.config": ["*.yaml"],
+        "verl_digen.config.trainer": ["*.yaml"],
+        "verl_digen.recipes": ["*.yaml", "*.sh", "README.md"],
+        "verl_digen.recipes.launch": ["*.sh"],
+        "verl_digen.recipes.setting": ["*.yaml"],
     },
     install_requires=[
         "verl==0.9.1",
