@@ -71,7 +71,11 @@ def _hydra_main(raw: DictConfig) -> None:
     if cfg.trainer.dry_run:
         print(dry_run(cfg))
         return
-    run(cfg)
+    try:
+        run(cfg)
+    except ConfigError as err:  # e.g. pools that the Ray cluster cannot place
+        print(f"invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def dry_run(cfg: RunConfig) -> str:

@@ -148,7 +148,7 @@ class DigenTrainer:
             self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
                                       res.trainer.node_resource)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
-            self.sync.setup(self.trn_wg, self.gen_wg)
+            self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
         if self.cfg.trainer.resume_from:
             self._resume(self.cfg.trainer.resume_from)
 
