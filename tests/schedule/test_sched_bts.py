@@ -1,5 +1,7 @@
-"""BTS: equal to exhaustive insert/skip search, never worse than the simple policies, cheaper with
-memo + pruning, and its prediction is what the scheduler then executes."""
+"""BTS: equal to exhaustive search over every TAG decision (how many trainer slots at each bubble),
+never worse than the simple policies, cheaper with memo + pruning, and its prediction is what the
+scheduler then executes. Instances cover several trainer ranks and generators that still have to
+pick up the new version."""
 
 from __future__ import annotations
 
@@ -24,20 +26,36 @@ def _instances(n: int, seed: int):
         M = rng.randint(1, 10)
         k = rng.choice([d for d in range(1, M + 1) if M % d == 0])
         G = rng.randint(1, 3)
-        costs = random_costs(rng, ties=i % 2 == 1, sync=False)
+        costs = random_costs(rng, ties=i % 2 == 1)
         stale = rng.choice([0, 0, rng.randint(1, M)])
         upd = rng.choice([1, k])
-        yield bts.Params.from_costs(costs, M, k, G, upd), bts.ModelState.fresh(M, G, stale)
+        R = rng.choice([1, 1, 2, 3])
+        lagging = rng.choice([0, 0, rng.randint(1, G)])
+        yield (bts.Params.from_costs(costs, M, k, G, upd, R),
+               bts.ModelState.fresh(M, G, stale, slots=R, lagging=lagging))
 
 
 def test_bts_equals_exhaustive_on_random_small_instances():
-    checked = 0
+    multi_slot_tag = 0
     for params, state in _instances(240, seed=1):
-        value, _, _ = bts.solve(params, state)
+        value, decision, _ = bts.solve(params, state)
         best, leaves = bts.exhaustive(params, state)
         assert value == pytest.approx(best, rel=1e-9, abs=1e-9), (params, value, best)
-        checked += 1
-    assert checked >= 200
+        assert _value_of_first_move(params, state, decision) == pytest.approx(value, rel=1e-9, abs=1e-9)
+        multi_slot_tag += params.R > 1 and (decision or 0) > 1
+    assert multi_slot_tag > 5  # the larger decision space is exercised
+
+
+def _value_of_first_move(params, state, decision) -> float:
+    """Remaining time when taking ``decision`` at the first bubble and playing optimally after."""
+    s = state.copy()
+    if bts.advance(params, s):
+        assert decision is None
+        return s.t - state.t
+    bts.apply(params, s, decision)
+    if bts.advance(params, s):
+        return s.t - state.t
+    return s.t - state.t + bts.exhaustive(params, s)[0]
 
 
 def test_bts_equals_exhaustive_mid_step_states():
@@ -48,7 +66,8 @@ def test_bts_equals_exhaustive_mid_step_states():
         cfg = random_config(rng, max_mb=10, steps=2, policy="adaptive:0.5", staleness=rng.choice([0.0, 0.5]))
         costs = random_costs(rng)
         G = rng.randint(1, 3)
-        sched = StepScheduler(cfg, costs, G)
+        R = rng.choice([1, 2, 3])
+        sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
         snaps = []
         orig = sched.policy.decide
 
@@ -58,7 +77,7 @@ def test_bts_equals_exhaustive_mid_step_states():
 
         sched.policy.decide = spy
         execute(sched, costs)
-        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size)
+        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size, R)
         for snap in snaps:
             value, _, _ = bts.solve(params, snap)
             assert value == pytest.approx(bts.exhaustive(params, snap)[0], rel=1e-9, abs=1e-9)
@@ -74,9 +93,10 @@ def test_bts_never_worse_than_simple_policies(seed):
         cfg = random_config(rng, max_mb=10)
         costs = random_costs(rng, ties=rng.random() < 0.5)
         G = rng.randint(1, 3)
+        R = rng.choice([1, 2, 4])
 
-        def run(policy: str, cfg=cfg, costs=costs, G=G) -> float:
-            sched = StepScheduler(cfg, costs, G, policy)
+        def run(policy: str, cfg=cfg, costs=costs, G=G, R=R) -> float:
+            sched = StepScheduler(cfg, costs, G, policy, trainer_ranks=R)
             return _opt_end(execute(sched, costs))
 
         best = run("bts")
@@ -91,7 +111,7 @@ def test_bts_prediction_matches_execution():
     for _ in range(30):
         cfg = random_config(rng, max_mb=12, policy="bts")
         costs = random_costs(rng, ties=rng.random() < 0.5)
-        sched = StepScheduler(cfg, costs, rng.randint(1, 4))
+        sched = StepScheduler(cfg, costs, rng.randint(1, 4), trainer_ranks=rng.choice([1, 2, 3]))
         tl = execute(sched, costs)
         predicted = [d.predicted_end for d in sched.decisions]
         for p in predicted:  # every re-solve with exact costs predicts the same end
@@ -118,7 +138,7 @@ def test_node_cap_falls_back_to_a_valid_plan():
     state = bts.ModelState.fresh(40, 3)
     value, decision, stats = bts.solve(params, state, node_cap=5)
     assert stats.capped
-    assert decision in (True, False)
+    assert decision == 0 or decision == min(state.free, 40)  # the better greedy rule's first move
     never = bts.play(params, state, lambda s: False)
     assert value <= never + 1e-9
 

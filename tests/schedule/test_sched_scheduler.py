@@ -151,7 +151,7 @@ def test_executor_api_with_wall_clock_style_events():
         running.sort(key=lambda x: x[0])
         end, a = running.pop(0)
         now = end
-        sched.on_complete(a, now, duration=end - a.start)
+        sched.on_complete(a, end)
         for b in sched.next_actions(now):
             assert b.samples or b.mb is None
             running.append((now + rng.uniform(0.5, 1.5) * costs.duration(b.kind), b))

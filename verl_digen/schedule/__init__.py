@@ -2,21 +2,23 @@
 
 Executor-facing API (the simulator and the Ray runtime drive the same object)::
 
-    from verl_digen.schedule import ScheduleConfig, StepScheduler, check_timeline
-    sched = StepScheduler(config, stage_costs, gen_workers=G)    # TAG policy from config.policy
-    actions = sched.start(now)
-    ...  sched.on_complete(action, now[, duration]);  actions = sched.next_actions(now)  ...
-    check_timeline(sched.timeline, config.staleness)
+    from verl_digen.schedule import ScheduleConfig, StepScheduler, run
+    sched = StepScheduler(config, stage_costs, gen_workers=G, trainer_ranks=R)  # TAG policy from config
+    timeline = run(sched, backend)   # the one executor loop; checks the invariants at the end
 
 Modules: costs (cost model), profiler, gap (micro-batch formation), config, actions, scheduler (two
-queues, TCSS), policies + bts (TAG decisions), bounds (ideal step time), simulator (virtual clock),
-timeline (records + invariants), export (Perfetto trace, Gantt PNG), profile_io + presets, plan.
+queues, TAG slots, per-worker weight pickup, TCSS), colocated (the baseline as a scheduler), policies +
+bts (TAG decisions), executor (the loop + the virtual-clock backend), bounds (ideal step time),
+simulator, timeline (records + invariants), export (Perfetto trace, Gantt PNG), profile_io + presets,
+plan.
 """
 
 from .actions import Action
 from .bounds import Bounds, step_bounds
 from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
+from .colocated import ColocatedScheduler
 from .costs import Affine, CostModel, Hardware, Pool, StageCosts
+from .executor import Backend, SimBackend, run
 from .gap import MicroBatch, Partition, batch_partition, gap_partition, partition
 from .policies import BubbleContext, TagPolicy, parse_policy
 from .profiler import Profiler
@@ -24,7 +26,7 @@ from .scheduler import StepScheduler
 from .timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
 
 __all__ = [
-    "Action", "Affine", "Bounds", "BubbleContext", "COLOCATED", "CostModel", "DIGEN", "Hardware",
+    "Action", "Affine", "Backend", "Bounds", "ColocatedScheduler", "SimBackend", "run", "BubbleContext", "COLOCATED", "CostModel", "DIGEN", "Hardware",
     "MicroBatch", "Partition", "Pool", "Profiler", "Record", "SEPARATE", "ScheduleConfig", "StageCosts",
     "StepScheduler", "TRAINER", "TagPolicy", "Timeline", "TimelineError", "batch_partition",
     "check_timeline", "gap_partition", "parse_policy", "partition", "step_bounds",

@@ -3,9 +3,10 @@
 At a trainer bubble the scheduler hands over a :class:`ModelState` (``StepScheduler.snapshot``): the
 rest of the current step compressed into counts and clocks relative to now. :func:`advance` plays the
 scheduler's rules forward on it (same rules as :mod:`.scheduler`, micro-batches being
-interchangeable apart from their release unit) until the next bubble or the end of the step's
-optimizer step. The search tries both branches at each bubble (insert one TAG micro-batch / skip the
-bubble) and keeps the smaller end time:
+interchangeable apart from their release unit; generators that still hold the previous version pick
+the new one up at their next boundary) until the next bubble or the end of the step's optimizer step.
+The search tries every branch at each bubble (start ``k`` TAG micro-batches on ``k`` of the free
+trainer slots, ``k = 0 .. min(free, undispatched)``; 0 skips the bubble) and keeps the smallest end:
 
 - memoization on the compressed state (counts, queue contents, clocks relative to the bubble,
   rounded to a tiny quantum); values are *remaining* times so equal states met at different absolute
@@ -16,7 +17,7 @@ bubble) and keeps the smaller end time:
 - an incumbent from greedy rollouts (never / always / threshold) before the search, and a node cap
   after which the best plan found so far is used (reported as not exact).
 
-:func:`exhaustive` enumerates every insert/skip sequence without memo or pruning; tests hold BTS to it.
+:func:`exhaustive` enumerates every decision sequence without memo or pruning; tests hold BTS to it.
 The objective is the end of the current step's optimizer step: what happens after (weight sync, the
 next step) does not depend on the TAG choices of this step, apart from stale TCSS work, which the
 model plays but does not value.
@@ -33,9 +34,9 @@ from .costs import StageCosts
 from .policies import BubbleContext
 
 # generator task kinds
-IDLE, GEN, SCORE_CUR, GEN_NEXT, SCORE_NEXT = 0, 1, 2, 3, 4
-# trainer task kinds
-T_IDLE, T_UPDATE, T_TAG, T_SWG, T_SWT, T_OPT = 0, 1, 2, 3, 4, 5
+IDLE, GEN, SCORE_CUR, GEN_NEXT, SCORE_NEXT, PICKUP = 0, 1, 2, 3, 4, 5
+# trainer-unit task kinds (TAG runs on the slots, not on the unit)
+T_IDLE, T_UPDATE, T_SWG, T_SWT, T_OPT = 0, 1, 3, 4, 5
 EPS = 1e-9
 INF = math.inf
 
@@ -56,10 +57,12 @@ class Params:
     opt: float
     quantum: float
     upd: int = 1  # micro-batches per update action
+    R: int = 1  # trainer ranks = TAG slots
+    w: float = 0.0  # one generator's weight pickup
 
     @classmethod
     def from_costs(cls, costs: StageCosts, micro_batches: int, unit_size: int, gen_workers: int,
-                   update_size: int = 1) -> Params:
+                   update_size: int = 1, trainer_ranks: int = 1) -> Params:
         scale = max(costs.generate, costs.tag_generate, costs.score, costs.update, 1e-12)
         return cls(
             M=micro_batches,
@@ -74,15 +77,23 @@ class Params:
             opt=costs.optimizer_step,
             quantum=scale * 1e-9,
             upd=update_size,
+            R=trainer_ranks,
+            w=costs.weight_sync,
         )
 
 
 class ModelState:
-    """Mutable compressed schedule state; ``copy`` is cheap (a few short lists)."""
+    """Mutable compressed schedule state; ``copy`` is cheap (a few short lists).
+
+    Generators: end time ``ge``, kind ``gk``, micro-batch ``gi`` and ``lag`` (holds the previous
+    version: picks the new one up when next idle). Trainer unit: ``tk``/``te``, ``mode`` (1 = generation
+    mode), ``rsv`` (TAG micro-batches waiting for the switch). TAG slots: ends ``se`` and micro-batches
+    ``si`` of the busy ones (``slots`` in all).
+    """
 
     __slots__ = (
-        "t", "f", "ge", "gk", "gi", "sq", "sqn", "scored", "uq", "upd_left", "mode",
-        "te", "tk", "ti", "stale_left", "next_left", "skipped",
+        "t", "f", "ge", "gk", "gi", "lag", "sq", "sqn", "scored", "uq", "upd_left", "mode",
+        "te", "tk", "stale_left", "next_left", "skipped", "slots", "se", "si", "rsv",
     )
 
     def __init__(
@@ -102,91 +113,129 @@ class ModelState:
         next_left: int = 0,
         te: float = 0.0,
         tk: int = T_IDLE,
-        ti: int = -1,
         skipped: bool = False,
+        lag: list[bool] | None = None,
+        slots: int = 1,
+        se: list[float] | None = None,
+        si: list[int] | None = None,
+        rsv: list[int] | None = None,
     ) -> None:
         self.t, self.f, self.ge, self.gk, self.gi = t, f, ge, gk, gi
+        self.lag = lag if lag is not None else [False] * len(gk)
         self.sq = sorted(sq)  # a sorted list is a valid heap
         self.sqn, self.scored, self.uq, self.upd_left, self.mode = sqn, scored, uq, upd_left, mode
         self.stale_left, self.next_left = stale_left, next_left
-        self.te, self.tk, self.ti, self.skipped = te, tk, ti, skipped
+        self.te, self.tk, self.skipped = te, tk, skipped
+        self.slots = slots
+        self.se = list(se or [])
+        self.si = list(si or [])
+        self.rsv = list(rsv or [])
 
     @classmethod
-    def fresh(cls, micro_batches: int, gen_workers: int, stale_budget: int = 0) -> ModelState:
-        """A step about to start (all idle, trainer in training mode)."""
+    def fresh(cls, micro_batches: int, gen_workers: int, stale_budget: int = 0, slots: int = 1,
+              lagging: int = 0) -> ModelState:
+        """A step about to start (all idle, trainer in training mode); ``lagging`` generators still
+        hold the previous version."""
         g = gen_workers
         return cls(0.0, 0, [0.0] * g, [IDLE] * g, [-1] * g, [], 0, {}, 0, micro_batches, 0,
-                   stale_budget, micro_batches if stale_budget else 0)
+                   stale_budget, micro_batches if stale_budget else 0,
+                   lag=[i < lagging for i in range(g)], slots=slots)
 
     def copy(self) -> ModelState:
         n = ModelState.__new__(ModelState)
-        n.t, n.f, n.ge, n.gk, n.gi = self.t, self.f, self.ge[:], self.gk[:], self.gi[:]
+        n.t, n.f, n.ge, n.gk, n.gi, n.lag = self.t, self.f, self.ge[:], self.gk[:], self.gi[:], self.lag[:]
         n.sq, n.sqn, n.scored, n.uq = self.sq[:], self.sqn, dict(self.scored), self.uq
         n.upd_left, n.mode, n.stale_left, n.next_left = self.upd_left, self.mode, self.stale_left, self.next_left
-        n.te, n.tk, n.ti, n.skipped = self.te, self.tk, self.ti, self.skipped
+        n.te, n.tk, n.skipped = self.te, self.tk, self.skipped
+        n.slots, n.se, n.si, n.rsv = self.slots, self.se[:], self.si[:], self.rsv[:]
         return n
+
+    @property
+    def free(self) -> int:
+        """TAG slots a decision may use now."""
+        return self.slots if not self.mode else self.slots - len(self.se)
 
     def key(self, q: float) -> tuple:
         t = self.t
         gens = tuple(sorted(
-            (round((self.ge[w] - t) / q), self.gk[w], self.gi[w]) for w in range(len(self.gk)) if self.gk[w]
+            (round((self.ge[w] - t) / q), self.gk[w], self.gi[w], self.lag[w])
+            for w in range(len(self.gk)) if self.gk[w]
         ))
-        return (self.f, gens, tuple(self.sq), self.sqn, tuple(sorted(self.scored.items())), self.uq,
-                self.upd_left, self.mode, self.stale_left, self.next_left)
+        lagging = sum(1 for w in range(len(self.gk)) if not self.gk[w] and self.lag[w])
+        slots = tuple(sorted((round((e - t) / q), i) for e, i in zip(self.se, self.si)))
+        return (self.f, gens, lagging, tuple(self.sq), self.sqn, tuple(sorted(self.scored.items())), self.uq,
+                self.upd_left, self.mode, self.stale_left, self.next_left, slots)
+
+
+def _generators(p: Params, s: ModelState) -> None:
+    """Idle generators take work: score, pick up the new version, generate, (TCSS) generate ahead."""
+    t, ge, gk, gi, lag = s.t, s.ge, s.gk, s.gi, s.lag
+    for w in range(p.G):
+        if gk[w]:
+            continue
+        if s.sq:
+            gi[w] = heappop(s.sq)
+            gk[w] = SCORE_CUR
+            ge[w] = t + p.c
+        elif s.sqn:
+            s.sqn -= 1
+            gk[w], gi[w], ge[w] = SCORE_NEXT, -1, t + p.c
+        elif lag[w]:
+            lag[w] = False
+            gk[w], gi[w], ge[w] = PICKUP, -1, t + p.w
+        elif s.f < p.M:
+            gi[w] = s.f
+            s.f += 1
+            gk[w], ge[w] = GEN, t + p.g
+        elif s.stale_left and s.next_left and not s.se and not s.rsv:
+            s.stale_left -= 1
+            s.next_left -= 1
+            gk[w], gi[w], ge[w] = GEN_NEXT, -1, t + p.g
+
+
+def _start_tags(p: Params, s: ModelState, mbs) -> None:
+    for mb in mbs:
+        s.se.append(s.t + p.gt)
+        s.si.append(mb)
 
 
 def advance(p: Params, s: ModelState) -> bool:
     """Play the scheduler's rules until a TAG decision is due (False) or the optimizer step ends (True)."""
-    M, G = p.M, p.G
+    G = p.G
     ge, gk, gi = s.ge, s.gk, s.gi
     while True:
         t = s.t
-        # generator workers: score first, then generate, then (TCSS) stale next-step work
-        for w in range(G):
-            if gk[w]:
-                continue
-            if s.sq:
-                gi[w] = heappop(s.sq)
-                gk[w] = SCORE_CUR
-                ge[w] = t + p.c
-            elif s.sqn:
-                s.sqn -= 1
-                gk[w] = SCORE_NEXT
-                gi[w] = -1
-                ge[w] = t + p.c
-            elif s.f < M:
-                gi[w] = s.f
-                s.f += 1
-                gk[w] = GEN
-                ge[w] = t + p.g
-            elif s.stale_left and s.next_left:
-                s.stale_left -= 1
-                s.next_left -= 1
-                gk[w] = GEN_NEXT
-                gi[w] = -1
-                ge[w] = t + p.g
-            else:
-                break
+        if IDLE in gk:
+            _generators(p, s)
         # trainer
+        if s.rsv and s.mode:
+            _start_tags(p, s, s.rsv)
+            s.rsv = []
+            s.skipped = True
         if s.tk == T_IDLE:
-            if s.ti >= 0:
-                s.tk, s.te, s.skipped = T_TAG, t + p.gt, False
-            elif s.uq or s.upd_left == 0:
-                s.skipped = False
+            if s.uq or s.upd_left == 0:
                 if s.mode:
-                    s.tk, s.te = T_SWT, t + p.swt
-                elif s.uq:
-                    s.uq -= p.upd
-                    s.tk, s.te = T_UPDATE, t + p.u
+                    if not s.se:
+                        s.skipped = False
+                        s.tk, s.te = T_SWT, t + p.swt
                 else:
-                    s.tk, s.te = T_OPT, t + p.opt
-            elif s.f < M and not s.skipped:
+                    s.skipped = False
+                    if s.uq:
+                        s.uq -= p.upd
+                        s.tk, s.te = T_UPDATE, t + p.u
+                    else:
+                        s.tk, s.te = T_OPT, t + p.opt
+            elif s.f < p.M and not s.skipped and s.free:
                 return False
         # next completion(s)
         tn = s.te if s.tk else INF
         for w in range(G):
             if gk[w] and ge[w] < tn:
                 tn = ge[w]
+        if s.se:
+            e = min(s.se)
+            if e < tn:
+                tn = e
         if tn == INF:
             raise RuntimeError("BTS model deadlocked (no task in flight)")
         lim = tn + EPS
@@ -209,6 +258,18 @@ def advance(p: Params, s: ModelState) -> bool:
                 elif kind == GEN_NEXT:
                     s.sqn += 1
                 gk[w] = IDLE
+        if s.se and min(s.se) <= lim:
+            keep_e, keep_i = [], []
+            for e, i in zip(s.se, s.si):
+                if e <= lim:
+                    if e > tmax:
+                        tmax = e
+                    heappush(s.sq, i)
+                    s.skipped = False  # a slot came free
+                else:
+                    keep_e.append(e)
+                    keep_i.append(i)
+            s.se, s.si = keep_e, keep_i
         if s.tk and s.te <= lim:
             if s.te > tmax:
                 tmax = s.te
@@ -216,9 +277,6 @@ def advance(p: Params, s: ModelState) -> bool:
             s.tk = T_IDLE
             if tk == T_UPDATE:
                 s.upd_left -= p.upd
-            elif tk == T_TAG:
-                heappush(s.sq, s.ti)
-                s.ti = -1
             elif tk == T_SWG:
                 s.mode = 1
             elif tk == T_SWT:
@@ -229,17 +287,23 @@ def advance(p: Params, s: ModelState) -> bool:
         s.t = tmax
 
 
-def apply(p: Params, s: ModelState, insert: bool) -> None:
-    """Take a TAG decision at a bubble."""
-    if not insert:
-        s.skipped = True
+def choices(s: ModelState, M: int) -> range:
+    """The decisions open at a bubble: how many TAG micro-batches to start (0 = skip)."""
+    return range(min(s.free, M - s.f) + 1)
+
+
+def apply(p: Params, s: ModelState, k: int) -> None:
+    """Take a TAG decision at a bubble: start ``k`` TAG micro-batches (after a switch if training)."""
+    k = int(k)
+    s.skipped = True
+    if k <= 0:
         return
-    s.ti = s.f
-    s.f += 1
-    s.skipped = False
+    mbs = range(s.f, s.f + k)
+    s.f += k
     if s.mode:
-        s.tk, s.te = T_TAG, s.t + p.gt
+        _start_tags(p, s, mbs)
     else:
+        s.rsv = list(mbs)
         s.tk, s.te = T_SWG, s.t + p.swg
 
 
@@ -247,14 +311,15 @@ def lower_bound(p: Params, s: ModelState) -> float:
     """Admissible bound on the time left (from ``s.t``) until the optimizer step ends.
 
     Trainer: every update left, the optimizer step, a switch back to training if needed, plus ``x``
-    TAG generations and their switches. Generator pool: in-flight current-step work, the
-    ``U - x`` remaining generations and every scoring left, spread perfectly over G workers, then at
-    least one update and the optimizer step. Minimized over the integer split ``x``.
+    TAG generations spread perfectly over the slots (and their switches). Generator pool: in-flight
+    current-step work, the ``U - x`` remaining generations and every scoring left, spread perfectly
+    over G workers, then at least one update and the optimizer step. Minimized over the split ``x``.
+    Weight pickups are left out (a generator may do its pickup after the step's last scoring).
     """
     t = s.t
-    U = p.M - s.f
+    U = p.M - s.f - len(s.rsv)
     busy = 0.0
-    n_score = len(s.sq) + U
+    n_score = len(s.sq) + U + len(s.se) + len(s.rsv)
     for w in range(p.G):
         kind = s.gk[w]
         if kind == GEN or kind == SCORE_CUR:
@@ -265,24 +330,32 @@ def lower_bound(p: Params, s: ModelState) -> float:
     t0 = (s.upd_left // p.upd) * p.u + p.opt
     if s.tk:  # trainer busy (only at non-decision states)
         t0 += max(0.0, s.te - t)
-    b0 = t0 + (p.swt if s.mode else 0.0)
+    slot_sum = sum(e - t for e in s.se) + len(s.rsv) * p.gt
+    drain = max((e - t for e in s.se), default=0.0) + (p.gt if s.rsv else 0.0)
+    back = p.swt if (s.mode or s.rsv) else 0.0
+    b0 = t0 + back + max(drain, slot_sum / max(1, p.R))
     if n_score == 0:
         return b0
     a0 = (busy + U * p.g + n_score * p.c) / p.G + tail
     best = max(a0, b0)
     if U == 0:
         return best
-    # x >= 1 TAG micro-batches: trainer pays gt each plus at least a switch in (if training) and out
+    # x >= 1 more TAG micro-batches: the slots share x * gt, plus a switch in (if training) and out
     b1 = t0 + (0.0 if s.mode else p.swg) + p.swt
-    slope_a = p.g / p.G
-    denom = slope_a + p.gt
-    xs = (1, U)
-    if denom > 0:
-        xc = (a0 - b1) / denom
-        lo = min(max(1, math.floor(xc)), U)
-        xs = (1, U, lo, min(lo + 1, U))
+    ga = p.g / p.G
+    gr = p.gt / max(1, p.R)
+
+    def value(x: int) -> float:
+        return max(a0 - x * ga, b1 + max(drain, (slot_sum + x * p.gt) / max(1, p.R)))
+
+    xs = {1, U}
+    denom = ga + gr
+    if denom > 0:  # crossing with the sloped part, and with the drain floor
+        for xc in ((a0 - b1 - slot_sum / max(1, p.R)) / denom, (a0 - b1 - drain) / ga if ga > 0 else 1):
+            lo = min(max(1, math.floor(xc)), U)
+            xs.update((lo, min(lo + 1, U)))
     for x in xs:
-        v = max(a0 - x * slope_a, b1 + x * p.gt)
+        v = value(x)
         if v < best:
             best = v
     return best
@@ -292,14 +365,20 @@ def _rollout(p: Params, s: ModelState, rule: str) -> float:
     """End time of a greedy policy from ``s`` (used as the initial incumbent)."""
     s = s.copy()
     while not advance(p, s):
+        most = min(s.free, p.M - s.f)
         if rule == "never":
-            ins = False
+            k = 0
         elif rule == "always":
-            ins = True
+            k = most
+        elif rule == "one":
+            k = min(1, most)
         else:
-            ins = (p.M - s.f) >= 0.3 * p.M
-        apply(p, s, ins)
+            k = most if (p.M - s.f) >= 0.3 * p.M else 0
+        apply(p, s, k)
     return s.t
+
+
+RULES = ("never", "always", "one", "threshold")
 
 
 @dataclass
@@ -313,7 +392,7 @@ class SearchStats:
 
 @dataclass
 class Solver:
-    """Memoized branch-and-bound over insert/skip decisions for one set of costs."""
+    """Memoized branch-and-bound over TAG decisions for one set of costs."""
 
     params: Params
     memo: bool = True
@@ -324,9 +403,9 @@ class Solver:
     stats: SearchStats = field(default_factory=SearchStats)
     _budget: int = 0
 
-    def solve(self, state: ModelState) -> tuple[float, bool | None]:
+    def solve(self, state: ModelState) -> tuple[float, int | None]:
         """Best remaining time from ``state`` (at a bubble or before one) and the decision to take
-        now (None if no bubble comes before the optimizer step ends)."""
+        now: TAG micro-batches to start (None if no bubble comes before the optimizer step ends)."""
         t_start = time.perf_counter()
         self.stats.capped = False
         self._budget = self.stats.nodes + self.node_cap
@@ -339,22 +418,22 @@ class Solver:
         base = s.t - t0
         ub = INF
         if self.prune:
-            ub = min(_rollout(p, s, r) for r in ("never", "always", "threshold")) - s.t + 1e-7 * (1 + abs(s.t))
-        best, decision = INF, False
-        for insert in (False, True):
+            ub = min(_rollout(p, s, r) for r in RULES) - s.t + 1e-7 * (1 + abs(s.t))
+        best, decision = INF, 0
+        for k in choices(s, p.M):
             c = s.copy()
-            apply(p, c, insert)
+            apply(p, c, k)
             dt = c.t - s.t
             if advance(p, c):
                 v = c.t - s.t
             else:
                 v = (c.t - s.t) + self._search(c, min(ub, best) - dt)
             if v < best - EPS:
-                best, decision = v, insert
+                best, decision = v, k
         if best == INF:  # node cap hit before any plan was completed: fall back to the greedy rules
             self.stats.capped = True
             ends = {r: _rollout(p, s, r) for r in ("never", "always")}
-            decision = ends["always"] < ends["never"]
+            decision = min(s.free, p.M - s.f) if ends["always"] < ends["never"] else 0
             best = min(ends.values()) - s.t
         self.stats.seconds += time.perf_counter() - t_start
         return base + best, decision
@@ -382,9 +461,9 @@ class Solver:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
             return INF
         best = INF
-        for insert in (True, False):
+        for k in reversed(choices(s, p.M)):  # the most TAG first: finds a good incumbent early
             c = s.copy()
-            apply(p, c, insert)
+            apply(p, c, k)
             if advance(p, c):
                 v = c.t - s.t
             else:
@@ -401,7 +480,7 @@ class Solver:
 
 
 def solve(params: Params, state: ModelState, memo: bool = True, prune: bool = True,
-          node_cap: int = 200_000) -> tuple[float, bool | None, SearchStats]:
+          node_cap: int = 200_000) -> tuple[float, int | None, SearchStats]:
     """One BTS solve from scratch: (best remaining time, decision now, search statistics)."""
     solver = Solver(params, memo=memo, prune=prune, node_cap=node_cap)
     value, decision = solver.solve(state)
@@ -409,7 +488,7 @@ def solve(params: Params, state: ModelState, memo: bool = True, prune: bool = Tr
 
 
 def exhaustive(params: Params, state: ModelState) -> tuple[float, int]:
-    """Minimum over *every* insert/skip sequence (no memo, no pruning): (remaining time, leaves)."""
+    """Minimum over *every* decision sequence (no memo, no pruning): (remaining time, leaves)."""
     leaves = 0
 
     def rec(s: ModelState) -> float:
@@ -418,9 +497,9 @@ def exhaustive(params: Params, state: ModelState) -> tuple[float, int]:
             leaves += 1
             return s.t
         best = INF
-        for insert in (False, True):
+        for k in choices(s, params.M):
             c = s.copy()
-            apply(params, c, insert)
+            apply(params, c, k)
             best = min(best, rec(c))
         return best
 
@@ -429,10 +508,14 @@ def exhaustive(params: Params, state: ModelState) -> tuple[float, int]:
 
 
 def play(params: Params, state: ModelState, decisions) -> float:
-    """End time (relative) of a fixed decision rule ``decisions(state) -> bool`` from ``state``."""
+    """End time (relative) of a fixed decision rule ``decisions(state) -> int`` from ``state``
+    (``True`` means every free slot, ``False`` none)."""
     s = state.copy()
     while not advance(params, s):
-        apply(params, s, bool(decisions(s)))
+        k = decisions(s)
+        if k is True:
+            k = min(s.free, params.M - s.f)
+        apply(params, s, int(k))
     return s.t - state.t
 
 
@@ -455,9 +538,9 @@ class BtsPolicy:
     def __str__(self) -> str:
         return "bts"
 
-    def decide(self, ctx: BubbleContext) -> bool:
+    def decide(self, ctx: BubbleContext) -> int:
         params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers,
-                                   ctx.update_size)
+                                   ctx.update_size, ctx.trainer_ranks)
         if not self.reuse or self._solver is None or self._solver.params != params:
             self._solver = Solver(params, node_cap=self.node_cap)
         before = self._solver.stats.seconds
@@ -465,4 +548,4 @@ class BtsPolicy:
         self.solve_seconds.append(self._solver.stats.seconds - before)
         self.last_stats = self._solver.stats
         ctx.predicted_end = ctx.now + value
-        return bool(decision)
+        return int(decision or 0)

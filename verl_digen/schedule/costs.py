@@ -10,9 +10,11 @@ Two levels, because two consumers need different things:
 - :class:`StageCosts` is the *scheduler-level* view: one float per action kind for the configured
   micro-batch size. The scheduler, BTS and the profiler work on it only.
 
-The trainer pool acts as one data-parallel unit of ``R`` ranks: an update or a TAG generation of a
-micro-batch splits its rows (samples) over the ranks, so a micro-batch smaller than ``R`` leaves ranks
-idle, which is exactly the inefficiency TSP (more rows per pass) removes.
+The trainer pool trains as one data-parallel unit of ``R`` ranks: an update of a micro-batch splits its
+rows (samples) over the ranks, so a micro-batch smaller than ``R`` leaves ranks idle, which is exactly
+the inefficiency TSP (more rows per pass) removes. For TAG the pool is ``R`` independent generator
+slots: after the switch (which materializes the full weights on every rank) each rank generates whole
+micro-batches on its own, so ``tag_generate`` is one micro-batch on one trainer GPU.
 """
 
 from __future__ import annotations
@@ -28,6 +30,7 @@ UPDATE = "update"
 SWITCH_TO_GEN = "switch_to_gen"
 SWITCH_TO_TRAIN = "switch_to_train"
 OPTIMIZER_STEP = "optimizer_step"
+PUBLISH = "publish"
 WEIGHT_SYNC = "weight_sync"
 KINDS = (
     GENERATE,
@@ -37,8 +40,13 @@ KINDS = (
     SWITCH_TO_GEN,
     SWITCH_TO_TRAIN,
     OPTIMIZER_STEP,
+    PUBLISH,
     WEIGHT_SYNC,
 )
+
+
+#: cluster-level costs that are one number (not per micro-batch)
+SCALAR_COSTS = ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync", "publish")
 
 
 def _check_cost(name: str, value: float) -> None:
@@ -102,13 +110,14 @@ class StageCosts:
     """Seconds per action for one micro-batch size: what the scheduler and BTS plan with."""
 
     generate: float  # one micro-batch on one generator worker
-    tag_generate: float  # one micro-batch on the trainer unit (TAG)
+    tag_generate: float  # one micro-batch on one trainer rank (a TAG slot)
     score: float  # one micro-batch on one generator worker
     update: float  # one micro-batch on the trainer unit (gradient accumulation, no optimizer step)
-    switch_to_gen: float = 0.0
+    switch_to_gen: float = 0.0  # trainer pool: training state out, full generation weights in
     switch_to_train: float = 0.0
     optimizer_step: float = 0.0
-    weight_sync: float = 0.0
+    weight_sync: float = 0.0  # one generator picks up a published version (at a trajectory boundary)
+    publish: float = 0.0  # trainer: gather the new version once and publish it (after the optimizer step)
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -149,17 +158,18 @@ class CostModel:
     trainer: Pool
     steps_trained: int = 1  # K: denoising steps trained per kept sample
     keep_fraction: float = 1.0  # fraction of generated samples that are trained (best-of-N keeps fewer)
-    switch_to_gen: float = 0.0  # trainer: training mode -> generation mode (offload optimizer, load sampler)
+    switch_to_gen: float = 0.0  # trainer: training state out, full generation weights on every rank
     switch_to_train: float = 0.0
     optimizer_step: float = 0.0
-    weight_sync: float = 0.0  # trainer -> all generator workers, blocks both
+    weight_sync: float = 0.0  # one generator fetches and installs a published version
+    publish: float = 0.0  # trainer: gather the new version and publish it once
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps_trained, int) or self.steps_trained < 1:
             raise ValueError(f"steps_trained must be a positive integer, got {self.steps_trained!r}")
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
-        for name in ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync"):
+        for name in SCALAR_COSTS:
             _check_cost(name, getattr(self, name))
 
     @property
@@ -186,13 +196,14 @@ class CostModel:
         g_hw, t_hw, r = self.generator.hardware, self.trainer.hardware, self.trainer.workers
         return StageCosts(
             generate=g_hw.generate(mb_size),
-            tag_generate=t_hw.generate(math.ceil(mb_size / r)),
+            tag_generate=t_hw.generate(mb_size),
             score=g_hw.score(mb_size),
             update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw),
             switch_to_gen=self.switch_to_gen,
             switch_to_train=self.switch_to_train,
             optimizer_step=self.optimizer_step,
             weight_sync=self.weight_sync,
+            publish=self.publish,
         )
 
     def colocated_phases(self, batch: int, tsp_degree: int = 1) -> dict[str, float]:

@@ -1,12 +1,13 @@
-"""TAG policies: at a trainer bubble, generate the next micro-batch on the trainer (True) or wait.
+"""TAG policies: at a trainer bubble, how many free TAG slots (trainer ranks) generate a micro-batch each.
 
-One interface, ``decide(ctx) -> bool``, called once per bubble (a maximal idle period of the trainer
-while micro-batches of its step still wait to be generated):
+One interface, ``decide(ctx) -> int``, called once per bubble (the trainer idle while micro-batches
+of its step still wait to be generated): the number of slots to use now, 0 = wait for the Update
+Queue. The scheduler clamps it to ``[0, min(ctx.free_slots, ctx.undispatched)]``.
 
 - ``never``: the disaggregated baseline.
-- ``static:K``: TAG at the first K bubbles of every step, never after.
-- ``adaptive:R``: lend the trainer while the not-yet-generated work is at least R x the batch (the
-  threshold rule upstream verl / verl-omni use to lend idle trainer GPUs to rollout).
+- ``static:K``: up to K TAG micro-batches per step, as early as slots are free.
+- ``adaptive:R``: lend every free slot while the not-yet-generated work is at least R x the batch
+  (the threshold rule upstream verl / verl-omni use to lend idle trainer GPUs to rollout).
 - ``bts``: bubble-triggered TAG search (:mod:`.bts`), re-solved at every bubble with the profiler's
   current costs.
 
@@ -42,21 +43,28 @@ class BubbleContext:
     update_size: int
     gen_workers: int
     snapshot: Callable[[], Any]
+    free_slots: int = 1  # TAG slots free now (all ranks in training mode)
+    trainer_ranks: int = 1
     predicted_end: float | None = None  # filled by BTS (absolute time of the optimizer step's end)
+
+    @property
+    def most(self) -> int:
+        """The most TAG micro-batches this decision may start."""
+        return max(0, min(self.free_slots, self.undispatched))
 
 
 class TagPolicy(Protocol):
     name: str
 
-    def decide(self, ctx: BubbleContext) -> bool: ...
+    def decide(self, ctx: BubbleContext) -> int: ...
 
 
 @dataclass
 class Never:
     name: str = "never"
 
-    def decide(self, ctx: BubbleContext) -> bool:
-        return False
+    def decide(self, ctx: BubbleContext) -> int:
+        return 0
 
     def __str__(self) -> str:
         return "never"
@@ -71,8 +79,8 @@ class Static:
         if self.k < 0:
             raise ValueError(f"static TAG count must be >= 0, got {self.k}")
 
-    def decide(self, ctx: BubbleContext) -> bool:
-        return ctx.tags < self.k
+    def decide(self, ctx: BubbleContext) -> int:
+        return max(0, min(ctx.most, self.k - ctx.tags))
 
     def __str__(self) -> str:
         return f"static:{self.k}"
@@ -87,8 +95,8 @@ class Adaptive:
         if not 0 <= self.ratio <= 1:
             raise ValueError(f"adaptive ratio must be in [0, 1], got {self.ratio}")
 
-    def decide(self, ctx: BubbleContext) -> bool:
-        return ctx.undispatched >= self.ratio * ctx.micro_batches - 1e-9
+    def decide(self, ctx: BubbleContext) -> int:
+        return ctx.most if ctx.undispatched >= self.ratio * ctx.micro_batches - 1e-9 else 0
 
     def __str__(self) -> str:
         return f"adaptive:{self.ratio:g}"

@@ -105,15 +105,19 @@ def derive(model: DiT, s: Setting, gen_gpu: Gpu, train_gpu: Gpu, gen_workers: in
     n = model.params_b * 1e9
     k = max(1, round(s.sampling_steps * s.timestep_fraction))
     opt_state = 12 * n / train_workers  # fp32 master + Adam moments, sharded
+    offload = opt_state / (train_gpu.host_gbs * 1e9)
+    # TAG: every trainer rank all-gathers the full bf16 weights once per switch (its own generator copy)
+    gather = 2 * n * (train_workers - 1) / train_workers / (train_gpu.collective_gbs * 1e9)
     return CostModel(
         generator=Pool(hardware(model, s, gen_gpu, train_workers), gen_workers),
         trainer=Pool(hardware(model, s, train_gpu, train_workers), train_workers),
         steps_trained=k,
         keep_fraction=s.keep_fraction,
-        switch_to_gen=opt_state / (train_gpu.host_gbs * 1e9),
-        switch_to_train=opt_state / (train_gpu.host_gbs * 1e9),
+        switch_to_gen=offload + gather,
+        switch_to_train=offload,
         optimizer_step=0.2 + 16 * n / train_workers / 1e12,  # sharded Adam at ~1 TB/s memory traffic
-        weight_sync=1.5 * 2 * n / (s.network_gbs * 1e9),  # bf16 weights over the link, 1.5x protocol cost
+        weight_sync=1.5 * 2 * n / (s.network_gbs * 1e9),  # one generator fetches bf16 weights, 1.5x protocol
+        publish=gather + 2 * n / (train_gpu.host_gbs * 1e9),  # gather once, copy to host for the store
     )
 
 

@@ -10,7 +10,7 @@
     trainer:   {workers: 8, hardware: {name: H100, generate: {...}, train_pass: {fixed: 0.3, per_unit: 1.1}}}
     steps_trained: 12          # K, timesteps trained per sample
     keep_fraction: 1.0         # share of samples trained (best-of-N < 1)
-    switch_to_gen: 0.8         # seconds; also switch_to_train, optimizer_step, weight_sync
+    switch_to_gen: 0.8         # seconds; also switch_to_train, optimizer_step, weight_sync, publish
     workload: {prompts: 4, group_size: 8, mb_size: 1, tsp_degree: 4, staleness: 0.25, steps: 4}  # optional
     samples:                   # optional raw measurements; refit the affine costs above
       - {pool: generator, kind: generate, size: 2, seconds: 41.2}
@@ -30,11 +30,11 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import Affine, CostModel, Hardware, Pool, passes
+from .costs import SCALAR_COSTS, Affine, CostModel, Hardware, Pool, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
-_SCALARS = ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync")
+_SCALARS = SCALAR_COSTS
 _AFFINES = ("generate", "score", "train_pass")
 
 
@@ -135,7 +135,7 @@ def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
             continue
         size = float(s.get("size", 1))
         if kind == "tag_generate":
-            pts[("trainer", "generate")].append((math.ceil(size / R), secs))
+            pts[("trainer", "generate")].append((size, secs))  # one whole micro-batch per TAG slot
         elif kind == "update":  # whole micro-batch update -> per-pass points
             d = int(s.get("tsp_degree", 1))
             ps = passes(model.steps_trained, d)

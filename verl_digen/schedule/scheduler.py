@@ -1,31 +1,37 @@
 """The two-queue scheduler: one state machine, driven by the simulator or by the Ray runtime.
 
-Executor protocol (clock-agnostic; ``now`` is virtual in the simulator, wall time in the runtime)::
+Executor protocol (clock-agnostic; ``now`` is virtual in the simulator, wall time in the runtime;
+:func:`.executor.run` is the one loop both use)::
 
-    sched = StepScheduler(config, costs, gen_workers=G)     # policy from config.policy
+    sched = StepScheduler(config, costs, gen_workers=G, trainer_ranks=R)
     pending = sched.start(now)                               # list[Action] to launch
     while not sched.done:
         ...launch each action, wait for one (or several) to finish...
-        sched.on_complete(action, now)                       # or on_complete(action, now, duration)
+        sched.on_complete(action, end)
         pending = sched.next_actions(now)
 
 ``on_complete`` records the :class:`~.timeline.Record`, feeds the online profiler and advances the
 state; ``next_actions`` hands out work to every idle worker. Rules (design.md section 2):
 
 - Generator worker, when idle: score the oldest-step, lowest-index micro-batch of the Scoring Queue
-  if any, else generate the next micro-batch of the step its weights belong to, else (TCSS) generate
-  a next-step micro-batch with its current, one-version-old weights while the stale budget lasts.
+  if any; else, if the trainer published a newer policy version than it holds, pick it up (a
+  ``weight_sync`` on that worker alone: it is between trajectories, and nobody waits for anybody);
+  else generate the next micro-batch of the step its weights belong to; else (TCSS) generate a
+  next-step micro-batch with its current, one-version-old weights while the stale budget lasts and
+  no TAG micro-batch is in flight (its output needs a free generator to score it promptly).
 - A micro-batch enters the Update Queue once every micro-batch of its release unit (its GRPO groups;
   the whole batch in ``separate`` mode) is scored.
-- Trainer, when idle: update from the Update Queue if non-empty (switching back from generation mode
-  first); after the step's last update, the optimizer step. Otherwise it is in a *bubble*: if
-  micro-batches are still waiting to be generated, the TAG policy decides once per bubble whether the
-  trainer generates the next one (after a context switch) or waits for the Update Queue.
-- After the optimizer step of step s, the weights of version s+1 are synced to all generator workers
-  as soon as every generator worker is between trajectories (no new work starts meanwhile); the
-  trainer waits for that sync before starting step s+1.
+- Trainer, when idle: publish the version its last optimizer step produced (once; generators fetch
+  it themselves); update from the Update Queue if non-empty (switching back from generation mode
+  first, once every TAG slot has finished); after the step's last update, the optimizer step.
+  Otherwise it is in a *bubble*: if micro-batches are still waiting to be generated, the TAG policy
+  decides how many of the free TAG slots generate one each (0 = wait for the Update Queue). A
+  decision covers the slots free at that moment; the next one comes when a TAG slot finishes (in
+  generation mode) or after the trainer's next action (in training mode).
 
-Generator workers are ``gen0..gen{G-1}``; the trainer pool is a single unit ``trainer``.
+Worker names: generators ``gen0..gen{G-1}``; the trainer pool as one training unit ``trainer``; its
+ranks as TAG generation slots ``tag0..tag{R-1}`` (busy only between a ``switch_to_gen`` and the next
+``switch_to_train``).
 """
 
 from __future__ import annotations
@@ -39,6 +45,7 @@ from .config import COLOCATED, SEPARATE, ScheduleConfig
 from .costs import (
     GENERATE,
     OPTIMIZER_STEP,
+    PUBLISH,
     SCORE,
     SWITCH_TO_GEN,
     SWITCH_TO_TRAIN,
@@ -49,7 +56,7 @@ from .costs import (
 )
 from .policies import BubbleContext, TagPolicy, parse_policy
 from .profiler import Profiler
-from .timeline import TRAINER, Record, Timeline, gen_worker
+from .timeline import TRAINER, Record, Timeline, gen_worker, tag_slot
 
 TRAIN_MODE = "train"
 GEN_MODE = "gen"
@@ -71,13 +78,18 @@ class _Step:
 
 @dataclass(frozen=True)
 class Decision:
-    """One TAG decision at a trainer bubble (for logs and tests)."""
+    """One TAG decision at a trainer bubble (for logs and tests); ``slots`` = TAG micro-batches started."""
 
     step: int
     time: float
     undispatched: int
-    insert: bool
+    slots: int
+    free_slots: int = 1
     predicted_end: float | None = None  # BTS: predicted end of the step's optimizer step
+
+    @property
+    def insert(self) -> bool:
+        return self.slots > 0
 
 
 class StepScheduler:
@@ -90,18 +102,23 @@ class StepScheduler:
         gen_workers: int,
         policy: TagPolicy | str | None = None,
         profiler: Profiler | None = None,
+        trainer_ranks: int = 1,
     ) -> None:
         if config.mode == COLOCATED:
-            raise ValueError("colocated mode has no pipeline to schedule; use simulator.simulate_colocated")
+            raise ValueError("colocated mode has no pipeline to schedule; use colocated.ColocatedScheduler")
         if not isinstance(gen_workers, int) or gen_workers < 1:
             raise ValueError(f"the generator pool needs at least one worker, got {gen_workers!r}")
+        if not isinstance(trainer_ranks, int) or trainer_ranks < 1:
+            raise ValueError(f"the trainer pool needs at least one rank, got {trainer_ranks!r}")
         self.config = config
         self.partition = config.make_partition(gen_workers)
         self.M = self.partition.count
         self.unit_size = self.M if config.mode == SEPARATE else self.partition.unit_size
         self.update_size = config.update_size(self.unit_size)
         self.G = gen_workers
+        self.R = trainer_ranks
         self.gens = [gen_worker(i) for i in range(gen_workers)]
+        self.slots = [tag_slot(j) for j in range(trainer_ranks)]
         if policy is None:
             policy = config.policy
         self.policy: TagPolicy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -109,18 +126,19 @@ class StepScheduler:
             raise ValueError("separate mode is the no-TAG baseline; use policy 'never'")
         self.profiler = profiler or Profiler(costs)
         self.stale_budget = config.stale_budget()
-        self.timeline = Timeline(self.gens + [TRAINER], self.M, config.steps, config.mode)
+        self.timeline = Timeline(self.gens + [TRAINER] + self.slots, self.M, config.steps, config.mode,
+                                 staleness=config.staleness, trainer_ranks=trainer_ranks)
         self.decisions: list[Decision] = []
         self._busy: dict[str, Action | None] = {w: None for w in self.timeline.workers}
         self._steps = [_Step(self.M, self.unit_size) for _ in range(config.steps)]
         self._sq: list[list[int]] = [[] for _ in range(config.steps)]  # Scoring Queue per step (heaps)
-        self.gen_version = 0
+        self.versions = {w: 0 for w in self.gens}  # policy version each generator holds
+        self.published = 0  # newest version the trainer has published
         self.train_step = 0
         self.trainer_mode = TRAIN_MODE
         self._skipped = False
-        self._reserved: int | None = None
-        self._sync_pending: int | None = None
-        self._done = False
+        self._reserved: list[int] = []  # TAG micro-batches waiting for the switch to generation mode
+        self._publish_pending: int | None = None
         self._started = False
 
     # ----------------------------------------------------------------- executor API
@@ -131,7 +149,8 @@ class StepScheduler:
 
     @property
     def done(self) -> bool:
-        return self._done
+        """Every step's optimizer step has run and nothing is in flight."""
+        return self.train_step >= self.config.steps and all(a is None for a in self._busy.values())
 
     def start(self, now: float = 0.0) -> list[Action]:
         if self._started:
@@ -142,21 +161,20 @@ class StepScheduler:
     def busy(self) -> dict[str, Action | None]:
         return dict(self._busy)
 
-    def on_complete(self, action: Action, now: float, duration: float | None = None) -> None:
-        """Consume a completion: record it, profile it, advance the state machine."""
+    def on_complete(self, action: Action, end: float) -> None:
+        """Consume a completion at ``end``: record it, profile it, advance the state machine."""
         if any(self._busy.get(w) is not action for w in action.workers):
             raise ValueError(f"{action!r} is not running on {action.workers}")
-        if duration is None:
-            duration = now - action.start
-        self.profiler.observe(action.kind, max(0.0, duration))
-        end = action.start + duration if duration is not None else now
+        self.profiler.observe(action.kind, max(0.0, end - action.start))
         for w in action.workers:
             self._busy[w] = None
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     action.stale, action.count))
+                                     action.stale, action.count, len(action.samples)))
         kind, s = action.kind, action.step
         if kind in (GENERATE, TAG_GENERATE):
             heapq.heappush(self._sq[s], action.mb)
+            if kind == TAG_GENERATE:
+                self._skipped = False  # a slot came free: a new decision is due
         elif kind == SCORE:
             st = self._steps[s]
             unit = action.mb // self.unit_size
@@ -172,33 +190,29 @@ class StepScheduler:
             self.trainer_mode = TRAIN_MODE
         elif kind == OPTIMIZER_STEP:
             self.train_step = s + 1
-            self._sync_pending = s + 1
+            if s + 1 < self.config.steps:  # nobody generates with the final version
+                self._publish_pending = s + 1
+        elif kind == PUBLISH:
+            self.published = action.version
         elif kind == WEIGHT_SYNC:
-            self.gen_version = action.version
-            self._sync_pending = None
-            if action.version >= self.config.steps:
-                self._done = True
+            self.versions[action.worker] = action.version
 
     def next_actions(self, now: float) -> list[Action]:
         """Work for every idle worker at ``now`` (empty when all must wait)."""
-        if self._done:
-            return []
         out: list[Action] = []
-        if self._sync_pending is not None:
-            if all(a is None for a in self._busy.values()):
-                v = self._sync_pending
-                out.append(self._launch(Action(WEIGHT_SYNC, tuple(self.timeline.workers), v - 1, v), now))
-            return out  # drain: nothing new starts until the sync
+        if self.train_step >= self.config.steps:
+            return out
         for w in self.gens:
             if self._busy[w] is None:
                 a = self._generator_task(w)
-                if a is None:
-                    break  # every later idle worker would find nothing either
-                out.append(self._launch(a, now))
+                if a is not None:
+                    out.append(self._launch(a, now))
+        if self._reserved and self.trainer_mode == GEN_MODE:
+            out.extend(self._launch(a, now) for a in self._tag_actions(self._reserved))
+            self._reserved = []
+            self._skipped = True  # the decision that reserved them covered every free slot
         if self._busy[TRAINER] is None:
-            a = self._trainer_task(now)
-            if a is not None:
-                out.append(self._launch(a, now))
+            out.extend(self._launch(a, now) for a in self._trainer_tasks(now))
         return out
 
     # ----------------------------------------------------------------- internals
@@ -206,7 +220,7 @@ class StepScheduler:
         a.start = now
         for w in a.workers:
             self._busy[w] = a
-        if TRAINER in a.workers:
+        if a.workers == (TRAINER,) and a.kind != SWITCH_TO_GEN:
             self._skipped = False
         return a
 
@@ -214,103 +228,132 @@ class StepScheduler:
         samples = self.partition.micro_batches[mb].samples
         return Action(kind, (worker,), step, version, mb, samples, stale)
 
+    def _tag_actions(self, mbs: list[int]) -> list[Action]:
+        """One TAG micro-batch per idle slot, in slot order."""
+        free = [w for w in self.slots if self._busy[w] is None]
+        ts = self.train_step
+        return [self._mb_action(TAG_GENERATE, w, ts, ts, mb) for w, mb in zip(free, mbs, strict=False)]
+
     def _generator_task(self, w: str) -> Action | None:
-        for s in range(max(0, self.gen_version - 1), min(self.config.steps, self.gen_version + 2)):
+        ts = self.train_step
+        for s in range(ts, min(self.config.steps, ts + 2)):  # only these steps can hold scoring work
             if self._sq[s]:
-                return self._mb_action(SCORE, w, s, self.train_version_of(s), heapq.heappop(self._sq[s]))
-        gs = self.gen_version
-        if gs >= self.config.steps:
-            return None
-        st = self._steps[gs]
+                return self._mb_action(SCORE, w, s, s, heapq.heappop(self._sq[s]))
+        v = self.versions[w]
+        if self.published > v:  # at a trajectory boundary: swap to the newest version
+            p = self.published
+            return Action(WEIGHT_SYNC, (w,), p - 1, p)
+        st = self._steps[v]
         if st.next < self.M:
             st.next += 1
-            return self._mb_action(GENERATE, w, gs, gs, st.next - 1)
-        if self.stale_budget and gs + 1 < self.config.steps:
-            nxt = self._steps[gs + 1]
+            return self._mb_action(GENERATE, w, v, v, st.next - 1)
+        if self.stale_budget and v + 1 < self.config.steps and self._may_generate_ahead():
+            nxt = self._steps[v + 1]
             if nxt.next < self.M and nxt.stale < self.stale_budget:
                 nxt.next += 1
                 nxt.stale += 1
-                return self._mb_action(GENERATE, w, gs + 1, gs, nxt.next - 1, stale=True)
+                return self._mb_action(GENERATE, w, v + 1, v, nxt.next - 1, stale=True)
         return None
 
-    @staticmethod
-    def train_version_of(step: int) -> int:
-        return step
+    def _may_generate_ahead(self) -> bool:
+        """TCSS work never starts while TAG output is on its way (it needs a free generator to score)."""
+        return not self._reserved and all(self._busy[w] is None for w in self.slots)
 
-    def _trainer_task(self, now: float) -> Action | None:
+    def free_slots(self) -> int:
+        """TAG slots a decision may use now: every rank in training mode, the idle ones in generation mode."""
+        if self.trainer_mode == TRAIN_MODE:
+            return self.R
+        return sum(1 for w in self.slots if self._busy[w] is None)
+
+    def _trainer_tasks(self, now: float) -> list[Action]:
         ts = self.train_step
-        if ts >= self.config.steps:
-            return None
+        if self._publish_pending is not None:
+            v, self._publish_pending = self._publish_pending, None
+            return [Action(PUBLISH, (TRAINER,), v - 1, v)]
         st = self._steps[ts]
         if st.opt_started:
-            return None
-        if self._reserved is not None:
-            mb, self._reserved = self._reserved, None
-            return self._mb_action(TAG_GENERATE, TRAINER, ts, ts, mb)
+            return []
         if st.uq or st.updated == self.M:
             if self.trainer_mode == GEN_MODE:
-                return Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)
+                if any(self._busy[w] is not None for w in self.slots):
+                    return []  # drain the TAG slots first
+                return [Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)]
             if st.uq:
                 mbs = [st.uq.popleft() for _ in range(self.update_size)]
                 a = self._mb_action(UPDATE, TRAINER, ts, ts, mbs[0])
                 a.count = len(mbs)
                 a.samples = tuple(s for i in mbs for s in self.partition.micro_batches[i].samples)
-                return a
+                return [a]
             st.opt_started = True
-            return Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)
-        if st.next < self.M and not self._skipped and self.gen_version == ts:
-            st.bubbles += 1
-            ctx = BubbleContext(
-                step=ts,
-                now=now,
-                micro_batches=self.M,
-                undispatched=self.M - st.next,
-                tags=st.tags,
-                bubble=st.bubbles,
-                costs=self.costs,
-                costs_version=self.profiler.version,
-                unit_size=self.unit_size,
-                update_size=self.update_size,
-                gen_workers=self.G,
-                snapshot=lambda: self.snapshot(now),
-            )
-            insert = bool(self.policy.decide(ctx))
-            self.decisions.append(Decision(ts, now, ctx.undispatched, insert, ctx.predicted_end))
-            if not insert:
-                self._skipped = True
-                return None
-            mb = st.next
-            st.next += 1
-            st.tags += 1
-            if self.trainer_mode == TRAIN_MODE:
-                self._reserved = mb
-                return self._mb_action(SWITCH_TO_GEN, TRAINER, ts, ts, mb)  # mb: the TAG that follows
-            return self._mb_action(TAG_GENERATE, TRAINER, ts, ts, mb)
-        return None
+            return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]
+        undispatched = self.M - st.next
+        free = self.free_slots()
+        if undispatched <= 0 or self._skipped or free == 0:
+            return []
+        st.bubbles += 1
+        ctx = BubbleContext(
+            step=ts,
+            now=now,
+            micro_batches=self.M,
+            undispatched=undispatched,
+            tags=st.tags,
+            bubble=st.bubbles,
+            costs=self.costs,
+            costs_version=self.profiler.version,
+            unit_size=self.unit_size,
+            update_size=self.update_size,
+            gen_workers=self.G,
+            snapshot=lambda: self.snapshot(now),
+            free_slots=free,
+            trainer_ranks=self.R,
+        )
+        k = max(0, min(int(self.policy.decide(ctx)), free, undispatched))
+        self.decisions.append(Decision(ts, now, undispatched, k, free, ctx.predicted_end))
+        self._skipped = True
+        if k == 0:
+            return []
+        mbs = list(range(st.next, st.next + k))
+        st.next += k
+        st.tags += k
+        if self.trainer_mode == TRAIN_MODE:
+            self._reserved = mbs
+            return [Action(SWITCH_TO_GEN, (TRAINER,), ts, ts)]
+        return self._tag_actions(mbs)
 
     def snapshot(self, now: float):
         """The compressed BTS state at a bubble of the trainer's step, clocks relative to ``now``."""
-        from .bts import GEN, GEN_NEXT, SCORE_CUR, SCORE_NEXT, ModelState
+        from .bts import GEN, GEN_NEXT, PICKUP, SCORE_CUR, SCORE_NEXT, ModelState
 
         ts = self.train_step
         st = self._steps[ts]
         c = self.costs
-        ge, gk, gi = [], [], []
+        ge, gk, gi, lag = [], [], [], []
         for w in self.gens:
             a = self._busy[w]
+            held = self.versions[w]
             if a is None:
                 ge.append(0.0)
                 gk.append(0)
                 gi.append(-1)
+                lag.append(held < self.published)
                 continue
             rem = max(0.0, a.start + c.duration(a.kind) - now)
-            if a.kind == GENERATE:
+            if a.kind == WEIGHT_SYNC:
+                kind, held = PICKUP, a.version
+            elif a.kind == GENERATE:
                 kind = GEN if a.step == ts else GEN_NEXT
             else:
                 kind = SCORE_CUR if a.step == ts else SCORE_NEXT
             ge.append(rem)
             gk.append(kind)
-            gi.append(a.mb if a.step == ts else -1)
+            gi.append(a.mb if a.step == ts and a.mb is not None else -1)
+            lag.append(held < self.published)
+        se, si = [], []
+        for w in self.slots:
+            a = self._busy[w]
+            if a is not None:
+                se.append(max(0.0, a.start + c.tag_generate - now))
+                si.append(a.mb)
         nxt = self._steps[ts + 1] if ts + 1 < self.config.steps else None
         return ModelState(
             t=0.0,
@@ -326,4 +369,8 @@ class StepScheduler:
             mode=1 if self.trainer_mode == GEN_MODE else 0,
             stale_left=(self.stale_budget - nxt.stale) if nxt is not None and self.stale_budget else 0,
             next_left=(self.M - nxt.next) if nxt is not None else 0,
+            lag=lag,
+            slots=self.R,
+            se=se,
+            si=si,
         )

@@ -1,36 +1,24 @@
-"""Virtual-clock executor: runs a :class:`StepScheduler` (or the colocated baseline) under a cost model.
+"""Simulation: a :class:`StepScheduler` (or the colocated baseline) run by the one executor loop
+(:func:`.executor.run`) on the virtual-clock backend under a cost model.
 
-``execute`` is the whole executor: a heap of completion times, the scheduler's actions in, completion
-events out; completions within 1 ns are delivered together (as a real event loop batches them).
 Durations come from the *true* cost model, optionally with multiplicative log-normal noise; the
-scheduler only sees them through its profiler, exactly as it would at run time.
+scheduler only sees them through its profiler, exactly as it would at run time. Every simulated
+timeline is checked against the scheduling invariants.
 """
 
 from __future__ import annotations
 
-import heapq
-import math
-import random
 from dataclasses import dataclass, field, replace
 
 from .bounds import Bounds, pool_busy, step_bounds, throughput
 from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
-from .costs import (
-    GENERATE,
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    UPDATE,
-    CostModel,
-    StageCosts,
-)
+from .colocated import ColocatedScheduler, colocated_costs
+from .costs import CostModel, StageCosts
+from .executor import SimBackend, run
 from .policies import parse_policy
 from .profiler import Profiler
 from .scheduler import Decision, StepScheduler
-from .timeline import TRAINER, Record, Timeline, gen_worker
-
-EPS = 1e-9
+from .timeline import TRAINER, Timeline, gen_worker
 
 
 @dataclass
@@ -75,35 +63,10 @@ class SimResult:
         }
 
 
-def execute(sched: StepScheduler, true_costs: StageCosts, noise: float = 0.0, seed: int = 0) -> Timeline:
-    """Run ``sched`` to completion on a virtual clock; returns its timeline."""
-    rng = random.Random(seed)
-    heap: list[tuple[float, int, object]] = []
-    seq = 0
-
-    def launch(actions, now: float) -> None:
-        nonlocal seq
-        for a in actions:
-            d = true_costs.duration(a.kind)
-            if noise:
-                d *= math.exp(rng.gauss(0.0, noise) - noise * noise / 2)
-            heapq.heappush(heap, (now + d, seq, a))
-            seq += 1
-
-    launch(sched.start(0.0), 0.0)
-    while not sched.done:
-        if not heap:
-            raise RuntimeError("scheduler stalled: no action in flight and not done")
-        t, _, a = heapq.heappop(heap)
-        group = [(t, a)]
-        while heap and heap[0][0] <= t + EPS:
-            t2, _, a2 = heapq.heappop(heap)
-            group.append((t2, a2))
-        now = max(x[0] for x in group)
-        for end, act in group:
-            sched.on_complete(act, end)
-        launch(sched.next_actions(now), now)
-    return sched.timeline
+def execute(sched: StepScheduler, true_costs: StageCosts, noise: float = 0.0, seed: int = 0,
+            check: bool = True) -> Timeline:
+    """Run ``sched`` to completion on a virtual clock; returns its (checked) timeline."""
+    return run(sched, SimBackend(true_costs, noise, seed), check=check)
 
 
 def simulate(
@@ -123,10 +86,11 @@ def simulate(
     costs = model.stage_costs(config.mb_size, config.tsp_degree,
                               config.mb_size * config.update_size(unit))
     pol = parse_policy(policy if policy is not None else config.policy)
-    sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup))
+    R = model.trainer.workers
+    sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
     tl = execute(sched, costs, noise, seed)
     span = tl.makespan
-    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size)
+    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R)
     return SimResult(
         label=label or describe(config),
         config=config,
@@ -145,19 +109,9 @@ def simulate(
 
 def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None) -> SimResult:
     """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
-    phases = model.colocated_phases(config.batch, config.tsp_degree)
-    G = model.generator.workers
-    workers = [gen_worker(i) for i in range(G)] + [TRAINER]
-    tl = Timeline(workers, 1, config.steps, COLOCATED)
-    t = 0.0
-    for s in range(config.steps):
-        for kind in (SWITCH_TO_GEN, GENERATE, SCORE, SWITCH_TO_TRAIN, UPDATE, OPTIMIZER_STEP):
-            d = phases[kind]
-            if d <= 0:
-                continue
-            for w in workers:
-                tl.add(Record(w, kind, None, s, s, t, t + d))
-            t += d
+    costs = colocated_costs(model, config.batch, config.tsp_degree)
+    workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
+    tl = run(ColocatedScheduler(config, workers), SimBackend(costs))
     span = tl.makespan
     return SimResult(
         label=label or "colocated",

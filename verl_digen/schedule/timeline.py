@@ -1,10 +1,11 @@
 """The execution record shared by the simulator and the runtime, and its invariant checker.
 
 Both executors append one :class:`Record` per (worker, action) when the action completes. Worker
-names: ``gen0 .. gen{G-1}`` for generator workers, ``trainer`` for the trainer pool (one data-parallel
-unit). ``check_timeline`` verifies the scheduling invariants of design.md section 4 (items 4 and 5)
-and raises :class:`TimelineError` naming the first violation; runtime tests call it on measured
-timelines too.
+names: ``gen0 .. gen{G-1}`` for generator workers, ``trainer`` for the trainer pool as one training
+unit, ``tag0 .. tag{R-1}`` for its ranks as TAG generation slots. The timeline carries what judging it
+needs (batch shape, staleness bound, trainer ranks); ``check_timeline`` verifies the scheduling
+invariants of design.md section 4 (items 4 and 5) and raises :class:`TimelineError` naming the first
+violation. Every simulated and real run calls it at its end.
 """
 
 from __future__ import annotations
@@ -16,17 +17,33 @@ from .costs import (
     GENERATE,
     OPTIMIZER_STEP,
     SCORE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
 )
 
 TRAINER = "trainer"
+TAG_PREFIX = "tag"
 EPS = 1e-9
 
 
 def gen_worker(i: int) -> str:
     return f"gen{i}"
+
+
+def tag_slot(j: int) -> str:
+    """Trainer rank ``j`` as a TAG generation slot."""
+    return f"{TAG_PREFIX}{j}"
+
+
+def is_tag_slot(worker: str) -> bool:
+    return worker.startswith(TAG_PREFIX) and worker[len(TAG_PREFIX):].isdigit()
+
+
+def is_trainer_side(worker: str) -> bool:
+    return worker == TRAINER or is_tag_slot(worker)
 
 
 @dataclass(frozen=True)
@@ -43,6 +60,7 @@ class Record:
     end: float
     stale: bool = False
     count: int = 1  # micro-batches covered (an update of a whole release unit)
+    samples: int = 0  # samples the action covered (0 for actions without data)
 
     @property
     def duration(self) -> float:
@@ -58,6 +76,8 @@ class Timeline:
     steps: int
     mode: str = "digen"
     records: list[Record] = field(default_factory=list)
+    staleness: float = 0.0  # TCSS bound the run was configured with
+    trainer_ranks: int = 1
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -82,10 +102,10 @@ class Timeline:
         return sum(r.duration for r in self.records if r.worker == worker)
 
     def step_ends(self) -> list[float]:
-        """End of each step: its weight sync if any, else its optimizer step."""
+        """End of each step: the end of its optimizer step (generators pick the version up on their own)."""
         ends: dict[int, float] = {}
         for r in self.records:
-            if r.kind in (WEIGHT_SYNC, OPTIMIZER_STEP):
+            if r.kind == OPTIMIZER_STEP:
                 ends[r.step] = max(ends.get(r.step, 0.0), r.end)
         return [ends[s] for s in sorted(ends)]
 
@@ -101,15 +121,20 @@ def _fail(msg: str) -> None:
     raise TimelineError(msg)
 
 
-def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
-    """Check the invariants every disaggregated execution must keep.
+def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> None:
+    """Check the invariants every execution must keep (``staleness_bound``: the timeline's own).
 
+    - nothing overlaps on one worker; TAG slots work only in the trainer's generation mode (between a
+      ``switch_to_gen`` and the next ``switch_to_train``), never alongside a training action;
     - each micro-batch of each step generated once, scored once, updated once, in that order;
-      optimizer step of a step after all its updates; nothing overlaps on one worker;
+      optimizer step of a step after all its updates;
     - scoring has priority: no generation starts while a generated micro-batch waits for scoring;
     - no trajectory spans two versions (generation never overlaps its worker's weight sync and uses
-      the worker's current weights); staleness <= 1 version; stale fraction per step <= bound.
+      the worker's current weights; TAG uses the trainer's); staleness <= 1 version; stale fraction
+      per step <= bound (0: synchronous, nothing stale).
     """
+    if staleness_bound is None:
+        staleness_bound = timeline.staleness
     if not 0 <= staleness_bound <= 1:
         raise ValueError(f"staleness bound must be in [0, 1], got {staleness_bound}")
     recs = timeline.records
@@ -125,6 +150,7 @@ def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
                 _fail(f"{w}: {r.kind} ends before it starts ({r.start} > {r.end})")
     if timeline.mode == "colocated":
         return
+    _check_tag_windows(timeline)
     # 2. exactly-once per stage, in order
     seen: dict[tuple[str, int, int], list[Record]] = defaultdict(list)
     for r in recs:
@@ -179,7 +205,7 @@ def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
             if r.kind == WEIGHT_SYNC:
                 version = r.version
             elif r.kind in (GENERATE, TAG_GENERATE):
-                expected = version if w != TRAINER else r.step
+                expected = version if not is_trainer_side(w) else r.step
                 if r.version != expected:
                     _fail(f"{w} generated step {r.step} mb {r.mb} with version {r.version} but held {expected}")
                 if not r.step - 1 <= r.version <= r.step:
@@ -189,3 +215,26 @@ def check_timeline(timeline: Timeline, staleness_bound: float = 0.0) -> None:
     for s, c in stale_count.items():
         if c > staleness_bound * m + EPS:
             _fail(f"step {s}: {c}/{m} micro-batches stale, above the bound {staleness_bound}")
+
+
+def _check_tag_windows(timeline: Timeline) -> None:
+    """TAG slot records lie inside the trainer's generation-mode windows."""
+    windows: list[tuple[float, float]] = []
+    opened: float | None = None
+    for r in timeline.by_worker().get(TRAINER, []):
+        if r.kind == SWITCH_TO_GEN:
+            opened = r.end
+        elif r.kind == SWITCH_TO_TRAIN and opened is not None:
+            windows.append((opened, r.start))
+            opened = None
+        elif opened is not None:
+            _fail(f"trainer ran {r.kind} (step {r.step}) at {r.start:.6g} while in generation mode")
+    if opened is not None:
+        windows.append((opened, float("inf")))
+    for w, rs in timeline.by_worker().items():
+        if not is_tag_slot(w):
+            continue
+        for r in rs:
+            if not any(a - EPS <= r.start and r.end <= b + EPS for a, b in windows):
+                _fail(f"{w}: {r.kind} (step {r.step}, mb {r.mb}) [{r.start:.6g}, {r.end:.6g}] outside the "
+                      "trainer's generation mode (TAG needs a switch_to_gen first)")

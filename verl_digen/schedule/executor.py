@@ -1,0 +1,104 @@
+"""The one executor loop: a scheduler's actions out to a backend, completions back in.
+
+Modelled on vLLM v1's EngineCore / Executor split: the scheduler decides, a :class:`Backend` only runs
+actions and reports when they finished. The simulator's backend (:class:`SimBackend`) advances a
+virtual clock over a cost model; the Ray runtime's (``trainer/ray_backend.py``) turns actions into
+verl worker calls and their completions into events with wall-clock times. Both run through
+:func:`run`, which also checks the timeline's invariants at the end (a violation raises
+:class:`~.timeline.TimelineError`).
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import random
+from collections.abc import Callable
+from typing import Protocol
+
+from .actions import Action
+from .costs import StageCosts
+from .timeline import Timeline, check_timeline
+
+EPS = 1e-9
+
+
+class Scheduler(Protocol):
+    """What :func:`run` drives (``StepScheduler`` and ``ColocatedScheduler``)."""
+
+    timeline: Timeline
+
+    @property
+    def done(self) -> bool: ...
+
+    def start(self, now: float = 0.0) -> list[Action]: ...
+
+    def next_actions(self, now: float) -> list[Action]: ...
+
+    def on_complete(self, action: Action, end: float) -> None: ...
+
+
+class Backend(Protocol):
+    """Runs actions. ``wait`` blocks until at least one action finished and returns the finished
+    ``(action, end time)`` pairs and the current time."""
+
+    def now(self) -> float: ...
+
+    def launch(self, action: Action) -> None: ...
+
+    def wait(self) -> tuple[list[tuple[Action, float]], float]: ...
+
+
+def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Action, float], None] | None = None,
+        check: bool = True) -> Timeline:
+    """Drive ``sched`` to completion on ``backend``; ``on_complete(action, end)`` runs after the
+    scheduler consumed each completion. Returns the timeline (checked unless ``check=False``)."""
+    for a in sched.start(backend.now()):
+        backend.launch(a)
+    while not sched.done:
+        finished, now = backend.wait()
+        for a, end in finished:
+            sched.on_complete(a, end)
+            if on_complete is not None:
+                on_complete(a, end)
+        for a in sched.next_actions(now):
+            backend.launch(a)
+    if check:
+        check_timeline(sched.timeline)
+    return sched.timeline
+
+
+class SimBackend:
+    """Virtual clock: an action takes its cost-model duration (optionally with multiplicative
+    log-normal noise); completions within 1 ns are delivered together, as a real event loop would."""
+
+    def __init__(self, costs: StageCosts, noise: float = 0.0, seed: int = 0,
+                 duration: Callable[[Action], float] | None = None) -> None:
+        self.costs = costs
+        self.noise = noise
+        self.rng = random.Random(seed)
+        self.duration = duration or (lambda a: costs.duration(a.kind))
+        self.clock = 0.0
+        self._heap: list[tuple[float, int, Action]] = []
+        self._seq = 0
+
+    def now(self) -> float:
+        return self.clock
+
+    def launch(self, action: Action) -> None:
+        d = self.duration(action)
+        if self.noise:
+            d *= math.exp(self.rng.gauss(0.0, self.noise) - self.noise * self.noise / 2)
+        heapq.heappush(self._heap, (self.clock + d, self._seq, action))
+        self._seq += 1
+
+    def wait(self) -> tuple[list[tuple[Action, float]], float]:
+        if not self._heap:
+            raise RuntimeError("scheduler stalled: no action in flight and not done")
+        t, _, a = heapq.heappop(self._heap)
+        done = [(a, t)]
+        while self._heap and self._heap[0][0] <= t + EPS:
+            t2, _, a2 = heapq.heappop(self._heap)
+            done.append((a2, t2))
+        self.clock = max(end for _, end in done)
+        return done, self.clock
