@@ -1,11 +1,13 @@
 """The Ray runtime end to end: real worker groups on CPU, tiny models, the scheduler's timeline."""
 
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import ray
 import torch
 from runtime_helpers import compose_run
 
@@ -61,9 +63,19 @@ def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_session, tmp
 def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     cfg = compose_run("trainer.total_steps=3", "digen.tcss.staleness=0.5", "data.train_batch_size=4",
                       "rollout.micro_batch_size=2", tmp_path=tmp_path)
-    result, _ = _run(cfg)
+    def one_trajectory_bytes(t):
+        rows, texts = t._rows(0, [(0, 0)])
+        return len(pickle.dumps(ray.get(t.gen_wg.workers[0].generate.remote(0, 2, rows, texts))))
+
+    result, traj_bytes = _run(cfg, one_trajectory_bytes)
     check_timeline(result.timeline, staleness_bound=0.5)
     assert len([r for r in result.timeline.records if r.kind == OPTIMIZER_STEP]) == 3
+    # per-worker pickup: each generator swaps versions on its own, between its trajectories
+    pickups = [r for r in result.timeline.records if r.kind == "weight_sync"]
+    assert {r.version for r in pickups} == {1, 2} and all(r.worker.startswith("gen") for r in pickups)
+    # the data plane stays off the driver: per step it fetches less than one trajectory's bytes
+    for r in result.reports:
+        assert 0 < r.metrics["perf/driver_bytes"] < traj_bytes, (r.metrics["perf/driver_bytes"], traj_bytes)
     metrics = [r.metrics for r in result.reports]
     assert [r.step for r in result.reports] == [1, 2, 3]
     for m in metrics:
@@ -120,9 +132,16 @@ def test_heterogeneous_pools_land_on_their_nodes(tmp_path):
 def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     cfg = compose_run("model.lora_rank=2", f"digen.sync.backend={backend}", "trainer.total_steps=2",
                       tmp_path=tmp_path)
-    result, (gen_sum, trn_sum) = _run(
-        cfg, lambda t: (t.gen_wg.weights_checksum()[0], t.trn_wg.weights_checksum()[0]))
+    def inspect(t):
+        held = t.gen_wg.weights_version()  # picked up during the run, each generator on its own
+        t.sync.sync(2)  # the final version is never published by the run: nobody generates with it
+        return held, t.gen_wg.weights_checksum()[0], t.trn_wg.weights_checksum()[0]
+
+    result, (held, gen_sum, trn_sum) = _run(cfg, inspect)
     check_timeline(result.timeline)
+    assert held == [1]
+    pickups = [r for r in result.timeline.records if r.kind == "weight_sync"]
+    assert pickups and all(r.worker.startswith("gen") and r.version == 1 for r in pickups)
     assert gen_sum == trn_sum
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
 

@@ -1,6 +1,6 @@
 """A 2-rank FSDP2 trainer pool (gloo) against the single-process reference (float64), full fine-tune
 and LoRA (+ KL to the adapters-off reference): same accumulated gradient, same parameters after one
-optimizer step, TAG split over ranks == local generation, and weight sync from the sharded trainer
+optimizer step, each rank as its own TAG slot == local generation, and weight sync from the sharded trainer
 (only adapter tensors move with LoRA)."""
 
 import pytest
@@ -8,7 +8,6 @@ import ray
 import torch
 from workers_helpers import assert_state_equal, kill_group, local_batch, make_group, rows_of, tiny_cfg
 
-from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, lora_state_dict
 from verl_digen.workers import policy as P
@@ -78,21 +77,22 @@ def test_two_rank_fsdp2_matches_single_process(setup):
     with pytest.raises(ray.exceptions.RayTaskError, match="cannot be split evenly over 2 trainer ranks"):
         trainer.update(traj.index([0, 1, 2]), scale)
 
-    # TAG over both ranks (contiguous halves, concatenated in rank order) == local generation, and the
-    # sharded accumulated gradients / optimizer state survive the context switch bit for bit
+    # TAG with both ranks as independent slots (each samples its own micro-batch with the full weights
+    # it materialized at the switch) == local generation, and the sharded accumulated gradients /
+    # optimizer state survive the context switch bit for bit
     trainer.update(traj, scale)
     before = trainer.full_state()[0]
     trainer.switch_to_gen()
-    rows, prompts = rows_of([2, 3], 2)
-    parts = trainer.tag_generate(1, 1, rows, prompts)
+    (rows_a, texts_a), (rows_b, texts_b) = rows_of([2], 2), rows_of([3], 3)
+    parts = trainer.tag_generate([1, 1], [1, 1], [rows_a, rows_b], [texts_a, texts_b])
     trainer.switch_to_train()
     assert_state_equal(before, trainer.full_state()[0], exact=True)
-    assert [len(p) for p in parts] == [2, 2]
-    tag = Trajectories.cat(parts)
-    want = P.generate_rows(model, cfg, 1, 1, rows, prompts)
-    assert tag.prompt_ids.tolist() == [2, 2, 3, 3] and tag.versions.tolist() == [1] * 4
-    for name in ("states", "next_states", "log_probs", "final_latents"):
-        torch.testing.assert_close(getattr(tag, name), getattr(want, name), rtol=0, atol=TOL, msg=name)
+    assert [len(p) for p in parts] == [2, 3]
+    for part, rows, texts in ((parts[0], rows_a, texts_a), (parts[1], rows_b, texts_b)):
+        want = P.generate_rows(model, cfg, 1, 1, rows, texts)
+        assert part.prompt_ids.tolist() == want.prompt_ids.tolist() and part.versions.tolist() == [1] * len(rows)
+        for name in ("states", "next_states", "log_probs", "final_latents"):
+            torch.testing.assert_close(getattr(part, name), getattr(want, name), rtol=0, atol=TOL, msg=name)
 
 
 @pytest.mark.parametrize("backend", ["object_store", "collective"])

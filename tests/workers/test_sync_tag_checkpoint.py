@@ -91,7 +91,7 @@ def test_tag_generation_equals_generator_generation(pools):
         sync.sync(version)
     rows, prompts = rows_of([2, 3], 2)
     trainer.switch_to_gen()
-    tag = trainer.tag_generate(5, version, rows, prompts)[0]
+    tag = ray.get(trainer.workers[0].tag_generate.remote(5, version, rows, prompts))
     trainer.switch_to_train()
     gen = ray.get(gens.workers[1].generate.remote(5, version, rows, prompts))
     assert_trajectories_equal(tag, gen)
@@ -118,7 +118,7 @@ def test_tag_between_micro_batch_updates_keeps_training_state(pools, local_model
     with pytest.raises(ray.exceptions.RayTaskError, match="switch_to_train"):
         trainer.update(traj.index([4, 5, 6, 7]), scale)
     rows, prompts = rows_of([2], 4)
-    trainer.tag_generate(2, version, rows, prompts)
+    ray.get(trainer.workers[0].tag_generate.remote(2, version, rows, prompts))
     in_s = trainer.switch_to_train()[0]
     after = trainer.full_state()[0]
     assert_state_equal(before, after, exact=True)

@@ -15,8 +15,8 @@ plan.
 
 from .actions import Action
 from .bounds import Bounds, step_bounds
-from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
 from .colocated import ColocatedScheduler
+from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
 from .costs import Affine, CostModel, Hardware, Pool, StageCosts
 from .executor import Backend, SimBackend, run
 from .gap import MicroBatch, Partition, batch_partition, gap_partition, partition
@@ -26,7 +26,8 @@ from .scheduler import StepScheduler
 from .timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
 
 __all__ = [
-    "Action", "Affine", "Backend", "Bounds", "ColocatedScheduler", "SimBackend", "run", "BubbleContext", "COLOCATED", "CostModel", "DIGEN", "Hardware",
+    "Action", "Affine", "Backend", "Bounds", "BubbleContext", "COLOCATED", "ColocatedScheduler", "CostModel",
+    "DIGEN", "Hardware", "SimBackend", "run",
     "MicroBatch", "Partition", "Pool", "Profiler", "Record", "SEPARATE", "ScheduleConfig", "StageCosts",
     "StepScheduler", "TRAINER", "TagPolicy", "Timeline", "TimelineError", "batch_partition",
     "check_timeline", "gap_partition", "parse_policy", "partition", "step_bounds",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 
 from .bounds import Bounds, pool_busy, step_bounds, throughput
-from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
 from .colocated import ColocatedScheduler, colocated_costs
+from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
 from .costs import CostModel, StageCosts
 from .executor import SimBackend, run
 from .policies import parse_policy

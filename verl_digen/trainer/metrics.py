@@ -9,6 +9,7 @@ from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     GENERATE,
     OPTIMIZER_STEP,
+    PUBLISH,
     SCORE,
     SWITCH_TO_GEN,
     SWITCH_TO_TRAIN,
@@ -21,7 +22,7 @@ from verl_digen.schedule.costs import (
     StageCosts,
 )
 from verl_digen.schedule.profile_io import Workload, fit_samples
-from verl_digen.schedule.timeline import TRAINER, Record, Timeline
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline, is_tag_slot
 
 if TYPE_CHECKING:
     from verl_digen.trainer.config import RunConfig
@@ -34,25 +35,35 @@ TIME_KEYS = {
     UPDATE: "time/update_s",
     OPTIMIZER_STEP: "time/optimizer_step_s",
     WEIGHT_SYNC: "time/sync_s",
+    PUBLISH: "time/publish_s",
     SWITCH_TO_GEN: "time/switch_s",
     SWITCH_TO_TRAIN: "time/switch_s",
 }
 
 
 def window_metrics(records: list[Record], start: float, end: float, gen_workers: list[str],
-                   trainer_workers: list[str]) -> dict[str, float]:
-    """Busy/bubble fraction of each pool within [start, end] and summed stage times."""
+                   trainer_workers: list[str], colocated: bool = False) -> dict[str, float]:
+    """Busy/bubble fraction of each pool within [start, end] and summed stage times.
+
+    Trainer pool busy = GPU-seconds busy / GPU-seconds held: a ``trainer`` (unit) record holds every
+    rank, a TAG slot record one. Stage times sum each action once (a colocated phase is recorded on
+    every worker: counted on the first); a generator's weight pickup is its own action."""
     span = max(end - start, 1e-12)
     busy: dict[str, float] = defaultdict(float)
     times: dict[str, float] = defaultdict(float)
     for r in records:
         overlap = max(0.0, min(r.end, end) - max(r.start, start))
         busy[r.worker] += overlap
-        counted_once = r.kind != WEIGHT_SYNC or r.worker in trainer_workers or not trainer_workers
+        counted_once = not colocated or r.worker == trainer_workers[0]
         if r.kind in TIME_KEYS and counted_once and start - 1e-9 <= r.start < end:
             times[TIME_KEYS[r.kind]] += r.duration
     gen_busy = sum(busy[w] for w in gen_workers) / (len(gen_workers) * span) if gen_workers else 0.0
-    trn_busy = sum(busy[w] for w in trainer_workers) / (len(trainer_workers) * span)
+    slots = [w for w in trainer_workers if is_tag_slot(w)]
+    if TRAINER in trainer_workers and slots:
+        ranks = len(slots)
+        trn_busy = (busy[TRAINER] * ranks + sum(busy[w] for w in slots)) / (ranks * span)
+    else:
+        trn_busy = sum(busy[w] for w in trainer_workers) / (len(trainer_workers) * span)
     out = {
         "pool/generator_busy": gen_busy,
         "pool/generator_bubble": 1.0 - gen_busy if gen_workers else 0.0,
@@ -66,11 +77,10 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
 
 def step_stage_costs(records: list[Record], fallback: StageCosts) -> StageCosts:
     """Mean measured duration of each action kind among ``records`` (one step's), the fallback for
-    kinds that did not run; weight syncs count once (the trainer's record)."""
+    kinds that did not run."""
     seen: dict[str, list[float]] = defaultdict(list)
     for r in records:
-        if r.kind != WEIGHT_SYNC or r.worker == TRAINER:
-            seen[r.kind].append(r.duration)
+        seen[r.kind].append(r.duration)
     base = fallback.as_dict()
     return StageCosts(**{k: (sum(seen[k]) / len(seen[k]) if seen.get(k) else v) for k, v in base.items()})
 
@@ -113,7 +123,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Wor
                 samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
             elif r.kind == UPDATE:
                 samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
-            elif r.worker == TRAINER:  # switches, optimizer step, weight sync (recorded once, on the trainer)
+            elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
                 samples.append({"kind": r.kind, "seconds": r.duration})
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),

@@ -1,21 +1,23 @@
 """DigenTrainer: the Ray runtime that executes the scheduling core on real verl worker groups.
 
-The scheduler (``verl_digen.schedule.StepScheduler``) decides; this module only executes: each action
-becomes one or more worker-group calls returning futures, and each completed future goes back to the
-scheduler as an event with its wall-clock time. The same trainer runs the baselines on the same code:
-``separate`` is the scheduler's full-batch-barrier mode, and ``colocated`` (every worker generates, then
-every worker trains data-parallel) is a plain loop over one hybrid worker group.
+The scheduler decides; the one executor loop (``verl_digen.schedule.executor.run``) drives it on the
+Ray backend (``trainer/ray_backend.py``), exactly as the simulator drives it on a virtual clock. The
+same trainer runs the baselines on the same code: ``separate`` is the scheduler's full-batch-barrier
+mode, and ``colocated`` is ``ColocatedScheduler`` (every worker generates, then every worker trains
+data-parallel) over one hybrid worker group.
 
-Data path: a generator returns a ``Trajectories`` future, a generator scores it (reward models live on
-the generator pool), the driver computes group advantages once a GRPO group is complete, and the trainer
-ranks accumulate gradients on their shard of the rows; the optimizer steps once per global step.
+Data path: a generator returns a ``Trajectories`` object reference, a generator scores it (reward
+models live on the generator pool) and only ids + rewards reach the driver, which computes group
+advantages once a GRPO group is complete; the trainer ranks fetch the scored trajectories themselves
+and accumulate gradients on their shard of the rows; the optimizer steps once per global step and the
+new version is published once for the generators to pick up. The timeline is checked against the
+scheduling invariants at the end of every run; a violation is written next to the trace and fails it.
 """
 
 from __future__ import annotations
 
 import json
 import os
-import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,29 +29,22 @@ from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.algo.advantages import group_advantages
-from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.data import PromptDataset
 from verl_digen.schedule import ScheduleConfig, StepScheduler, step_bounds
 from verl_digen.schedule.actions import Action
+from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import (
-    GENERATE,
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    TAG_GENERATE,
-    UPDATE,
-    WEIGHT_SYNC,
-)
+from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, TAG_GENERATE
+from verl_digen.schedule.executor import run
 from verl_digen.schedule.export import save_chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
-from verl_digen.schedule.timeline import Record, Timeline
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
+from verl_digen.trainer.ray_backend import RayBackend
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
 from verl_digen.workers.sync import WeightSync
@@ -73,14 +68,6 @@ class RunResult:
     final_step: int = 0
     profile_path: str | None = None
     trace_path: str | None = None
-
-
-class _Group:
-    """The futures of one action; the action completes when all of them are ready."""
-
-    def __init__(self, action: Action, refs: list[ray.ObjectRef], payload: Any = None) -> None:
-        self.action, self.refs, self.payload = action, refs, payload
-        self.pending = set(refs)
 
 
 def ensure_ray(cfg: RunConfig) -> None:
@@ -119,12 +106,15 @@ class DigenTrainer:
         self._pools: list[PlacedResourcePool] = []
 
     # ---------------------------------------------------------------------------------- setup
-    def _group(self, cls, workers: int, prefix: str, node_resource: str | None) -> RayWorkerGroup:
+    def _group(self, cls, workers: int, prefix: str, node_resource: str | None,
+               threads: int = 1) -> RayWorkerGroup:
         prefix = f"{prefix}_{uuid.uuid4().hex[:6]}_"  # several runs may share one Ray session
         pool = PlacedResourcePool(workers, self.use_gpu, prefix, node_resource)
         self._pools.append(pool)
-        wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg),
-                            name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
+        actor_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg)
+        if threads > 1:  # a second thread serves weight pickups while the first trains
+            actor_cls.update_options({"max_concurrency": threads})
+        wg = RayWorkerGroup(pool, actor_cls, name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
         wg.init_model()
         return wg
 
@@ -145,8 +135,9 @@ class DigenTrainer:
             tag = self.cfg.schedule_config().policy != "never"
             self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
                                       res.generator.node_resource)
+            threads = 2 if self.cfg.digen.sync.backend == "collective" else 1
             self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
-                                      res.trainer.node_resource)
+                                      res.trainer.node_resource, threads)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
             self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
         if self.cfg.trainer.resume_from:
@@ -181,26 +172,17 @@ class DigenTrainer:
         ids, texts = self._prompts_of(step)
         return [(ids[p], s) for p, s in samples], [texts[p] for p, _ in samples]
 
-    def _all_rows(self, step: int) -> tuple[list[tuple[int, int]], list[str]]:
-        n = self.cfg.rollout.n
-        return self._rows(step, [(p, s) for p in range(self.cfg.data.train_batch_size) for s in range(n)])
-
-    def _with_advantages(self, batch: Trajectories, rewards: dict[tuple[int, int, int], float],
-                         step: int) -> Trajectories:
-        """Group advantages for ``batch``'s rows from the complete groups' rewards."""
-        groups = sorted(set(batch.prompt_ids.tolist()))
-        keys = [(step, g, s) for g in groups for s in range(self.cfg.rollout.n)]
+    def _advantages(self, rewards: dict[tuple[int, int, int], float], step: int,
+                    prompt_ids: list[int]) -> dict[tuple[int, int], float]:
+        """Group advantages of every sample of ``prompt_ids`` (complete groups) in global step ``step``."""
+        keys = [(step, g, s) for g in prompt_ids for s in range(self.cfg.rollout.n)]
         missing = [k for k in keys if k not in rewards]
         if missing:
             raise RuntimeError(f"group incomplete when its update started (missing samples {missing[:4]})")
         r = torch.tensor([rewards[k] for k in keys], dtype=torch.float64)
         gid = torch.tensor([k[1] for k in keys])
         adv, _ = group_advantages(r, gid, self.cfg.advantage())
-        lookup = {(k[1], k[2]): a for k, a in zip(keys, adv.tolist())}
-        batch.advantages = torch.tensor(
-            [lookup[(p, s)] for p, s in zip(batch.prompt_ids.tolist(), batch.sample_ids.tolist())],
-            dtype=torch.float64)
-        return batch
+        return {(k[1], k[2]): a for k, a in zip(keys, adv.tolist(), strict=True)}
 
     def _scale(self) -> float:
         """Loss scale: 1 / rows of a global step, so accumulation gives the full-batch mean gradient."""
@@ -235,26 +217,33 @@ class DigenTrainer:
         if steps <= 0:
             self.log(f"nothing to do: checkpoint is at step {self.start_step} >= total_steps")
             return RunResult(final_step=self.start_step)
-        if self.cfg.trainer.mode == COLOCATED:
-            result = self._fit_colocated(steps)
-        else:
-            result = self._fit_scheduled(steps)
+        result = self._run(steps)
         result.final_step = self.start_step + steps
+        try:
+            check_timeline(result.timeline)
+        except TimelineError as e:
+            self._write_outputs(result, violation=str(e))
+            raise TimelineError(f"the run broke a scheduling invariant: {e} (timeline written to "
+                                f"{self.cfg.trainer.trace_dir or 'nowhere: trainer.trace_dir is unset'})") from e
         self._write_outputs(result)
         return result
 
-    def _write_outputs(self, result: RunResult) -> None:
+    def _write_outputs(self, result: RunResult, violation: str | None = None) -> None:
         trace_dir = self.cfg.trainer.trace_dir
-        if trace_dir and result.timeline is not None:
-            Path(trace_dir).mkdir(parents=True, exist_ok=True)
-            result.trace_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_trace.json")
-            save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {self.cfg.trainer.mode}")
-            Path(trace_dir, f"{self.cfg.trainer.mode}_timeline.json").write_text(
-                json.dumps({"mode": self.cfg.trainer.mode, "records": result.timeline.to_dicts()}))
-            result.profile_path = str(Path(trace_dir) / f"{self.cfg.trainer.mode}_profile.json")
-            model, workload = measured_profile(self.cfg, result.timeline)
-            dump_profile(model, result.profile_path, name=f"measured {self.cfg.trainer.mode} run",
-                         workload=workload)
+        if not trace_dir or result.timeline is None:
+            return
+        mode = self.cfg.trainer.mode
+        Path(trace_dir).mkdir(parents=True, exist_ok=True)
+        result.trace_path = str(Path(trace_dir) / f"{mode}_trace.json")
+        save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {mode}")
+        Path(trace_dir, f"{mode}_timeline.json").write_text(
+            json.dumps({"mode": mode, "staleness": result.timeline.staleness, "records": result.timeline.to_dicts()}))
+        if violation is not None:
+            Path(trace_dir, f"{mode}_violation.txt").write_text(violation + "\n")
+            return
+        result.profile_path = str(Path(trace_dir) / f"{mode}_profile.json")
+        model, workload = measured_profile(self.cfg, result.timeline)
+        dump_profile(model, result.profile_path, name=f"measured {mode} run", workload=workload)
 
     def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
                 gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,
@@ -267,108 +256,53 @@ class DigenTrainer:
             "reward/mean": float(r.mean()),
             "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
             **{f"actor/{k}": v for k, v in train.summary().items() if k != "rows"},
-            **window_metrics(records, start, end, gen_names, trn_names),
+            **window_metrics(records, start, end, gen_names, trn_names, colocated=not gen_names),
             **extra,
         }
         result.reports.append(StepReport(step, metrics))
         self._tracking().log(data=metrics, step=step)
 
-    # -- disaggregated (digen / separate) -----------------------------------------------------
-    def _fit_scheduled(self, steps: int) -> RunResult:
+    def _scheduler(self, steps: int):
         cfg = self.cfg
         sched_cfg: ScheduleConfig = cfg.schedule_config(steps=steps)
-        sched = StepScheduler(sched_cfg, prior_stage_costs(cfg), gen_workers=cfg.resources.generator.workers)
-        gens = self.gen_wg.workers
-        trainers = self.trn_wg.workers
-        base = self.start_step
-        generated: dict[tuple[int, int], ray.ObjectRef] = {}
-        scored: dict[tuple[int, int], Trajectories] = {}
-        rewards: dict[tuple[int, int, int], float] = {}
-        step_rewards: dict[int, list[float]] = {}
-        train_metrics: dict[int, TrainMetrics] = {}
-        inflight: dict[ray.ObjectRef, _Group] = {}
-        result = RunResult()
-        t0 = time.perf_counter()
-        now = lambda: time.perf_counter() - t0  # noqa: E731
+        if cfg.trainer.mode == COLOCATED:
+            return ColocatedScheduler(sched_cfg, [f"col{i}" for i in range(len(self.trn_wg.workers))])
+        return StepScheduler(sched_cfg, prior_stage_costs(cfg), gen_workers=cfg.resources.generator.workers,
+                             trainer_ranks=len(self.trn_wg.workers))
+
+    def _run(self, steps: int) -> RunResult:
+        """The executor loop on the Ray backend; per-step reports, checkpoints and progress as each
+        optimizer step completes."""
+        sched = self._scheduler(steps)
+        colocated = isinstance(sched, ColocatedScheduler)
+        backend = RayBackend(self.gen_wg.workers if self.gen_wg is not None else [], self.trn_wg.workers,
+                             self.sync, self._rows, self._advantages, self._scale(), self.start_step)
+        result = RunResult(timeline=sched.timeline)
+        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
+        gen_names = [] if colocated else list(sched.gens)
+        trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
         last_end = 0.0
-        gen_names = [f"gen{i}" for i in range(len(gens))]
-        progress = _Progress(steps, cfg.trainer.progress, self.log)
 
-        def launch(a: Action) -> None:
-            g = base + a.step
-            if a.kind == GENERATE:
-                i = int(a.worker[3:])
-                rows, texts = self._rows(g, a.samples)
-                refs = [gens[i].generate.remote(g, base + a.version, rows, texts)]
-            elif a.kind == TAG_GENERATE:
-                rows, texts = self._rows(g, a.samples)
-                refs = [w.tag_generate.remote(g, base + a.version, rows, texts) for w in trainers]
-            elif a.kind == SCORE:
-                i = int(a.worker[3:])
-                refs = [gens[i].score.remote(generated.pop((a.step, a.mb)))]
-            elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
-                refs = [getattr(w, a.kind).remote() for w in trainers]
-            elif a.kind == UPDATE:
-                batch = Trajectories.cat([scored.pop((a.step, m)) for m in a.micro_batches])
-                batch = self._with_advantages(batch, rewards, g)
-                ref = ray.put(batch)
-                refs = [w.update.remote(ref, self._scale()) for w in trainers]
-            elif a.kind == OPTIMIZER_STEP:
-                refs = [w.optimizer_step.remote() for w in trainers]
-            elif a.kind == WEIGHT_SYNC:
-                refs = self.sync.launch(base + a.version)
-            else:
-                raise RuntimeError(f"the runtime cannot execute action kind {a.kind!r}")
-            group = _Group(a, refs)
-            for ref in refs:
-                inflight[ref] = group
-
-        def complete(group: _Group) -> None:
+        def on_complete(a: Action, end: float) -> None:
             nonlocal last_end
-            a = group.action
-            t = now()
-            if a.kind in (GENERATE, TAG_GENERATE):
-                if a.kind == GENERATE:
-                    generated[(a.step, a.mb)] = group.refs[0]
-                else:
-                    parts = [p for p in ray.get(group.refs) if p is not None]
-                    generated[(a.step, a.mb)] = ray.put(Trajectories.cat(parts))
-            elif a.kind == SCORE:
-                traj = ray.get(group.refs[0])
-                scored[(a.step, a.mb)] = traj
-                for p, s, rew in zip(traj.prompt_ids.tolist(), traj.sample_ids.tolist(), traj.rewards.tolist()):
-                    rewards[(base + a.step, p, s)] = rew
-                    step_rewards.setdefault(a.step, []).append(rew)
-            elif a.kind == UPDATE:
-                m = train_metrics.setdefault(a.step, TrainMetrics())
-                for part in ray.get(group.refs):
-                    m.merge(TrainMetrics(**part))
-            sched.on_complete(a, t)
-            if a.kind == OPTIMIZER_STEP:
-                g = base + a.step
-                extra = self._scheduled_extra(sched, a.step, last_end, t - last_end)
-                self._report(result, g + 1, last_end, t, sched.timeline.records, gen_names, ["trainer"],
-                             step_rewards.pop(a.step, []), train_metrics.pop(a.step, TrainMetrics()), extra)
-                last_end = t
-                if self._should_save(g + 1, last=a.step == steps - 1):
-                    self._save(g + 1)
-                progress.update(g + 1, result.reports[-1].metrics)
+            if a.kind != OPTIMIZER_STEP:
+                return
+            g = self.start_step + a.step
+            extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0))}
+            if not colocated:
+                extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end))
+            self._report(result, g + 1, last_end, end, sched.timeline.records, gen_names, trn_names,
+                         backend.step_rewards.pop(a.step, []), backend.train_metrics.pop(a.step, TrainMetrics()),
+                         extra)
+            last_end = end
+            if self._should_save(g + 1, last=a.step == steps - 1):
+                self._save(g + 1)
+            progress.update(g + 1, result.reports[-1].metrics)
 
-        for a in sched.start(now()):
-            launch(a)
-        while not sched.done:
-            if not inflight:
-                raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
-            ready, _ = ray.wait(list(inflight), num_returns=1)
-            ref = ready[0]
-            group = inflight.pop(ref)
-            group.pending.discard(ref)
-            if not group.pending:
-                complete(group)
-                for a in sched.next_actions(now()):
-                    launch(a)
-        progress.close()
-        result.timeline = sched.timeline
+        try:
+            run(sched, backend, on_complete, check=False)
+        finally:
+            progress.close()
         self.scheduler = sched
         return result
 
@@ -378,8 +312,9 @@ class DigenTrainer:
         gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
         stale = sum(1 for r in gens if r.stale)
         # the ideal of this step's own measured costs, so the fraction compares like with like
-        costs = step_stage_costs([r for r in recs if r.step == step], sched.costs)
-        bounds = step_bounds(costs, sched.M, sched.G, unit_size=sched.unit_size, update_size=sched.update_size)
+        costs = step_stage_costs(recs, sched.costs)
+        bounds = step_bounds(costs, sched.M, sched.G, unit_size=sched.unit_size, update_size=sched.update_size,
+                             trainer_ranks=sched.R)
         out = {
             "perf/fraction_of_ideal": bounds.ideal / step_s if step_s > 0 else 0.0,
             "perf/ideal_step_s": bounds.ideal,
@@ -390,48 +325,6 @@ class DigenTrainer:
         if predicted:  # BTS's first plan of the step vs what the step really took
             out["digen/bts_predicted_step_s"] = predicted[0] - step_start
         return out
-
-    # -- colocated baseline --------------------------------------------------------------------
-    def _fit_colocated(self, steps: int) -> RunResult:
-        """Every worker generates its share, scores it, then all train data-parallel (verl-omni today)."""
-        workers = self.trn_wg.workers
-        names = [f"col{i}" for i in range(len(workers))]
-        timeline = Timeline(names, 1, steps, COLOCATED)
-        result = RunResult(timeline=timeline)
-        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
-        t0 = time.perf_counter()
-        now = lambda: time.perf_counter() - t0  # noqa: E731
-        for s in range(steps):
-            g = self.start_step + s
-            start = now()
-
-            def phase(kind: str, refs: list[ray.ObjectRef], step=s, version=g) -> list[Any]:
-                t_start = now()
-                out = ray.get(refs)
-                t_end = now()
-                for name in names:
-                    timeline.add(Record(name, kind, None, step, version, t_start, t_end))
-                return out
-
-            rows, texts = self._all_rows(g)
-            parts = phase(GENERATE, [w.tag_generate.remote(g, g, rows, texts) for w in workers])
-            scored = phase(SCORE, [w.score.remote(p) for w, p in zip(workers, parts)])
-            batch = Trajectories.cat([p for p in scored if p is not None])
-            rewards = {(g, p, si): r for p, si, r in zip(batch.prompt_ids.tolist(), batch.sample_ids.tolist(),
-                                                         batch.rewards.tolist())}
-            batch = self._with_advantages(batch, rewards, g)
-            ref = ray.put(batch)
-            train = TrainMetrics()
-            for part in phase(UPDATE, [w.update.remote(ref, self._scale()) for w in workers]):
-                train.merge(TrainMetrics(**part))
-            phase(OPTIMIZER_STEP, [w.optimizer_step.remote() for w in workers])
-            end = now()
-            self._report(result, g + 1, start, end, timeline.records, [], names, batch.rewards.tolist(), train, {})
-            if self._should_save(g + 1, last=s == steps - 1):
-                self._save(g + 1)
-            progress.update(g + 1, result.reports[-1].metrics)
-        progress.close()
-        return result
 
 
 class _Progress:

@@ -4,7 +4,8 @@ checkpoints) and ``HybridWorker`` (the TAG trainer that can also generate and sc
 All trainer methods are ``ONE_TO_ALL``: every rank takes part (FSDP2 forwards/backwards and gathers
 are collectives), rank-0-only results are documented per method (other ranks return ``None``).
 A global step is: ``update`` once per micro-batch (gradients accumulate, no step), then
-``optimizer_step`` (clip, step, zero, version += 1), then weight sync.
+``optimizer_step`` (clip, step, zero, version += 1), then publishing the new version once (weight sync:
+generators pick it up on their own). ``tag_generate`` is the exception: one rank alone (a TAG slot).
 """
 
 from __future__ import annotations
@@ -47,6 +48,7 @@ class TSPActorWorker(Worker):
         self.model = None
         self.version = 0
         self._sync: SyncGroup | None = None
+        self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._mode = "train"
 
     # -- setup -------------------------------------------------------------------------------------
@@ -96,14 +98,21 @@ class TSPActorWorker(Worker):
 
     # -- training ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update(self, traj: Trajectories, scale: float) -> dict[str, float]:
+    def update(self, traj: Trajectories | list, scale: float,
+               advantages: dict[tuple[int, int], float] | None = None) -> dict[str, float]:
         """Accumulate this rank's contiguous share of ``traj``'s gradient with TSP (no optimizer step).
 
+        ``traj``: Trajectories, or a list of Ray object refs to scored Trajectories (the data plane:
+        the driver passes references, every rank fetches them itself). ``advantages`` maps
+        (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet.
         ``scale`` = 1 / (rows of the global step x K); gradients are summed over ranks, so the
         accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums
         (merge the ranks' dicts with ``policy.merge_metrics``).
         """
         self._require()
+        traj = P.resolve_trajectories(traj)
+        if advantages is not None:
+            traj = P.with_advantages(traj, advantages)
         if traj.advantages is None:
             raise ValueError("update needs trajectories with advantages set")
         if int(traj.versions.max()) > self.version:
@@ -172,15 +181,25 @@ class TSPActorWorker(Worker):
         self._sync = SyncGroup(host, port, world, rank, backend, timeout_s)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def send_weights(self, version: int) -> int:
-        """Collective backend: every trainer rank gathers; rank 0 broadcasts to the generators."""
+    def stage_weights(self, version: int) -> int:
+        """Collective backend, publish: every rank gathers; rank 0 keeps ``version`` for pickups."""
         self._require(mode="any")
-        check_version(self.version, version, "trainer (send_weights)")
+        check_version(self.version, version, "trainer (stage_weights)")
         state = self._gather_weights()
         if state is not None:
-            if self._sync is None:
-                raise RuntimeError("join_sync_group must be called on trainer rank 0 before send_weights")
-            self._sync.send(version, state)
+            self._staged = (version, state)
+        return version
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def send_weights_to(self, dst: int, version: int) -> int:
+        """Collective backend, pickup: send the staged ``version`` to sync rank ``dst`` (rank 0 only;
+        runs on the actor's second thread, alongside training)."""
+        if self._sync is None:
+            raise RuntimeError("join_sync_group must be called on trainer rank 0 before send_weights_to")
+        staged = self._staged
+        if staged is None or staged[0] != version:
+            raise RuntimeError(f"version {version} is not staged (staged: {None if staged is None else staged[0]})")
+        self._sync.send(dst, version, staged[1])
         return version
 
     # -- exact state (tests) -----------------------------------------------------------------------
@@ -247,18 +266,44 @@ class TSPActorWorker(Worker):
 
 
 class HybridWorker(TSPActorWorker):
-    """The TAG trainer: also generates with its current weights and scores, between micro-batch
-    updates, after a real context switch that moves the training state out and back."""
+    """The TAG trainer: after a real context switch, each rank is a generator slot of its own.
+
+    ``switch_to_gen`` moves the training state out of the way and gives every rank the full current
+    weights (gathered once from the FSDP shards into a generation copy, reused while the version is
+    unchanged; an unsharded rank generates with its own model). ``tag_generate`` then samples whole
+    micro-batches on one rank with no collective per forward; ``switch_to_train`` brings the
+    training state back bit-identical."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         super().__init__(cfg)
         self._grad_stash: dict[str, torch.Tensor] = {}
         self._optim_stash: dict[str, dict[str, Any]] = {}
+        self._gen_model = None
+        self._gen_version: int | None = None
+
+    def _materialize(self) -> None:
+        """Full weights of the current version on this rank (collective over the trainer ranks)."""
+        if not self.sharded or self._gen_version == self.version:
+            return
+        if self._gen_model is None:
+            self._gen_model = P.freeze(P.build_policy(self.cfg, self.device))
+        full = fsdp.full_state_every_rank(self.model.transformer)
+        self._gen_model.transformer.to(self.device)
+        self._gen_model.transformer.load_state_dict(full, strict=True)
+        self._gen_version = self.version
+
+    def _generation_model(self):
+        if not self.sharded:
+            return self.model
+        if self._mode != "gen" or self._gen_version != self.version:
+            raise RuntimeError("a sharded trainer rank generates only after switch_to_gen()")
+        return self._gen_model
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def switch_to_gen(self) -> float:
         """Move accumulated grads and optimizer state out of the way (GPU: offloaded to CPU; CPU:
-        moved into a stash of detached copies, live tensors freed); returns seconds taken."""
+        moved into a stash of detached copies, live tensors freed), then materialize the full
+        generation weights on every rank; returns seconds taken."""
         self._require(mode="any")
         t0 = time.perf_counter()
         if self._mode == "gen":
@@ -280,17 +325,22 @@ class HybridWorker(TSPActorWorker):
         if on_gpu:
             torch.cuda.synchronize()
             torch.cuda.empty_cache()
+        self._materialize()
         self._mode = "gen"
         return time.perf_counter() - t0
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def switch_to_train(self) -> float:
-        """Bring grads and optimizer state back, bit-identical; returns seconds taken."""
+        """Bring grads and optimizer state back, bit-identical (GPU: the generation copy goes to
+        host memory first); returns seconds taken."""
         self._require(mode="any")
         t0 = time.perf_counter()
         if self._mode == "train":
             return 0.0
         on_gpu = self.device.type != "cpu"
+        if on_gpu and self._gen_model is not None:
+            self._gen_model.transformer.to("cpu")
+            self._gen_version = None  # reloaded (and re-gathered) at the next switch
         for name, p in self.named_params:
             if name in self._grad_stash:
                 g = self._grad_stash.pop(name)
@@ -305,17 +355,14 @@ class HybridWorker(TSPActorWorker):
         self._mode = "train"
         return time.perf_counter() - t0
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
-        """Generate ``rows`` with the trainer's current weights (no grad; accumulated gradients and
-        optimizer state are untouched). With >1 rank every rank generates its equal contiguous share
-        (FSDP2 forwards stay collective) and returns *its part*: concatenate the ranks' results in
-        rank order (``Trajectories.cat``). Sampling is placement-invariant, so the rows equal what a
-        generator produces for them."""
+        """Generate ``rows`` on this rank alone with the trainer's current weights (no grad, no
+        collective; accumulated gradients and optimizer state untouched). Sampling is
+        placement-invariant, so the rows equal what a generator produces for them."""
         self._require(mode="any")
         check_version(self.version, version, f"trainer rank {self.dist_rank} (TAG)")
-        share = contiguous_share(len(rows), self.dist_rank, self.dist_world, "tag_generate")
-        return P.generate_rows(self.model, self.cfg, step, version, list(rows)[share], list(prompts)[share])
+        return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score(self, traj: Trajectories) -> Trajectories:
@@ -324,3 +371,10 @@ class HybridWorker(TSPActorWorker):
         if self.reward is None:
             self.reward = build_reward(self.cfg.reward)
         return P.score_trajectories(self.reward, traj)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:
+        """``score`` split for the data plane (call with ``num_returns=2``): the scored trajectories
+        stay in the object store, only ``policy.reward_rows`` reaches the driver."""
+        scored = self.score(traj)
+        return scored, P.reward_rows(scored)

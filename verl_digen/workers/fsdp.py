@@ -90,6 +90,15 @@ def gather_state_dict(transformer: nn.Module, sharded: bool) -> dict[str, torch.
     return state if dist.get_rank() == 0 else {}
 
 
+def full_state_every_rank(transformer: nn.Module) -> dict[str, torch.Tensor]:
+    """The full transformer state dict on every rank, on the parameters' device (an all-gather per
+    sharded tensor; every rank must call it): the TAG switch's generation weights."""
+    out = {}
+    for k, v in transformer.state_dict().items():
+        out[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
+    return out
+
+
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> float:
     """Clip the global gradient norm (over all shards) and return it. verl's
     ``fsdp2_clip_grad_norm_`` moves the norm to the accelerator, so it serves GPU pools; torch's

@@ -1,8 +1,9 @@
 """The disaggregated rollout worker: a no-grad copy of the policy plus the reward model(s).
 
-The driver mostly calls individual actors (``wg.workers[i].generate.remote(...)``) so that each
-generator works on its own micro-batch; through the worker group, ``generate``/``score`` are
-``DP_COMPUTE`` (one argument list entry per worker) and the rest ``ONE_TO_ALL``.
+The driver calls individual actors (``wg.workers[i].generate.remote(...)``) so that each generator
+works on its own micro-batch and picks up weights at its own boundary; through the worker group,
+``generate``/``score`` are ``DP_COMPUTE`` (one argument list entry per worker) and the rest
+``ONE_TO_ALL``.
 """
 
 from __future__ import annotations
@@ -78,6 +79,13 @@ class GeneratorWorker(Worker):
         self._require_model()
         return P.score_trajectories(self.reward, traj)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:
+        """``score`` split for the data plane (call with ``num_returns=2``): the scored trajectories
+        stay in the object store, only ``policy.reward_rows`` (ids and rewards) reaches the driver."""
+        scored = self.score(traj)
+        return scored, P.reward_rows(scored)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
         """Install the trainer's weights of ``version`` (object-store backend); returns the version."""
@@ -113,7 +121,8 @@ class GeneratorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def recv_weights(self, version: int) -> int:
-        """Receive ``version`` over the sync group (concurrently with the trainer's ``send_weights``)."""
+        """Receive ``version`` from trainer rank 0 (concurrently with its ``send_weights_to``) into a
+        staging copy, then swap it in: this worker is between trajectories."""
         self._require_model()
         if self._sync is None:
             raise RuntimeError("join_sync_group must be called before recv_weights")

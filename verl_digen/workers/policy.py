@@ -213,3 +213,29 @@ def merge_metrics(parts: list[dict[str, float] | None]) -> TrainMetrics:
         if part:
             total.merge(TrainMetrics(**part))
     return total
+
+
+def reward_rows(traj: Trajectories) -> dict[str, list]:
+    """The few numbers the driver needs from a scored batch: ids and rewards of its rows."""
+    return {"prompt_ids": traj.prompt_ids.tolist(), "sample_ids": traj.sample_ids.tolist(),
+            "rewards": traj.rewards.tolist()}
+
+
+def resolve_trajectories(parts) -> Trajectories:
+    """Trajectories, or a list of them / of Ray object refs to them, as one batch (in list order)."""
+    if isinstance(parts, Trajectories):
+        return parts
+    import ray
+
+    items = [ray.get(p) if isinstance(p, ray.ObjectRef) else p for p in parts]
+    return items[0] if len(items) == 1 else Trajectories.cat(items)
+
+
+def with_advantages(traj: Trajectories, advantages: dict[tuple[int, int], float]) -> Trajectories:
+    """Set each row's advantage from a (prompt_id, sample_id) -> advantage map."""
+    keys = list(zip(traj.prompt_ids.tolist(), traj.sample_ids.tolist()))
+    missing = [k for k in keys if k not in advantages]
+    if missing:
+        raise ValueError(f"no advantage for rows {missing[:4]}")
+    traj.advantages = torch.tensor([advantages[k] for k in keys], dtype=torch.float64)
+    return traj

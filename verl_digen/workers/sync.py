@@ -1,18 +1,27 @@
-"""Versioned trainer -> generator weight sync: Ray's object store or a cross-pool collective.
+"""Versioned trainer -> generator weight sync: publish once, every generator picks up on its own.
 
+After the optimizer step the trainer *publishes* the new version once (every rank takes part in
+gathering the possibly sharded weights; rank 0 keeps them). Each generator then *picks it up* at its
+own next trajectory boundary; nobody waits for anybody to drain, and the trainer goes on training.
 Two backends move the same thing (the whole transformer state, or only the LoRA adapters):
 
-- ``object_store``: trainer rank 0 returns its gathered weights from ``export_weights`` as a Ray object;
-  every generator's ``load_weights(version, ref)`` resolves that one reference (Ray ships the object
-  between nodes; the driver never materializes it).
+- ``object_store``: publishing puts trainer rank 0's gathered weights in Ray's object store (the
+  return value of ``export_weights``); a pickup is ``load_weights(version, ref)`` on that generator,
+  which fetches the one object (Ray ships it between nodes; the driver never materializes it).
 - ``collective``: verl gives every worker group its own MASTER_ADDR/PORT, so no process group spans
   two pools. ``SyncGroup`` builds one explicitly (``TCPStore`` + ``ProcessGroupGloo``, or
-  ``ProcessGroupNCCL`` on GPU) over trainer rank 0 (group rank 0) and every generator (ranks 1..G),
-  and broadcasts each tensor in sorted-name order after a checked header (version, count, layout hash).
+  ``ProcessGroupNCCL`` on GPU) over trainer rank 0 (group rank 0) and every generator (ranks 1..G).
+  Publishing stages the gathered weights on trainer rank 0; a pickup is a point-to-point transfer to
+  that one generator (a checked header, an acknowledgement, then each tensor in sorted-name order).
+  Trainer rank 0 serves it from a second actor thread (the trainer actors get ``max_concurrency=2``),
+  so training is not interrupted. gloo runs send/recv from any thread; NCCL point-to-point calls run
+  on the communicator's own stream and are serialized per peer pair (one pickup at a time per
+  generator, which the scheduler guarantees). Receiving straight into the generator's live weights
+  is not done: the generator receives into a staging dict and swaps when the transfer is complete.
 
-``WeightSync`` is the driver-side helper the trainer loop calls: ``setup`` once, ``sync(version)`` after
-every optimizer step; it returns the measured seconds (``launch`` is the non-blocking form for an
-event loop that waits on the returned refs itself).
+``WeightSync`` is the driver-side helper: ``setup`` once; ``publish(version)`` and
+``pickup(index, version)`` return the refs of the calls taking part (the runtime's event loop waits
+on them); ``sync(version)`` is publish + every pickup, blocking (resume, tests).
 """
 
 from __future__ import annotations
@@ -59,50 +68,49 @@ class SyncGroup:
         else:
             raise ValueError(f"unknown sync backend {backend!r}; expected 'gloo' or 'nccl'")
 
-    def _broadcast(self, t: torch.Tensor) -> None:
-        self.pg.broadcast(t, 0).wait()
-
-    def _agree(self, ok: bool) -> bool:
-        flag = torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.device)
-        opts = dist.AllreduceOptions()
-        opts.reduceOp = dist.ReduceOp.MIN
-        self.pg.allreduce([flag], opts).wait()
-        return bool(flag.item())
-
     def _header(self, version: int, state: dict[str, torch.Tensor]) -> torch.Tensor:
         return torch.tensor([version, len(state), layout_hash(state)], dtype=torch.int64, device=self.device)
 
-    def send(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Broadcast ``state`` (rank 0 only) after the receivers agreed on version and layout."""
+    def _send(self, t: torch.Tensor, peer: int) -> None:
+        self.pg.send([t], peer, 0).wait()
+
+    def _recv(self, t: torch.Tensor, peer: int) -> None:
+        self.pg.recv([t], peer, 0).wait()
+
+    def send(self, dst: int, version: int, state: dict[str, torch.Tensor]) -> None:
+        """Send ``state`` to group rank ``dst`` (rank 0 only) once the receiver accepted the header."""
         if self.rank != 0:
             raise RuntimeError("only sync-group rank 0 (trainer rank 0) sends weights")
-        self._broadcast(self._header(version, state))
-        if not self._agree(True):
-            raise RuntimeError(f"weight sync of version {version} refused by a generator (layout or version mismatch)")
+        if not 0 < dst < self.world:
+            raise ValueError(f"weight-sync destination {dst} out of range 1..{self.world - 1}")
+        self._send(self._header(version, state), dst)
+        ack = torch.zeros(1, dtype=torch.int64, device=self.device)
+        self._recv(ack, dst)
+        if not int(ack.item()):
+            raise RuntimeError(f"weight sync of version {version} refused by sync rank {dst} "
+                               "(layout or version mismatch)")
         for name in sorted(state):
-            t = state[name].detach().to(self.device).contiguous()
-            self._broadcast(t)
+            self._send(state[name].detach().to(self.device).contiguous(), dst)
 
     def recv(self, version: int, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Receive the tensors named and shaped like ``template`` (this worker's own weights)."""
+        """Receive the tensors named and shaped like ``template`` (this worker's own weights) into a
+        staging dict (the caller swaps them in)."""
         if self.rank == 0:
             raise RuntimeError("sync-group rank 0 is the sender")
         header = self._header(-1, {})
-        self._broadcast(header)
-        mine = self._header(version, template)
-        ok = bool(torch.equal(header, mine))
-        if not self._agree(ok):
+        self._recv(header, 0)
+        ok = bool(torch.equal(header, self._header(version, template)))
+        self._send(torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.device), 0)
+        if not ok:
             v, n, lh = header.tolist()
             raise RuntimeError(
                 f"weight sync mismatch: trainer sends version {v} ({n} tensors, layout {lh:x}); this generator "
-                f"expects version {version} ({len(template)} tensors, layout {layout_hash(template):x})"
-                if not ok else "weight sync refused by another generator"
-            )
+                f"expects version {version} ({len(template)} tensors, layout {layout_hash(template):x})")
         out = {}
         for name in sorted(template):
             ref = template[name]
             buf = torch.empty(ref.shape, dtype=ref.dtype, device=self.device)
-            self._broadcast(buf)
+            self._recv(buf, 0)
             out[name] = buf.to("cpu")
         return out
 
@@ -127,6 +135,7 @@ class WeightSync:
         self.trainers: list = []
         self.generators: list = []
         self.history: list[float] = []
+        self.published: tuple[int, ray.ObjectRef] | None = None
 
     def setup(self, trainer_wg: Any, generator_wg: Any, device: str = "cpu") -> None:
         """Remember the workers; for ``collective``, build the cross-pool group (gloo, or nccl when
@@ -146,21 +155,34 @@ class WeightSync:
         ]
         ray.get(calls, timeout=self.timeout_s)
 
-    def launch(self, version: int) -> list[ray.ObjectRef]:
-        """Start moving ``version`` to every generator without waiting: the refs of every call taking
-        part (trainer ranks and generators); the sync is done when all of them are."""
+    def publish(self, version: int) -> list[ray.ObjectRef]:
+        """Every trainer rank gathers ``version``; rank 0 keeps it (object store: as its return value,
+        remembered as ``self.published``; collective: staged on the worker)."""
         if not self.trainers:
-            raise RuntimeError("WeightSync.setup must be called before sync")
+            raise RuntimeError("WeightSync.setup must be called before publish")
         if self.backend == "object_store":
             refs = [w.export_weights.remote(version) for w in self.trainers]
-            return [g.load_weights.remote(version, refs[0]) for g in self.generators] + refs[1:]
-        sends = [w.send_weights.remote(version) for w in self.trainers]
-        return sends + [g.recv_weights.remote(version) for g in self.generators]
+        else:
+            refs = [w.stage_weights.remote(version) for w in self.trainers]
+        self.published = (version, refs[0])
+        return refs
+
+    def pickup(self, index: int, version: int) -> list[ray.ObjectRef]:
+        """Generator ``index`` installs the published ``version`` (the refs of every call taking part)."""
+        if self.published is None or self.published[0] != version:
+            have = None if self.published is None else self.published[0]
+            raise RuntimeError(f"generator {index} asked for version {version}, but the published one is {have}")
+        gen = self.generators[index]
+        if self.backend == "object_store":
+            return [gen.load_weights.remote(version, self.published[1])]
+        return [self.trainers[0].send_weights_to.remote(index + 1, version), gen.recv_weights.remote(version)]
 
     def sync(self, version: int) -> float:
-        """Move the trainer's weights of ``version`` to every generator; returns wall seconds."""
+        """Publish ``version`` and install it on every generator; returns wall seconds."""
         t0 = time.perf_counter()
-        ray.get(self.launch(version), timeout=self.timeout_s)
+        ray.get(self.publish(version), timeout=self.timeout_s)
+        refs = [r for i in range(len(self.generators)) for r in self.pickup(i, version)]
+        ray.get(refs, timeout=self.timeout_s)
         seconds = time.perf_counter() - t0
         self.history.append(seconds)
         return seconds
