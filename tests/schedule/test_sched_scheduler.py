@@ -19,8 +19,8 @@ from verl_digen.schedule.timeline import Record, TimelineError, check_timeline
 POLICIES = ["never", "static:1", "static:3", "adaptive", "bts"]
 
 
-def _run(cfg, costs, G, noise=0.0, seed=0):
-    sched = StepScheduler(cfg, costs, G)
+def _run(cfg, costs, G, noise=0.0, seed=0, R=1):
+    sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
     tl = execute(sched, costs, noise=noise, seed=seed)
     return sched, tl
 
@@ -32,7 +32,7 @@ def test_invariants_hold_on_random_runs(policy):
         staleness = rng.choice([0.0, 0.25, 0.5, 1.0])
         cfg = random_config(rng, max_mb=12, steps=rng.randint(1, 3), policy=policy, staleness=staleness)
         costs = random_costs(rng, ties=i % 3 == 0)
-        _, tl = _run(cfg, costs, rng.randint(1, 4), noise=rng.choice([0.0, 0.2]), seed=i)
+        _, tl = _run(cfg, costs, rng.randint(1, 4), noise=rng.choice([0.0, 0.2]), seed=i, R=rng.choice([1, 2, 4]))
         check_timeline(tl, staleness)  # once each, scoring first, one version per trajectory, staleness
 
 

@@ -155,15 +155,18 @@ class ModelState:
         """TAG slots a decision may use now."""
         return self.slots if not self.mode else self.slots - len(self.se)
 
-    def key(self, q: float) -> tuple:
+    def key(self, q: float, units: bool = True) -> tuple:
+        """Memo key: counts, queues and clocks relative to now. Without release units of several
+        micro-batches (``units=False``) micro-batches are interchangeable, so their indices drop out."""
         t = self.t
         gens = tuple(sorted(
-            (round((self.ge[w] - t) / q), self.gk[w], self.gi[w], self.lag[w])
+            (round((self.ge[w] - t) / q), self.gk[w], self.gi[w] if units else 0, self.lag[w])
             for w in range(len(self.gk)) if self.gk[w]
         ))
         lagging = sum(1 for w in range(len(self.gk)) if not self.gk[w] and self.lag[w])
-        slots = tuple(sorted((round((e - t) / q), i) for e, i in zip(self.se, self.si)))
-        return (self.f, gens, lagging, tuple(self.sq), self.sqn, tuple(sorted(self.scored.items())), self.uq,
+        slots = tuple(sorted((round((e - t) / q), i if units else 0) for e, i in zip(self.se, self.si)))
+        sq = tuple(self.sq) if units else len(self.sq)
+        return (self.f, gens, lagging, sq, self.sqn, tuple(sorted(self.scored.items())), self.uq,
                 self.upd_left, self.mode, self.stale_left, self.next_left, slots)
 
 
@@ -447,7 +450,7 @@ class Solver:
         p = self.params
         key = None
         if self.memo:
-            key = s.key(p.quantum)
+            key = s.key(p.quantum, p.k > 1)
             v = self.exact.get(key)
             if v is not None:
                 st.memo_hits += 1

@@ -1,0 +1,78 @@
+"""The ablation ladder per preset and per recipe: naive (separate) -> +GAP -> +TSP -> +TAG -> +TCSS,
+with colocated for reference, simulated under each one's cost model (docs/simulator.md).
+
+Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated.
+The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung.
+Usage: python bench/ladder.py [--json] [--steps N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+from hydra import compose, initialize_config_dir
+
+from verl_digen import recipes
+from verl_digen.schedule import presets
+from verl_digen.schedule.config import ScheduleConfig
+from verl_digen.schedule.costs import CostModel
+from verl_digen.schedule.simulator import ablation_configs, simulate
+from verl_digen.trainer.config import load
+from verl_digen.trainer.plan import cluster_costs
+
+
+def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel) -> list[dict]:
+    staleness = base.staleness or 0.25
+    rungs = ablation_configs(base, base.mb_size, base.tsp_degree, "bts", staleness)
+    times = {label: simulate(cfg, model, label=label).step_time for label, cfg in rungs}
+    naive, colo = times["naive (separate)"], times["colocated"]
+    return [{"source": source, "preset": name, "rung": label, "step_s": t, "speedup_vs_naive": naive / t,
+             "speedup_vs_colocated": colo / t} for label, t in times.items()]
+
+
+def preset_rows(steps: int) -> list[dict]:
+    rows = []
+    for name in presets.names():
+        p = presets.get(name)
+        w = p.workload
+        base = ScheduleConfig(prompts=w.prompts, group_size=w.group_size, mb_size=w.mb_size, steps=steps,
+                              tsp_degree=w.tsp_degree, staleness=w.staleness)
+        rows += ladder("preset", name, base, p.model)
+    return rows
+
+
+def recipe_rows(steps: int) -> list[dict]:
+    rows = []
+    for name in recipes.names():
+        if name.endswith("-colocated"):
+            continue
+        with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
+            cfg = load(compose(name))
+        rows += ladder("recipe", name, cfg.schedule_config(steps=steps), cluster_costs(cfg))
+    return rows
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--steps", type=int, default=3)
+    args = ap.parse_args()
+    rows = preset_rows(args.steps) + recipe_rows(args.steps)
+    print(f"{'source':>6s} {'preset':<28s} {'rung':<18s} {'step s':>9s} {'vs naive':>8s} {'vs colo':>8s}")
+    for r in rows:
+        print(f"{r['source']:>6s} {r['preset']:<28s} {r['rung']:<18s} {r['step_s']:9.1f} "
+              f"{r['speedup_vs_naive']:8.2f} {r['speedup_vs_colocated']:8.2f}")
+    by = {}
+    for r in rows:
+        by.setdefault((r["source"], r["preset"]), {})[r["rung"].split(" (")[0]] = r["step_s"]
+    ratios = {k: v["+TAG"] / v["+TCSS"] for k, v in by.items()}
+    for (source, name), ratio in ratios.items():
+        print(f"TCSS vs synchronous, {source} {name}: {ratio:.3f}x")
+    print(f"TCSS vs synchronous: min {min(ratios.values()):.3f}x over {len(ratios)} presets and recipes")
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
