@@ -107,15 +107,38 @@ def test_bts_never_worse_than_simple_policies(seed):
 
 
 def test_bts_prediction_matches_execution():
+    """The model BTS searches is the scheduler: across steps (generators still picking up the new
+    version, TCSS work, several TAG slots) every re-solve with exact costs predicts the real end."""
     rng = random.Random(5)
-    for _ in range(30):
-        cfg = random_config(rng, max_mb=12, policy="bts")
+    lagging = 0
+    for _ in range(60):
+        cfg = random_config(rng, max_mb=10, steps=3, policy="bts", staleness=rng.choice([0.0, 0.5, 1.0]))
         costs = random_costs(rng, ties=rng.random() < 0.5)
         sched = StepScheduler(cfg, costs, rng.randint(1, 4), trainer_ranks=rng.choice([1, 2, 3]))
+        snaps = []
+        orig = sched.policy.decide
+
+        def spy(ctx, orig=orig, snaps=snaps):
+            snaps.append(ctx.snapshot())
+            return orig(ctx)
+
+        sched.policy.decide = spy
         tl = execute(sched, costs)
-        predicted = [d.predicted_end for d in sched.decisions]
-        for p in predicted:  # every re-solve with exact costs predicts the same end
-            assert p == pytest.approx(_opt_end(tl), abs=1e-7)
+        lagging += sum(any(s.lag) for s in snaps)
+        for d in sched.decisions:  # every re-solve with exact costs predicts the same end
+            assert d.predicted_end == pytest.approx(_opt_end(tl, d.step), abs=1e-7)
+    assert lagging > 5  # bubbles while generators still held the previous version were exercised
+
+
+def test_lower_bound_spreads_tag_work_over_the_slots():
+    """Hand-computed: 1 generator, 4 slots, 40 micro-batches of 1 s each, nothing else costs. After the
+    generator takes micro-batch 0, x more TAG micro-batches leave max(40 - x, x / 4): 8 at x = 32."""
+    costs = uniform_stage_costs(1.0, 0.0)
+    params = bts.Params.from_costs(costs, 40, 1, 1, 1, 4)
+    state = bts.ModelState.fresh(40, 1, slots=4)
+    assert not bts.advance(params, state)
+    assert bts.lower_bound(params, state) == pytest.approx(8.0)
+    assert bts.solve(params, state)[0] >= 8.0 - 1e-9
 
 
 def test_memo_and_pruning_cut_explored_nodes():
