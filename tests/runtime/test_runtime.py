@@ -11,7 +11,7 @@ import ray
 import torch
 from runtime_helpers import compose_run
 
-from verl_digen.schedule import check_timeline
+from verl_digen.schedule import TimelineError, check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
 from verl_digen.trainer.config import ConfigError
@@ -152,3 +152,20 @@ def test_pools_larger_than_the_cluster_fail_before_any_worker_starts(ray_session
     with pytest.raises(ConfigError, match="resources.generator.workers"):
         trainer.init_workers()
     assert trainer.gen_wg is None and trainer.trn_wg is None
+
+
+def test_a_broken_invariant_fails_the_run_and_is_written_next_to_the_trace(ray_session, tmp_path, monkeypatch):
+    import verl_digen.trainer.runtime as runtime
+
+    def strict(timeline, staleness_bound=None):
+        check_timeline(timeline, staleness_bound)
+        raise TimelineError("step 0 micro-batch 0 generated 2 times (expected once)")
+
+    monkeypatch.setattr(runtime, "check_timeline", strict)
+    cfg = compose_run("trainer.total_steps=1", tmp_path=tmp_path)
+    with pytest.raises(TimelineError, match="broke a scheduling invariant: step 0 micro-batch 0 generated 2"):
+        _run(cfg)
+    trace_dir = Path(cfg.trainer.trace_dir)
+    assert "generated 2 times" in (trace_dir / "digen_violation.txt").read_text()
+    assert (trace_dir / "digen_trace.json").is_file()  # what was measured is kept for inspection
+    assert not (trace_dir / "digen_profile.json").exists()  # no profile from a broken run

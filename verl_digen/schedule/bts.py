@@ -170,73 +170,73 @@ class ModelState:
                 self.upd_left, self.mode, self.stale_left, self.next_left, slots)
 
 
-def _generators(p: Params, s: ModelState) -> None:
-    """Idle generators take work: score, pick up the new version, generate, (TCSS) generate ahead."""
-    t, ge, gk, gi, lag = s.t, s.ge, s.gk, s.gi, s.lag
-    for w in range(p.G):
-        if gk[w]:
-            continue
-        if s.sq:
-            gi[w] = heappop(s.sq)
-            gk[w] = SCORE_CUR
-            ge[w] = t + p.c
-        elif s.sqn:
-            s.sqn -= 1
-            gk[w], gi[w], ge[w] = SCORE_NEXT, -1, t + p.c
-        elif lag[w]:
-            lag[w] = False
-            gk[w], gi[w], ge[w] = PICKUP, -1, t + p.w
-        elif s.f < p.M:
-            gi[w] = s.f
-            s.f += 1
-            gk[w], ge[w] = GEN, t + p.g
-        elif s.stale_left and s.next_left and not s.se and not s.rsv:
-            s.stale_left -= 1
-            s.next_left -= 1
-            gk[w], gi[w], ge[w] = GEN_NEXT, -1, t + p.g
-
-
-def _start_tags(p: Params, s: ModelState, mbs) -> None:
-    for mb in mbs:
-        s.se.append(s.t + p.gt)
-        s.si.append(mb)
-
-
 def advance(p: Params, s: ModelState) -> bool:
-    """Play the scheduler's rules until a TAG decision is due (False) or the optimizer step ends (True)."""
-    G = p.G
-    ge, gk, gi = s.ge, s.gk, s.gi
+    """Play the scheduler's rules until a TAG decision is due (False) or the optimizer step ends (True).
+
+    Generators, when idle: score (current step, then next), pick up the new version, generate, (TCSS)
+    generate ahead while no TAG is in flight. Trainer: launch reserved TAG after the switch; update /
+    switch back / optimizer step; else a decision. The hot loop of the search: state is kept in locals.
+    """
+    G, M, R = p.G, p.M, p.R
+    ge, gk, gi, lag, sq, scored = s.ge, s.gk, s.gi, s.lag, s.sq, s.scored
+    se, si = s.se, s.si
+    t, f, sqn, uq, upd_left, mode = s.t, s.f, s.sqn, s.uq, s.upd_left, s.mode
+    tk, te, skipped, stale_left, next_left = s.tk, s.te, s.skipped, s.stale_left, s.next_left
+    c, g, gt, k = p.c, p.g, p.gt, p.k
+    done = False
     while True:
-        t = s.t
+        # generators
         if IDLE in gk:
-            _generators(p, s)
+            for w in range(G):
+                if gk[w]:
+                    continue
+                if sq:
+                    gi[w] = heappop(sq)
+                    gk[w] = SCORE_CUR
+                    ge[w] = t + c
+                elif sqn:
+                    sqn -= 1
+                    gk[w], gi[w], ge[w] = SCORE_NEXT, -1, t + c
+                elif lag[w]:
+                    lag[w] = False
+                    gk[w], gi[w], ge[w] = PICKUP, -1, t + p.w
+                elif f < M:
+                    gi[w] = f
+                    f += 1
+                    gk[w], ge[w] = GEN, t + g
+                elif stale_left and next_left and not se and not s.rsv:
+                    stale_left -= 1
+                    next_left -= 1
+                    gk[w], gi[w], ge[w] = GEN_NEXT, -1, t + g
         # trainer
-        if s.rsv and s.mode:
-            _start_tags(p, s, s.rsv)
+        if s.rsv and mode:
+            for mb in s.rsv:
+                se.append(t + gt)
+                si.append(mb)
             s.rsv = []
-            s.skipped = True
-        if s.tk == T_IDLE:
-            if s.uq or s.upd_left == 0:
-                if s.mode:
-                    if not s.se:
-                        s.skipped = False
-                        s.tk, s.te = T_SWT, t + p.swt
+            skipped = True
+        if not tk:
+            if uq or upd_left == 0:
+                if mode:
+                    if not se:
+                        skipped = False
+                        tk, te = T_SWT, t + p.swt
                 else:
-                    s.skipped = False
-                    if s.uq:
-                        s.uq -= p.upd
-                        s.tk, s.te = T_UPDATE, t + p.u
+                    skipped = False
+                    if uq:
+                        uq -= p.upd
+                        tk, te = T_UPDATE, t + p.u
                     else:
-                        s.tk, s.te = T_OPT, t + p.opt
-            elif s.f < p.M and not s.skipped and s.free:
-                return False
+                        tk, te = T_OPT, t + p.opt
+            elif f < M and not skipped and (not mode or len(se) < R):
+                break
         # next completion(s)
-        tn = s.te if s.tk else INF
+        tn = te if tk else INF
         for w in range(G):
             if gk[w] and ge[w] < tn:
                 tn = ge[w]
-        if s.se:
-            e = min(s.se)
+        if se:
+            e = min(se)
             if e < tn:
                 tn = e
         if tn == INF:
@@ -249,45 +249,50 @@ def advance(p: Params, s: ModelState) -> bool:
                 if ge[w] > tmax:
                     tmax = ge[w]
                 if kind == GEN:
-                    heappush(s.sq, gi[w])
+                    heappush(sq, gi[w])
                 elif kind == SCORE_CUR:
-                    unit = gi[w] // p.k
-                    n = s.scored.get(unit, 0) + 1
-                    if n == p.k:
-                        s.scored.pop(unit, None)
-                        s.uq += p.k
+                    unit = gi[w] // k
+                    n = scored.get(unit, 0) + 1
+                    if n == k:
+                        scored.pop(unit, None)
+                        uq += k
                     else:
-                        s.scored[unit] = n
+                        scored[unit] = n
                 elif kind == GEN_NEXT:
-                    s.sqn += 1
+                    sqn += 1
                 gk[w] = IDLE
-        if s.se and min(s.se) <= lim:
+        if se and min(se) <= lim:
             keep_e, keep_i = [], []
-            for e, i in zip(s.se, s.si):
+            for e, i in zip(se, si):
                 if e <= lim:
                     if e > tmax:
                         tmax = e
-                    heappush(s.sq, i)
-                    s.skipped = False  # a slot came free
+                    heappush(sq, i)
+                    skipped = False  # a slot came free
                 else:
                     keep_e.append(e)
                     keep_i.append(i)
-            s.se, s.si = keep_e, keep_i
-        if s.tk and s.te <= lim:
-            if s.te > tmax:
-                tmax = s.te
-            tk = s.tk
-            s.tk = T_IDLE
-            if tk == T_UPDATE:
-                s.upd_left -= p.upd
-            elif tk == T_SWG:
-                s.mode = 1
-            elif tk == T_SWT:
-                s.mode = 0
+            se[:], si[:] = keep_e, keep_i
+        if tk and te <= lim:
+            if te > tmax:
+                tmax = te
+            done_kind = tk
+            tk = T_IDLE
+            if done_kind == T_UPDATE:
+                upd_left -= p.upd
+            elif done_kind == T_SWG:
+                mode = 1
+            elif done_kind == T_SWT:
+                mode = 0
             else:  # optimizer step: the step is over
-                s.t = s.te
-                return True
-        s.t = tmax
+                tmax = te
+                done = True
+        t = tmax
+        if done:
+            break
+    s.t, s.f, s.sqn, s.uq, s.upd_left, s.mode = t, f, sqn, uq, upd_left, mode
+    s.tk, s.te, s.skipped, s.stale_left, s.next_left = tk, te, skipped, stale_left, next_left
+    return done
 
 
 def choices(s: ModelState, M: int) -> range:
@@ -304,7 +309,9 @@ def apply(p: Params, s: ModelState, k: int) -> None:
     mbs = range(s.f, s.f + k)
     s.f += k
     if s.mode:
-        _start_tags(p, s, mbs)
+        for mb in mbs:
+            s.se.append(s.t + p.gt)
+            s.si.append(mb)
     else:
         s.rsv = list(mbs)
         s.tk, s.te = T_SWG, s.t + p.swg
