@@ -19,3 +19,13 @@ def test_tsp_bench_emits_rows():
                        "--k", "2", "--batch", "2", "--latent", "8"])
     assert [r["arch"] for r in rows] == ["flux", "wan"]
     assert all(r["speedup"] > 0 and r["seq_ms"] > 0 and r["tsp_ms"] > 0 for r in rows)
+
+
+def test_sim_sweep_and_ladder_emit_their_row_fields():
+    sweep = _last_json(["bench/sim_sweep.py", "--json", "--steps", "1"])
+    assert {r["trainer_ranks"] for r in sweep} == {1, 4}
+    assert all({"speedup_vs_never", "trainer_idle_never", "fraction_of_ideal"} <= r.keys() for r in sweep)
+    ladder = _last_json(["bench/ladder.py", "--json", "--steps", "1"])
+    rungs = [r["rung"] for r in ladder if r["preset"] == "hunyuanvideo-13b-hetero" and r["source"] == "preset"]
+    assert rungs == ["colocated", "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
+    assert all(r["step_s"] > 0 and r["speedup_vs_naive"] > 0 for r in ladder)

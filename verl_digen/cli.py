@@ -109,8 +109,11 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         save_gantt_png(last.timeline, args.png, title=f"{name}: {last.label}", max_steps=args.png_steps)
         print(f"gantt ({last.label}) -> {args.png}")
     if args.json:
-        print(json.dumps([{**r.row(), "speedup_vs_colocated": results[0].step_time / r.step_time
-                           if results[0].config.mode == COLOCATED else None} for r in results]))
+        colo = next((r.step_time for r in results if r.config.mode == COLOCATED), None)
+        naive = next((r.step_time for r in results if r.config.mode == SEPARATE), None)
+        print(json.dumps([{**r.row(), "preset": name, "rung": r.label, "step_s": r.step_time,
+                           "speedup_vs_naive": naive / r.step_time if naive else None,
+                           "speedup_vs_colocated": colo / r.step_time if colo else None} for r in results]))
     return 0
 
 

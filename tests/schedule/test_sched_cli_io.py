@@ -86,6 +86,10 @@ def test_cli_simulate_plan_and_errors(tmp_path, capsys):
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])
     assert [r["label"] for r in rows][:2] == ["colocated", "naive (separate)"]
+    assert [r["rung"] for r in rows][2:5] == ["+GAP", "+TSP", "+TAG (bts)"] and {r["preset"] for r in rows} == {
+        "flux-12b-16"}
+    naive = rows[1]["step_s"]
+    assert all(r["speedup_vs_naive"] == pytest.approx(naive / r["step_s"]) for r in rows)
     assert "+TCSS (0.25)" in out and trace.exists() and png.exists()
     assert main(["simulate", "--profile", str(prof), "--only", "digen", "--policy", "adaptive"]) == 0
     assert main(["plan", "--preset", "qwen-image-20b-16", "--gpus", "6", "--top", "3", "--json"]) == 0
