@@ -28,7 +28,7 @@ import ray  # noqa: E402
 
 from verl_digen.schedule.costs import OPTIMIZER_STEP  # noqa: E402
 from verl_digen.schedule.profile_io import load  # noqa: E402
-from verl_digen.schedule.simulator import simulate, simulate_colocated  # noqa: E402
+from verl_digen.schedule.simulator import simulate  # noqa: E402
 from verl_digen.trainer.config import compose  # noqa: E402
 from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 
@@ -54,7 +54,7 @@ def predicted_step(cfg, profile_path: str) -> float:
     config, from the profile the run measured."""
     model, _ = load(profile_path)
     sched_cfg = cfg.schedule_config(steps=cfg.trainer.total_steps)
-    sim = simulate_colocated(sched_cfg, model) if cfg.trainer.mode == "colocated" else simulate(sched_cfg, model)
+    sim = simulate(sched_cfg, model)
     ends = sorted({r.end for r in sim.timeline.records if r.kind == OPTIMIZER_STEP})
     return statistics.median(b - a for a, b in zip(ends, ends[1:]))
 

@@ -42,14 +42,19 @@ def _assert_params_close(a, b, atol):
 
 
 def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_session, tmp_path):
-    digen = compose_run("trainer=digen", "digen.tag.policy=static:2", "digen.tsp.degree=2",
-                        "digen.gap.enable=true", tmp_path=tmp_path / "d")
+    common = ["digen.tag.policy=static:2", "digen.tsp.degree=2", "digen.gap.enable=true", "rollout.micro_batch_size=1"]
+    digen = compose_run("trainer=digen", *common, tmp_path=tmp_path / "d")
+    # two trainer ranks (FSDP2): each is a TAG slot of its own with the full weights it gathered
+    digen_2 = compose_run("trainer=digen", *common, "resources.trainer.workers=2", tmp_path=tmp_path / "d2")
     colocated = compose_run("trainer=colocated", tmp_path=tmp_path / "c")
     res_d, params_d = _train(digen)
+    res_d2, params_d2 = _train(digen_2)
     res_c, params_c = _train(colocated)
-    tags = [r for r in res_d.timeline.records if r.kind == TAG_GENERATE]
-    assert tags, "TAG was forced on but the trainer generated nothing"
+    for res in (res_d, res_d2):
+        assert [r for r in res.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
+    assert {r.worker for r in res_d2.timeline.records if r.kind == TAG_GENERATE} == {"tag0", "tag1"}
     _assert_params_close(params_d, params_c, atol=1e-10)
+    _assert_params_close(params_d2, params_c, atol=1e-10)
     # and the step really moved the weights (the comparison is not between two untouched models)
     fresh = DigenTrainer(compose_run(tmp_path=tmp_path / "f"), log=lambda _: None)
     try:

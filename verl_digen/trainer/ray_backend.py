@@ -6,9 +6,9 @@ driver: trajectories move generator -> scorer -> trainer as Ray object reference
 the scored batch as one object and its ids + rewards as another; only the second is fetched), and the
 driver handles rewards, advantages and metadata only. ``driver_bytes`` counts what it fetched per step.
 
-Digen/separate actions run on the generator actors (``genI``), the trainer ranks as one unit
-(``trainer``) or one rank alone (TAG slot ``tagJ``). Colocated phases occupy every rank; their data
-is split contiguously over the ranks.
+Digen/separate actions run on one generator actor (``genI``), on the trainer ranks as one unit
+(``trainer``: verl's ``execute_all_async`` fan-out) or on one rank alone (TAG slot ``tagJ``). Colocated
+phases occupy every rank; their data is split contiguously over the ranks.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any
 
 import ray
+from verl.single_controller.ray.base import RayWorkerGroup
 
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.schedule.actions import Action
@@ -59,9 +60,11 @@ class RayBackend:
     computes the rows' advantages from complete groups. ``base`` is the first global step.
     """
 
-    def __init__(self, generators: list, trainers: list, sync: WeightSync | None, rows: Rows,
+    def __init__(self, gen_wg: RayWorkerGroup | None, trn_wg: RayWorkerGroup, sync: WeightSync | None, rows: Rows,
                  advantages: Advantages, scale: float, base: int = 0) -> None:
-        self.gens, self.trainers, self.sync = generators, trainers, sync
+        self.gen_wg, self.trn_wg, self.sync = gen_wg, trn_wg, sync
+        self.gens = gen_wg.workers if gen_wg is not None else []
+        self.trainers = trn_wg.workers
         self.rows, self.advantages, self.scale, self.base = rows, advantages, scale, base
         self.t0 = time.perf_counter()
         self._inflight: dict[ray.ObjectRef, _Call] = {}
@@ -87,9 +90,9 @@ class RayBackend:
         elif a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
             rows, texts = self.rows(g, a.samples)
             n = len(self.trainers)
-            refs = [t.tag_generate.remote(g, self.base + a.version, rows[sl], texts[sl])
-                    for t, sl in ((t, contiguous_share(len(rows), r, n, "colocated generate"))
-                                  for r, t in enumerate(self.trainers))]
+            shares = [contiguous_share(len(rows), r, n, "colocated generate") for r in range(n)]
+            refs = self.trn_wg.execute_all_async("tag_generate", [g] * n, [self.base + a.version] * n,
+                                                 [rows[sl] for sl in shares], [texts[sl] for sl in shares])
         elif a.kind == TAG_GENERATE:
             rows, texts = self.rows(g, a.samples)
             refs = [self.trainers[_index(w)].tag_generate.remote(g, self.base + a.version, rows, texts)]
@@ -103,9 +106,10 @@ class RayBackend:
             parts = [r for m in a.micro_batches for r in self.scored.pop((a.step, m))]
             prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
             adv = self.advantages(self.rewards, g, prompt_ids)
-            refs = [t.update.remote(parts, self.scale, adv) for t in self.trainers]
+            # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
+            refs = self.trn_wg.execute_all_async("update", tuple(parts), self.scale, adv)
         elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP):
-            refs = [getattr(t, a.kind).remote() for t in self.trainers]
+            refs = self.trn_wg.execute_all_async(a.kind)
         elif a.kind == PUBLISH:
             refs = self.sync.publish(self.base + a.version)
         elif a.kind == WEIGHT_SYNC:
@@ -152,7 +156,14 @@ class RayBackend:
         elif a.kind == UPDATE:
             for part in self._fetch(a.step, call.refs):
                 self.train_metrics[a.step].merge(TrainMetrics(**part))
-        elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN, PUBLISH, WEIGHT_SYNC):
+        elif a.kind == PUBLISH:
+            # object store: rank 0's return value *is* the weights; the driver never fetches it (a
+            # failure there surfaces at the first pickup). Bytes count toward the step that uses them.
+            refs = call.refs[1:] if self.sync.backend == "object_store" else call.refs
+            self._fetch(a.version, refs)
+        elif a.kind == WEIGHT_SYNC:
+            self._fetch(a.version, call.refs)  # versions; surfaces worker errors
+        elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN):
             self._fetch(a.step, call.refs)  # small (seconds, versions); surfaces worker errors
 
 

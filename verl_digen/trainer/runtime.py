@@ -275,8 +275,8 @@ class DigenTrainer:
         optimizer step completes."""
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
-        backend = RayBackend(self.gen_wg.workers if self.gen_wg is not None else [], self.trn_wg.workers,
-                             self.sync, self._rows, self._advantages, self._scale(), self.start_step)
+        backend = RayBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
+                             self.start_step)
         result = RunResult(timeline=sched.timeline)
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
         gen_names = [] if colocated else list(sched.gens)

@@ -98,12 +98,12 @@ class TSPActorWorker(Worker):
 
     # -- training ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def update(self, traj: Trajectories | list, scale: float,
+    def update(self, traj: Trajectories | list | tuple, scale: float,
                advantages: dict[tuple[int, int], float] | None = None) -> dict[str, float]:
         """Accumulate this rank's contiguous share of ``traj``'s gradient with TSP (no optimizer step).
 
-        ``traj``: Trajectories, or a list of Ray object refs to scored Trajectories (the data plane:
-        the driver passes references, every rank fetches them itself). ``advantages`` maps
+        ``traj``: Trajectories, or a list / tuple of Ray object refs to scored Trajectories (the data
+        plane: the driver passes references, every rank fetches them itself). ``advantages`` maps
         (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet.
         ``scale`` = 1 / (rows of the global step x K); gradients are summed over ranks, so the
         accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums

@@ -222,7 +222,7 @@ def reward_rows(traj: Trajectories) -> dict[str, list]:
 
 
 def resolve_trajectories(parts) -> Trajectories:
-    """Trajectories, or a list of them / of Ray object refs to them, as one batch (in list order)."""
+    """Trajectories, or a list or tuple of them / of Ray object refs to them, as one batch (in order)."""
     if isinstance(parts, Trajectories):
         return parts
     import ray
