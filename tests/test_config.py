@@ -113,3 +113,11 @@ def test_bad_config_fails_before_ray_starts():
     with pytest.raises(ConfigError, match="rollout.micro_batch_size"):
         DigenTrainer(cfg)
     assert ray.is_initialized() == was_running
+
+
+def test_updates_not_micro_batches_must_split_over_the_trainer_ranks():
+    """TAG slots take whole micro-batches, so only what one update trains has to split over the ranks."""
+    two = ("rollout.n=2", "rollout.micro_batch_size=1", "resources.trainer.workers=2")
+    validate(_compose(*two, "digen.update=unit"))  # a release unit = one group of 2 samples
+    with pytest.raises(ConfigError, match="1 samples each with digen.update=micro_batch"):
+        validate(_compose(*two, "digen.update=micro_batch"))

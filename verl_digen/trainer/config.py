@@ -358,17 +358,20 @@ def validate(cfg: RunConfig) -> None:
         if cfg.batch % cfg.total_workers:
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               f"a batch ({cfg.batch} samples) divisible by all {cfg.total_workers} colocated workers")
-    elif r.micro_batch_size % trn:
-        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
-                          f"a multiple of resources.trainer.workers = {trn} (each rank trains an equal share)")
     if d.profile is not None:
         from verl_digen.trainer.plan import load_costs
 
         load_costs(d.profile)  # raises ConfigError naming digen.profile
     try:
-        cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
+        sched = cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
     except ValueError as err:
         raise ConfigError("rollout.micro_batch_size", r.micro_batch_size, str(err)) from None
+    if t.mode != COLOCATED:  # an update's rows split evenly over the trainer ranks (TAG takes whole micro-batches)
+        per_update = sched.mb_size * sched.update_size(sched.make_partition(gen).unit_size)
+        if per_update % trn:
+            raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
+                              f"a size whose updates ({per_update} samples each with digen.update={d.update}) "
+                              f"split evenly over resources.trainer.workers = {trn} (each rank trains an equal share)")
 
 
 def load(cfg: DictConfig | dict) -> RunConfig:
