@@ -46,6 +46,18 @@ def test_bts_equals_exhaustive_on_random_small_instances():
     assert multi_slot_tag > 5  # the larger decision space is exercised
 
 
+def _record_snapshots(sched) -> list:
+    """Make ``sched``'s policy record the BTS state at every bubble (returned list fills as it runs)."""
+    snaps, decide = [], sched.policy.decide
+
+    def spy(ctx):
+        snaps.append(ctx.snapshot())
+        return decide(ctx)
+
+    sched.policy.decide = spy
+    return snaps
+
+
 def _value_of_first_move(params, state, decision) -> float:
     """Remaining time when taking ``decision`` at the first bubble and playing optimally after."""
     s = state.copy()
@@ -68,14 +80,7 @@ def test_bts_equals_exhaustive_mid_step_states():
         G = rng.randint(1, 3)
         R = rng.choice([1, 2, 3])
         sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
-        snaps = []
-        orig = sched.policy.decide
-
-        def spy(ctx, orig=orig, snaps=snaps):
-            snaps.append(ctx.snapshot())
-            return orig(ctx)
-
-        sched.policy.decide = spy
+        snaps = _record_snapshots(sched)
         execute(sched, costs)
         params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size, R)
         for snap in snaps:
@@ -115,14 +120,7 @@ def test_bts_prediction_matches_execution():
         cfg = random_config(rng, max_mb=10, steps=3, policy="bts", staleness=rng.choice([0.0, 0.5, 1.0]))
         costs = random_costs(rng, ties=rng.random() < 0.5)
         sched = StepScheduler(cfg, costs, rng.randint(1, 4), trainer_ranks=rng.choice([1, 2, 3]))
-        snaps = []
-        orig = sched.policy.decide
-
-        def spy(ctx, orig=orig, snaps=snaps):
-            snaps.append(ctx.snapshot())
-            return orig(ctx)
-
-        sched.policy.decide = spy
+        snaps = _record_snapshots(sched)
         tl = execute(sched, costs)
         lagging += sum(any(s.lag) for s in snaps)
         for d in sched.decisions:  # every re-solve with exact costs predicts the same end

@@ -6,12 +6,15 @@ belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt
 
 - ``generate``: sample the micro-batch on generator worker ``genI`` with weights ``version``
   (``stale`` when ``version == step - 1``, TCSS).
-- ``tag_generate``: the trainer unit samples the micro-batch with its own (current) weights.
+- ``tag_generate``: one trainer rank (TAG slot ``tagJ``) samples the micro-batch alone with the
+  trainer's current weights.
 - ``score``: reward the micro-batch on a generator worker.
-- ``update``: forward/backward + gradient accumulation of the micro-batch on the trainer (no step).
-- ``switch_to_gen`` / ``switch_to_train``: trainer context switch around TAG.
+- ``update``: forward/backward + gradient accumulation of the micro-batch(es) on the trainer unit (no step).
+- ``switch_to_gen`` / ``switch_to_train``: trainer context switch around TAG (full weights onto every
+  rank / training state back).
 - ``optimizer_step``: apply the accumulated gradient; closes the step's training.
-- ``weight_sync``: push weights ``version`` from the trainer to every generator worker (occupies all).
+- ``publish``: the trainer publishes weights ``version`` once, after the optimizer step.
+- ``weight_sync``: one generator worker picks up the published ``version`` between its trajectories.
 """
 
 from __future__ import annotations

@@ -343,7 +343,7 @@ def lower_bound(p: Params, s: ModelState) -> float:
     slot_sum = sum(e - t for e in s.se) + len(s.rsv) * p.gt
     drain = max((e - t for e in s.se), default=0.0) + (p.gt if s.rsv else 0.0)
     back = p.swt if (s.mode or s.rsv) else 0.0
-    b0 = t0 + back + max(drain, slot_sum / max(1, p.R))
+    b0 = t0 + back + max(drain, slot_sum / p.R)
     if n_score == 0:
         return b0
     a0 = (busy + U * p.g + n_score * p.c) / p.G + tail
@@ -353,15 +353,15 @@ def lower_bound(p: Params, s: ModelState) -> float:
     # x >= 1 more TAG micro-batches: the slots share x * gt, plus a switch in (if training) and out
     b1 = t0 + (0.0 if s.mode else p.swg) + p.swt
     ga = p.g / p.G
-    gr = p.gt / max(1, p.R)
+    gr = p.gt / p.R
 
     def value(x: int) -> float:
-        return max(a0 - x * ga, b1 + max(drain, (slot_sum + x * p.gt) / max(1, p.R)))
+        return max(a0 - x * ga, b1 + max(drain, (slot_sum + x * p.gt) / p.R))
 
     xs = {1, U}
     denom = ga + gr
     if denom > 0:  # crossing with the sloped part, and with the drain floor
-        for xc in ((a0 - b1 - slot_sum / max(1, p.R)) / denom, (a0 - b1 - drain) / ga if ga > 0 else 1):
+        for xc in ((a0 - b1 - slot_sum / p.R) / denom, (a0 - b1 - drain) / ga if ga > 0 else 1):
             lo = min(max(1, math.floor(xc)), U)
             xs.update((lo, min(lo + 1, U)))
     for x in xs:
