@@ -247,7 +247,8 @@ class StepScheduler:
         if st.next < self.M:
             st.next += 1
             return self._mb_action(GENERATE, w, v, v, st.next - 1)
-        if self.stale_budget and v + 1 < self.config.steps and self._may_generate_ahead():
+        # ahead only while the trainer is still in step v: after its optimizer step a new version is due
+        if self.stale_budget and v == self.train_step and v + 1 < self.config.steps and self._may_generate_ahead():
             nxt = self._steps[v + 1]
             if nxt.next < self.M and nxt.stale < self.stale_budget:
                 nxt.next += 1
