@@ -287,9 +287,8 @@ class HybridWorker(TSPActorWorker):
             return
         if self._gen_model is None:
             self._gen_model = P.freeze(P.build_policy(self.cfg, self.device))
-        full = fsdp.full_state_every_rank(self.model.transformer)
         self._gen_model.transformer.to(self.device)
-        self._gen_model.transformer.load_state_dict(full, strict=True)
+        fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
         self._gen_version = self.version
 
     def _generation_model(self):

@@ -90,13 +90,16 @@ def gather_state_dict(transformer: nn.Module, sharded: bool) -> dict[str, torch.
     return state if dist.get_rank() == 0 else {}
 
 
-def full_state_every_rank(transformer: nn.Module) -> dict[str, torch.Tensor]:
-    """The full transformer state dict on every rank, on the parameters' device (an all-gather per
-    sharded tensor; every rank must call it): the TAG switch's generation weights."""
-    out = {}
-    for k, v in transformer.state_dict().items():
-        out[k] = (v.full_tensor() if isinstance(v, DTensor) else v).detach().clone()
-    return out
+@torch.no_grad()
+def copy_full_state(src: nn.Module, dst: nn.Module) -> None:
+    """Copy the (possibly sharded) state of ``src`` into the unsharded ``dst`` on every rank, one
+    tensor at a time (an all-gather per sharded tensor, so the peak is one full tensor, not a second
+    full model; every rank must call it): the TAG switch's generation weights."""
+    target = dst.state_dict()
+    if target.keys() != src.state_dict().keys():
+        raise ValueError("generation copy and trainer model have different parameters")
+    for k, v in src.state_dict().items():
+        target[k].copy_(v.full_tensor() if isinstance(v, DTensor) else v)
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> float:
