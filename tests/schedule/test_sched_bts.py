@@ -11,7 +11,7 @@ import pytest
 from sched_helpers import random_config, random_costs
 
 from verl_digen.schedule import bts
-from verl_digen.schedule.costs import uniform_stage_costs
+from verl_digen.schedule.costs import StageCosts, uniform_stage_costs
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
 
@@ -171,3 +171,24 @@ def test_bts_b128_ratio_01_is_fast_enough_to_run_every_bubble():
     _, _, stats = bts.solve(params, bts.ModelState.fresh(128, 4))
     assert not stats.capped
     assert stats.seconds < 2.0  # generous for a shared CI core; bench/bts.py measures the real figure
+
+
+def test_memo_key_tells_training_from_generation_mode():
+    """Equal counts and clocks in training and in generation mode are different states (a memo that
+    confused them returned 4.75 here)."""
+    costs = StageCosts(generate=1.0, tag_generate=0.5, score=0.5, update=0.25, switch_to_gen=0.5,
+                       optimizer_step=0.5)
+    params = bts.Params.from_costs(costs, 6, 2, 1, 2)
+    state = bts.ModelState.fresh(6, 1)
+    assert bts.solve(params, state)[0] == pytest.approx(bts.exhaustive(params, state)[0])
+    assert bts.solve(params, state)[0] == pytest.approx(5.75)
+
+
+def test_pruned_subtrees_are_not_memoized_as_exact():
+    """A value cut off by the bound is only a bound; stored as exact it made BTS pick a worse plan."""
+    costs = StageCosts(generate=1.5, tag_generate=0.75, score=0.5, update=0.25, switch_to_gen=0.25,
+                       optimizer_step=0.5)
+    params = bts.Params.from_costs(costs, 24, 1, 1)
+    state = bts.ModelState.fresh(24, 1)
+    unpruned = bts.solve(params, state, prune=False, node_cap=10**7)[0]
+    assert bts.solve(params, state)[0] == pytest.approx(unpruned) == pytest.approx(23.25)

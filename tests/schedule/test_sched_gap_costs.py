@@ -6,6 +6,7 @@ import itertools
 
 import pytest
 
+from verl_digen.schedule.bounds import step_bounds
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.costs import Affine, CostModel, Hardware, Pool, StageCosts, passes
 from verl_digen.schedule.gap import batch_partition, gap_partition, partition
@@ -115,3 +116,22 @@ def test_profiler_warmup_and_running_mean():
         prof.observe("nap", 1.0)
     with pytest.raises(ValueError):
         prof.observe("update", -1.0)
+
+
+def test_bounds_equal_hand_computed_values():
+    """One micro-batch, one generator, one trainer rank: g 2, TAG 3, score 0.5, update 1, optimizer 0.25,
+    publish 0.125. Area: the half micro-batch split, max(2 x 0.5 + 0.5 + 1.25, 3 x 0.5 + 1.25) = 2.75;
+    bottleneck: fill (one generation + score, 2.5) + trainer work 1.25; critical path: generate, score,
+    update, optimizer step = 3.75. Two steps: the second adds the trainer's work with one publish."""
+    costs = StageCosts(generate=2.0, tag_generate=3.0, score=0.5, update=1.0, optimizer_step=0.25, publish=0.125)
+    one = step_bounds(costs, 1, 1)
+    assert (one.area, one.bottleneck, one.critical_path) == pytest.approx((2.75, 3.75, 3.75))
+    two = step_bounds(costs, 1, 1, steps=2)
+    assert two.critical_path == pytest.approx((3.75 + 1.0 + 0.25 + 0.125) / 2)
+    # with four TAG slots the trainer side of the area shrinks: x = 2.5 / 2.75 balances 3.75 - 2x and 0.75x + 1.25
+    four = step_bounds(costs, 1, 1, trainer_ranks=4)
+    assert four.area == pytest.approx(3.75 - 2 * (2.5 / 2.75))
+
+
+def test_gap_group_completion_is_the_last_wave_of_the_group():
+    assert gap_partition(2, 3, 2, mb_size=1).group_completion_waves() == [2, 3]
