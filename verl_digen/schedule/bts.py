@@ -163,8 +163,9 @@ class ModelState:
             (round((self.ge[w] - t) / q), self.gk[w], self.gi[w] if units else 0, self.lag[w])
             for w in range(len(self.gk)) if self.gk[w]
         ))
-        lagging = sum(1 for w in range(len(self.gk)) if not self.gk[w] and self.lag[w])
-        slots = tuple(sorted((round((e - t) / q), i if units else 0) for e, i in zip(self.se, self.si)))
+        lagging = sum(1 for w in range(len(self.gk)) if not self.gk[w] and self.lag[w]) if True in self.lag else 0
+        slots = tuple(sorted((round((e - t) / q), i if units else 0) for e, i in zip(self.se, self.si))) \
+            if self.se else ()
         sq = tuple(self.sq) if units else len(self.sq)
         return (self.f, gens, lagging, sq, self.sqn, tuple(sorted(self.scored.items())), self.uq,
                 self.upd_left, self.mode, self.stale_left, self.next_left, slots)
@@ -340,8 +341,11 @@ def lower_bound(p: Params, s: ModelState) -> float:
     t0 = (s.upd_left // p.upd) * p.u + p.opt
     if s.tk:  # trainer busy (only at non-decision states)
         t0 += max(0.0, s.te - t)
-    slot_sum = sum(e - t for e in s.se) + len(s.rsv) * p.gt
-    drain = max((e - t for e in s.se), default=0.0) + (p.gt if s.rsv else 0.0)
+    if s.se or s.rsv:
+        slot_sum = sum(e - t for e in s.se) + len(s.rsv) * p.gt
+        drain = max((e - t for e in s.se), default=0.0) + (p.gt if s.rsv else 0.0)
+    else:
+        slot_sum = drain = 0.0
     back = p.swt if (s.mode or s.rsv) else 0.0
     b0 = t0 + back + max(drain, slot_sum / p.R)
     if n_score == 0:
