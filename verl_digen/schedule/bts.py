@@ -325,12 +325,13 @@ def lower_bound(p: Params, s: ModelState) -> float:
     TAG generations spread perfectly over the slots (and their switches). Generator pool: in-flight
     current-step work, the ``U - x`` remaining generations and every scoring left, spread perfectly
     over G workers, then at least one update and the optimizer step. Minimized over the split ``x``.
-    Weight pickups are left out (a generator may do its pickup after the step's last scoring).
+    Weight pickups are left out (a generator may do its pickup after the step's last scoring). Called
+    at decision states only: the trainer unit is idle and no TAG waits for a switch.
     """
     t = s.t
-    U = p.M - s.f - len(s.rsv)
+    U = p.M - s.f
     busy = 0.0
-    n_score = len(s.sq) + U + len(s.se) + len(s.rsv)
+    n_score = len(s.sq) + U + len(s.se)
     for w in range(p.G):
         kind = s.gk[w]
         if kind == GEN or kind == SCORE_CUR:
@@ -339,15 +340,12 @@ def lower_bound(p: Params, s: ModelState) -> float:
                 n_score += 1
     tail = p.u + p.opt
     t0 = (s.upd_left // p.upd) * p.u + p.opt
-    if s.tk:  # trainer busy (only at non-decision states)
-        t0 += max(0.0, s.te - t)
-    if s.se or s.rsv:
-        slot_sum = sum(e - t for e in s.se) + len(s.rsv) * p.gt
-        drain = max((e - t for e in s.se), default=0.0) + (p.gt if s.rsv else 0.0)
+    if s.se:
+        slot_sum = sum(e - t for e in s.se)
+        drain = max(e - t for e in s.se)
     else:
         slot_sum = drain = 0.0
-    back = p.swt if (s.mode or s.rsv) else 0.0
-    b0 = t0 + back + max(drain, slot_sum / p.R)
+    b0 = t0 + (p.swt if s.mode else 0.0) + max(drain, slot_sum / p.R)
     if n_score == 0:
         return b0
     a0 = (busy + U * p.g + n_score * p.c) / p.G + tail

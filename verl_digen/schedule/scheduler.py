@@ -11,7 +11,8 @@ Executor protocol (clock-agnostic; ``now`` is virtual in the simulator, wall tim
         pending = sched.next_actions(now)
 
 ``on_complete`` records the :class:`~.timeline.Record`, feeds the online profiler and advances the
-state; ``next_actions`` hands out work to every idle worker. Rules (design.md section 2):
+state; ``next_actions`` hands out work to every idle worker. Rules (docs/architecture.md, "The
+scheduling core"):
 
 - Generator worker, when idle: score the oldest-step, lowest-index micro-batch of the Scoring Queue
   if any; else, if the trainer published a newer policy version than it holds, pick it up (a
@@ -86,10 +87,6 @@ class Decision:
     slots: int
     free_slots: int = 1
     predicted_end: float | None = None  # BTS: predicted end of the step's optimizer step
-
-    @property
-    def insert(self) -> bool:
-        return self.slots > 0
 
 
 class StepScheduler:

@@ -4,8 +4,8 @@ Both executors append one :class:`Record` per (worker, action) when the action c
 names: ``gen0 .. gen{G-1}`` for generator workers, ``trainer`` for the trainer pool as one training
 unit, ``tag0 .. tag{R-1}`` for its ranks as TAG generation slots. The timeline carries what judging it
 needs (batch shape, staleness bound, trainer ranks); ``check_timeline`` verifies the scheduling
-invariants of design.md section 4 (items 4 and 5) and raises :class:`TimelineError` naming the first
-violation. Every simulated and real run calls it at its end.
+invariants listed in docs/architecture.md ("The scheduling core") and raises :class:`TimelineError`
+naming the first violation. Every simulated and real run calls it at its end.
 """
 
 from __future__ import annotations
@@ -44,6 +44,14 @@ def is_tag_slot(worker: str) -> bool:
 
 def is_trainer_side(worker: str) -> bool:
     return worker == TRAINER or is_tag_slot(worker)
+
+
+def worker_index(worker: str) -> int:
+    """``gen3`` -> 3, ``tag1`` -> 1: the actor's index in its worker group."""
+    for prefix in ("gen", TAG_PREFIX):
+        if worker.startswith(prefix) and worker[len(prefix):].isdigit():
+            return int(worker[len(prefix):])
+    raise ValueError(f"{worker!r} is not a generator or TAG slot (the trainer unit is {TRAINER!r})")
 
 
 @dataclass(frozen=True)

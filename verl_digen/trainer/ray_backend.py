@@ -35,7 +35,7 @@ from verl_digen.schedule.costs import (
     UPDATE,
     WEIGHT_SYNC,
 )
-from verl_digen.schedule.timeline import TAG_PREFIX, TRAINER
+from verl_digen.schedule.timeline import worker_index
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
 
@@ -86,7 +86,7 @@ class RayBackend:
         keep: list[ray.ObjectRef] = []
         if a.kind == GENERATE and w.startswith("gen"):
             rows, texts = self.rows(g, a.samples)
-            refs = [self.gens[_index(w)].generate.remote(g, self.base + a.version, rows, texts)]
+            refs = [self.gens[worker_index(w)].generate.remote(g, self.base + a.version, rows, texts)]
         elif a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
             rows, texts = self.rows(g, a.samples)
             n = len(self.trainers)
@@ -95,10 +95,10 @@ class RayBackend:
                                                  [rows[sl] for sl in shares], [texts[sl] for sl in shares])
         elif a.kind == TAG_GENERATE:
             rows, texts = self.rows(g, a.samples)
-            refs = [self.trainers[_index(w)].tag_generate.remote(g, self.base + a.version, rows, texts)]
+            refs = [self.trainers[worker_index(w)].tag_generate.remote(g, self.base + a.version, rows, texts)]
         elif a.kind == SCORE:
             parts = self.generated.pop((a.step, a.mb))
-            scorers = [self.gens[_index(w)]] if w.startswith("gen") else self.trainers  # colocated: own part
+            scorers = [self.gens[worker_index(w)]] if w.startswith("gen") else self.trainers  # colocated: own part
             pairs = [s.score_rows.options(num_returns=2).remote(p) for s, p in zip(scorers, parts, strict=True)]
             keep = [p[0] for p in pairs]
             refs = [p[1] for p in pairs]
@@ -113,7 +113,7 @@ class RayBackend:
         elif a.kind == PUBLISH:
             refs = self.sync.publish(self.base + a.version)
         elif a.kind == WEIGHT_SYNC:
-            refs = self.sync.pickup(_index(w), self.base + a.version)
+            refs = self.sync.pickup(worker_index(w), self.base + a.version)
         else:
             raise RuntimeError(f"the Ray backend cannot execute action kind {a.kind!r}")
         call = _Call(a, refs, keep)
@@ -166,10 +166,3 @@ class RayBackend:
         elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN):
             self._fetch(a.step, call.refs)  # small (seconds, versions); surfaces worker errors
 
-
-def _index(worker: str) -> int:
-    """``gen3`` -> 3, ``tag1`` -> 1 (the actor's index in its group)."""
-    for prefix in ("gen", TAG_PREFIX):
-        if worker.startswith(prefix):
-            return int(worker[len(prefix):])
-    raise ValueError(f"{worker!r} is not a generator or TAG slot (the trainer unit is {TRAINER!r})")
