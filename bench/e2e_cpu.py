@@ -21,7 +21,6 @@ import statistics
 import sys
 import tempfile
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ["VERL_PLATFORM"] = "cpu"
 
 import ray  # noqa: E402

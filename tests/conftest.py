@@ -4,7 +4,6 @@ for the whole test run (each worker actor costs ~0.5 GB and 5-10 s to start on 2
 import os
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ["VERL_PLATFORM"] = "cpu"  # the driver resolves verl's platform too (placement groups)
 
 import pytest  # noqa: E402
@@ -17,7 +16,6 @@ torch.set_num_threads(1)
 WORKER_ENV = {
     "VERL_PLATFORM": "cpu",
     "OMP_NUM_THREADS": "1",
-    "RAY_AUTH_MODE": "disabled",
     "TOKENIZERS_PARALLELISM": "false",
 }
 

@@ -50,7 +50,7 @@ def _apply(patch: Path, root: Path) -> None:
 def _run(code: str, pythonpath: list[Path], env: dict[str, str] | None = None, timeout: int = 120) -> dict:
     """Run ``code`` in a fresh interpreter; it must print one JSON object as its last stdout line."""
     full_env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "PYTHONPATH")}
-    full_env.update({"VERL_USE_EXTERNAL_PLUGINS": "none", "RAY_AUTH_MODE": "disabled", "OMP_NUM_THREADS": "1",
+    full_env.update({"VERL_USE_EXTERNAL_PLUGINS": "none", "OMP_NUM_THREADS": "1",
                      "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)})
     full_env.update(env or {})
     proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,

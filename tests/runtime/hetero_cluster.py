@@ -10,7 +10,6 @@ import json
 import os
 import sys
 
-os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 os.environ["VERL_PLATFORM"] = "cpu"
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))

@@ -75,7 +75,6 @@ def ensure_ray(cfg: RunConfig) -> None:
     if ray.is_initialized():
         return
     env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
     address = os.environ.get("RAY_ADDRESS")
