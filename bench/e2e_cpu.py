@@ -5,8 +5,11 @@ Colocated uses both workers as colocated workers (FSDP over 2 ranks); the disagg
 with TSP (so the gain of disaggregation alone is visible), separate, digen without TAG, digen + BTS,
 digen + BTS + TCSS(0.5). Rounds interleave the modes (A B C ... A B C ...) so machine noise hits all
 alike. For each mode it prints the steady-state step time (the first step of each run is warm-up),
-samples per worker-second, the ratio to colocated, the fraction of ideal, and the simulator's
-prediction of the step time from the profile that same run measured.
+samples per worker-second, the ratio to colocated, the fraction of ideal, the simulator's
+prediction of the step time from the profile that same run measured (``prediction_error``), and its
+prediction from the profile the ``digen`` (TAG never) run of the same round measured
+(``cross_prediction_error``): one measured mode has to predict the others, or the simulator cannot
+tell a user which mode to run.
 
     python bench/e2e_cpu.py            # table
     python bench/e2e_cpu.py --json     # table, then one JSON list on the last line
@@ -28,7 +31,7 @@ import ray  # noqa: E402
 from verl_digen.schedule.costs import OPTIMIZER_STEP  # noqa: E402
 from verl_digen.schedule.profile_io import load  # noqa: E402
 from verl_digen.schedule.simulator import simulate  # noqa: E402
-from verl_digen.trainer.config import compose  # noqa: E402
+from verl_digen.trainer.config import RunConfig, compose  # noqa: E402
 from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 
 #: the workload: 4 prompts x 4 samples (one GRPO group per micro-batch), 8 sampling steps of which 6
@@ -48,20 +51,30 @@ MODES = {
 }
 
 
-def predicted_step(cfg, profile_path: str) -> float:
-    """The simulator's steady-state step time (median over steps 2..N, as measured) for this run's
-    config, from the profile the run measured."""
+#: the run whose profile predicts every mode (``cross_predicted_step_s``)
+CROSS_SOURCE = "digen"
+
+
+def predicted_step(cfg: RunConfig, profile_path: str) -> float:
+    """The simulator's steady-state step time (median over steps 2..N, as measured) for ``cfg``'s
+    schedule, from the profile at ``profile_path`` (this run's own, or another mode's run's)."""
     model, _ = load(profile_path)
     sched_cfg = cfg.schedule_config(steps=cfg.trainer.total_steps)
     sim = simulate(sched_cfg, model)
     ends = sorted({r.end for r in sim.timeline.records if r.kind == OPTIMIZER_STEP})
-    return statistics.median(b - a for a, b in zip(ends, ends[1:]))
+    return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
+
+
+def mode_config(name: str, steps: int, out_dir: str, overrides: list[str]) -> RunConfig:
+    """The run config of one mode (the same config predicts it from another mode's profile)."""
+    return compose([*WORKLOAD, *overrides, *MODES[name], f"trainer.total_steps={steps}",
+                    f"trainer.trace_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/ckpt"])
 
 
 def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
-    cfg = compose([*WORKLOAD, *overrides, *MODES[name], f"trainer.total_steps={steps}",
-                   f"trainer.trace_dir={out_dir}/{name}", f"trainer.default_local_dir={out_dir}/ckpt"])
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    cfg = mode_config(name, steps, out_dir, overrides)
+    # the cross source's profile must also price what its own schedule never runs: the runtime probes it
+    trainer = DigenTrainer(cfg, log=lambda _: None, probe=name == CROSS_SOURCE)
     try:
         result = trainer.fit()
     finally:
@@ -75,11 +88,13 @@ def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
         "predicted_step_s": predicted_step(cfg, result.profile_path),
         "batch": cfg.batch,
         "workers": cfg.total_workers,
+        "cfg": cfg,
+        "profile_path": result.profile_path,
     }
 
 
-def _opt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.2f}"
+def _opt(x: float | None, digits: int = 2) -> str:
+    return "-" if x is None else f"{x:.{digits}f}"
 
 
 def main() -> None:
@@ -88,6 +103,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=5, help="global steps per run (the first is warm-up)")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--out", default=None, help="keep traces and profiles here (default: a temporary folder)")
     ap.add_argument("overrides", nargs="*", help="extra config overrides for every mode (key=value)")
     args = ap.parse_args()
     if args.steps < 2:
@@ -96,16 +112,23 @@ def main() -> None:
              runtime_env={"env_vars": {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1"}})
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     with tempfile.TemporaryDirectory() as tmp:
+        out = args.out or tmp
         for r in range(args.rounds):
             for mode in args.modes:
-                row = run_mode(mode, args.steps, tmp, args.overrides)
+                row = run_mode(mode, args.steps, f"{out}/round{r + 1}", args.overrides)
                 runs[mode].append(row)
                 print(f"  round {r + 1}/{args.rounds} {mode:<16} step {row['step_s']:.3f}s "
                       f"(predicted {row['predicted_step_s']:.3f}s)", file=sys.stderr, flush=True)
+            if CROSS_SOURCE in runs:  # every mode of this round from this round's digen profile
+                source = runs[CROSS_SOURCE][r]["profile_path"]
+                for mode in args.modes:
+                    runs[mode][r]["cross_predicted_step_s"] = predicted_step(runs[mode][r]["cfg"], source)
     rows = []
     for mode, rs in runs.items():
         step = statistics.median(x["step_s"] for x in rs)
         pred = statistics.median(x["predicted_step_s"] for x in rs)
+        cross = (statistics.median(x["cross_predicted_step_s"] for x in rs)
+                 if "cross_predicted_step_s" in rs[0] else None)
         rows.append({
             "mode": mode,
             "step_s": step,
@@ -114,14 +137,19 @@ def main() -> None:
                                   else statistics.median(x["fraction_of_ideal"] for x in rs)),
             "predicted_step_s": pred,
             "prediction_error": pred / step - 1,
+            "cross_predicted_step_s": cross,
+            "cross_prediction_error": None if cross is None else cross / step - 1,
         })
     base = next((r for r in rows if r["mode"] == "colocated"), None)
     for r in rows:
         r["vs_colocated"] = base["step_s"] / r["step_s"] if base else float("nan")
-    print(f"{'mode':<16}{'step s':>9}{'samp/wkr-s':>12}{'vs coloc':>10}{'frac ideal':>12}{'pred s':>9}{'err':>8}")
+    print(f"{'mode':<16}{'step s':>9}{'samp/wkr-s':>12}{'vs coloc':>10}{'frac ideal':>12}{'pred s':>9}{'err':>8}"
+          f"{'xpred s':>9}{'xerr':>8}")
     for r in rows:
+        xerr = r["cross_prediction_error"]
         print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['samples_per_worker_s']:>12.3f}{r['vs_colocated']:>9.2f}x"
-              f"{_opt(r['fraction_of_ideal']):>12}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%")
+              f"{_opt(r['fraction_of_ideal']):>12}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%"
+              f"{_opt(r['cross_predicted_step_s'], 3):>9}{'-' if xerr is None else f'{100 * xerr:.1f}%':>8}")
     if args.json:
         print(json.dumps(rows))
     ray.shutdown()

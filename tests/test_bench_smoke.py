@@ -29,3 +29,11 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     rungs = [r["rung"] for r in ladder if r["preset"] == "hunyuanvideo-13b-hetero" and r["source"] == "preset"]
     assert rungs == ["colocated", "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
     assert all(r["step_s"] > 0 and r["speedup_vs_naive"] > 0 for r in ladder)
+
+
+def test_e2e_bench_predicts_every_mode_from_the_digen_profile():
+    rows = _last_json(["bench/e2e_cpu.py", "--json", "--rounds", "1", "--steps", "2", "--modes", "digen", "separate"])
+    assert [r["mode"] for r in rows] == ["digen", "separate"]
+    assert all(r["step_s"] > 0 and r["predicted_step_s"] > 0 and r["cross_predicted_step_s"] > 0 for r in rows)
+    # the digen row's cross prediction is its own profile's prediction
+    assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"]

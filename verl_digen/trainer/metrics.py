@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
@@ -85,12 +85,40 @@ def step_stage_costs(records: list[Record], fallback: StageCosts) -> StageCosts:
     return StageCosts(**{k: (sum(seen[k]) / len(seen[k]) if seen.get(k) else v) for k, v in base.items()})
 
 
-def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Workload]:
+def same_hardware(cfg: RunConfig) -> bool:
+    """Whether both pools run on one hardware type (the same ``node_resource``, or none named)."""
+    res = cfg.resources
+    return res.generator.node_resource == res.trainer.node_resource
+
+
+def pool_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Generation and scoring samples of either pool, as samples of both.
+
+    For pools of one hardware type: sampling and scoring run the same code on the same hardware
+    whichever pool runs them, so a generator's measurements price TAG on a trainer rank (which a
+    ``never`` run never does) and both pools' sizes pin down one per-call + per-sample cost."""
+    out = list(samples)
+    for s in samples:
+        if s.get("kind") == TAG_GENERATE:
+            out.append({"pool": "generator", "kind": GENERATE, "size": s["size"], "seconds": s["seconds"]})
+        elif s.get("kind") in (GENERATE, SCORE) and s.get("pool", "generator") == "generator":
+            out.append({**s, "pool": "trainer"})
+    return out
+
+
+def measured_profile(cfg: RunConfig, timeline: Timeline,
+                     probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
     ``digen simulate --profile`` can replay (and re-plan) the same cluster.
 
     A colocated run measures every worker doing every stage: its phases become samples of both pools'
-    hardware (generation of batch / N samples per worker, training passes of batch / N x degree rows)."""
+    hardware (generation of batch / N samples per worker, training passes of batch / N x degree rows).
+    ``probes``: samples of the runtime's probe (``DigenTrainer(probe=True)``), taken one action at a
+    time after the run. They fit the shape of each cost (per call vs per sample or row, at two sizes)
+    and the costs the run never measured (a ``never`` run's switches); the run's own samples then set
+    each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
+    scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
+    from both pools' samples."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -125,9 +153,13 @@ def measured_profile(cfg: RunConfig, timeline: Timeline) -> tuple[CostModel, Wor
                 samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
             elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
                 samples.append({"kind": r.kind, "seconds": r.duration})
+        if same_hardware(cfg):
+            samples = pool_samples(samples)
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k)
+    if probes:
+        base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     d = cfg.digen
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,7 +36,15 @@ from verl_digen.schedule import ScheduleConfig, StepScheduler, step_bounds
 from verl_digen.schedule.actions import Action
 from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, TAG_GENERATE
+from verl_digen.schedule.costs import (
+    GENERATE,
+    OPTIMIZER_STEP,
+    SCORE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
+    TAG_GENERATE,
+    UPDATE,
+)
 from verl_digen.schedule.executor import run
 from verl_digen.schedule.export import save_chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
@@ -86,12 +95,19 @@ def ensure_ray(cfg: RunConfig) -> None:
 
 
 class DigenTrainer:
-    """Builds the pools and worker groups of a run and executes its global steps."""
+    """Builds the pools and worker groups of a run and executes its global steps.
 
-    def __init__(self, cfg: RunConfig, log=print) -> None:
+    ``probe``: after the run (disaggregated modes, when a profile is written), measure what the run's
+    own actions never sized, so its profile can predict other modes and TAG policies: generation,
+    scoring and a training pass at a second size (a run repeats one micro-batch size, and one size
+    cannot split a cost into per-call and per-sample parts), and a TAG cycle on the trainer (context
+    switches and a micro-batch generated on a trainer rank, which a ``never`` run does not do)."""
+
+    def __init__(self, cfg: RunConfig, log=print, probe: bool = False) -> None:
         validate(cfg)
         self.cfg = cfg
         self.log = log
+        self.probe = probe
         self.worker_cfg = cfg.worker_config()
         self.k = cfg.trained_steps()
         self.dataset = (PromptDataset.from_file(cfg.data.train_files) if cfg.data.train_files
@@ -131,7 +147,8 @@ class DigenTrainer:
             self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated",
                                       res.trainer.node_resource)
         else:
-            tag = self.cfg.schedule_config().policy != "never"
+            # the probe's TAG cycle needs the hybrid trainer even when the policy never switches
+            tag = self.cfg.schedule_config().policy != "never" or self.probe
             self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
                                       res.generator.node_resource)
             threads = 2 if self.cfg.digen.sync.backend == "collective" else 1
@@ -224,10 +241,70 @@ class DigenTrainer:
             self._write_outputs(result, violation=str(e))
             raise TimelineError(f"the run broke a scheduling invariant: {e} (timeline written to "
                                 f"{self.cfg.trainer.trace_dir or 'nowhere: trainer.trace_dir is unset'})") from e
-        self._write_outputs(result)
+        probes = self._probe_costs(result.final_step) if self._probing() else []
+        self._write_outputs(result, probes=probes)
         return result
 
-    def _write_outputs(self, result: RunResult, violation: str | None = None) -> None:
+    def _probing(self) -> bool:
+        return self.probe and bool(self.cfg.trainer.trace_dir) and self.cfg.trainer.mode != COLOCATED
+
+    def _probe_costs(self, step: int, reps: int = 3) -> list[dict[str, Any]]:
+        """Profile samples (``profile_io`` format) of the probe described in the class docstring.
+
+        Runs after the last optimizer step, on the prompts of the next (untrained) global step
+        ``step``, one action at a time: generation, scoring and a training pass at the run's micro-batch
+        size and at a second size, then a switch to generation, one micro-batch generated on trainer
+        rank 0 and the switch back; ``reps`` times after one cold repetition (new sizes are cold starts,
+        as the run's first step is). The training pass has loss scale 0: the full forward + backward,
+        adding zero to the gradients, and no optimizer step follows. Nothing here enters the timeline
+        or the step reports. Run alone, these calls do not contend with the other pool for the host as
+        the run's do, so the profile takes from them the cost's shape and the level from the run
+        (``measured_profile``)."""
+        cfg = self.cfg
+        mb, batch = cfg.rollout.micro_batch_size, cfg.batch
+        second = 2 * mb if 2 * mb <= batch else max(1, mb // 2)
+        pairs = [(p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n)]
+        gen = self.gen_wg.workers[0]
+        trainers = self.trn_wg.workers
+        gen_version = ray.get(gen.weights_version.remote())
+        trn_version = ray.get(trainers[0].weights_version.remote())
+        degree = cfg.digen.tsp.degree or self.k
+
+        def timed(refs: list[ray.ObjectRef]) -> float:
+            t0 = time.perf_counter()
+            ray.wait(refs, num_returns=len(refs))
+            return time.perf_counter() - t0
+
+        out: list[dict[str, Any]] = []
+        for rep in range(reps + 1):
+            measured: list[dict[str, Any]] = []
+            for size in sorted({mb, second}):
+                rows, texts = self._rows(step, pairs[:size])
+                t0 = time.perf_counter()
+                traj = gen.generate.remote(step, gen_version, rows, texts)
+                ray.wait([traj])
+                t_gen = time.perf_counter() - t0
+                scored, ids = gen.score_rows.options(num_returns=2).remote(traj)
+                t_score = timed([scored, ids])
+                measured += [{"pool": "generator", "kind": GENERATE, "size": size, "seconds": t_gen},
+                             {"pool": "generator", "kind": SCORE, "size": size, "seconds": t_score}]
+                if size % len(trainers) == 0:  # an update's rows split evenly over the trainer ranks
+                    zero_adv = {(pid, s): 0.0 for pid, s in rows}
+                    t_update = timed(self.trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
+                    measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
+            rows, texts = self._rows(step, pairs[:mb])
+            t_to_gen = timed(self.trn_wg.execute_all_async(SWITCH_TO_GEN))
+            t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])
+            t_to_train = timed(self.trn_wg.execute_all_async(SWITCH_TO_TRAIN))
+            measured += [{"kind": SWITCH_TO_GEN, "seconds": t_to_gen},
+                         {"kind": TAG_GENERATE, "size": mb, "seconds": t_tag},
+                         {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]
+            if rep > 0:
+                out += measured
+        return out
+
+    def _write_outputs(self, result: RunResult, violation: str | None = None,
+                       probes: list[dict[str, Any]] | None = None) -> None:
         trace_dir = self.cfg.trainer.trace_dir
         if not trace_dir or result.timeline is None:
             return
@@ -241,7 +318,7 @@ class DigenTrainer:
             Path(trace_dir, f"{mode}_violation.txt").write_text(violation + "\n")
             return
         result.profile_path = str(Path(trace_dir) / f"{mode}_profile.json")
-        model, workload = measured_profile(self.cfg, result.timeline)
+        model, workload = measured_profile(self.cfg, result.timeline, probes)
         dump_profile(model, result.profile_path, name=f"measured {mode} run", workload=workload)
 
     def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],

@@ -1,0 +1,61 @@
+"""The runtime's measured profile (no Ray): the run's records, the probe's samples and pooled hardware."""
+
+import pytest
+
+from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline
+from verl_digen.trainer.config import compose
+from verl_digen.trainer.metrics import measured_profile
+
+BASE = ["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",
+        "rollout.train_steps=2", "trainer=digen", "digen.tag.policy=never"]
+
+
+def _timeline() -> Timeline:
+    """Two steps of 1 generator + 1 trainer rank (the first is warm-up and not a cost)."""
+    tl = Timeline(["gen0", TRAINER], micro_batches=1, steps=2)
+    for step, slow in ((0, 10.0), (1, 1.0)):
+        t = 10.0 * step
+        tl.add(Record("gen0", GENERATE, 0, step, step, t, t + 0.10 * slow, samples=2))
+        tl.add(Record("gen0", SCORE, 0, step, step, t + 0.2, t + 0.21, samples=2))
+        tl.add(Record(TRAINER, UPDATE, 0, step, step, t + 0.3, t + 0.35, samples=2))
+        tl.add(Record(TRAINER, OPTIMIZER_STEP, None, step, step, t + 0.4, t + 0.41))
+    return tl
+
+
+#: the probe, one action at a time: generation at two sizes (per call 0.04 s + 0.01 s per sample),
+#: a TAG cycle on the trainer (switches, one micro-batch on a trainer rank)
+PROBES = [
+    {"pool": "generator", "kind": "generate", "size": 2, "seconds": 0.06},
+    {"pool": "generator", "kind": "generate", "size": 4, "seconds": 0.08},
+    {"kind": "switch_to_gen", "seconds": 0.003},
+    {"kind": "tag_generate", "size": 2, "seconds": 0.06},
+    {"kind": "switch_to_train", "seconds": 0.001},
+]
+
+
+def test_probe_gives_the_shape_and_the_run_the_level():
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES)
+    gen = model.generator.hardware.generate
+    assert gen(2) == pytest.approx(0.10)  # the run's level at its own size (its contention included)
+    assert gen(4) / gen(2) == pytest.approx(0.08 / 0.06)  # the probe's per-call vs per-sample split
+    assert model.switch_to_gen == pytest.approx(0.003) and model.switch_to_train == pytest.approx(0.001)
+    assert model.optimizer_step == pytest.approx(0.01)  # the run's own measurement
+    # one hardware type: a trainer rank generates (TAG) at the generator's cost, though this run never did
+    trn = model.trainer.hardware
+    assert [trn.generate(n) for n in (2, 4)] == pytest.approx([gen(2), gen(4)])
+    assert trn.score(2) == pytest.approx(model.generator.hardware.score(2)) and trn.score(2) > 0
+
+
+def test_pools_of_different_hardware_are_not_pooled():
+    cfg = compose([*BASE, "resources.generator.node_resource=nodeA", "resources.trainer.node_resource=nodeB"])
+    model, _ = measured_profile(cfg, _timeline(), PROBES)
+    assert model.generator.hardware.generate(2) == pytest.approx(0.10)
+    assert model.trainer.hardware.generate(2) == pytest.approx(0.06)  # its own TAG probe only
+    assert model.trainer.hardware.score(2) == 0.0  # never measured on the trainer's hardware
+
+
+def test_without_probes_a_never_run_cannot_price_tag():
+    model, _ = measured_profile(compose([*BASE, "resources.generator.node_resource=nodeA",
+                                         "resources.trainer.node_resource=nodeB"]), _timeline())
+    assert model.trainer.hardware.generate(2) == 0.0 and model.switch_to_gen == 0.0
