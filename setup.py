@@ -14,6 +14,14 @@ def _version() -> str:
     raise RuntimeError("verl_digen/__init__.py has no __version__")
 
 
+def _verl_requirement() -> str:
+    """The tested verl range, kept next to the version differences in verl_digen/compat.py."""
+    for line in (ROOT / "verl_digen" / "compat.py").read_text().splitlines():
+        if line.startswith("VERL_REQUIREMENT"):
+            return line.split("=", 1)[1].strip().strip('"')
+    raise RuntimeError("verl_digen/compat.py has no VERL_REQUIREMENT")
+
+
 setup(
     name="verl-digen",
     version=_version(),
@@ -37,12 +45,13 @@ setup(
     package_data={
         "verl_digen.config": ["*.yaml"],
         "verl_digen.config.trainer": ["*.yaml"],
+        "verl_digen.config.verl_omni": ["*.yaml"],
         "verl_digen.recipes": ["*.yaml", "*.sh", "README.md"],
         "verl_digen.recipes.launch": ["*.sh"],
         "verl_digen.recipes.setting": ["*.yaml"],
     },
     install_requires=[
-        "verl==0.9.1",
+        _verl_requirement(),  # verl 0.9.1 and verl-omni's pin (0.9.0.dev, commit 8a69493)
         "torch>=2.4",
         "diffusers>=0.35",
         "ray[default]>=2.40",

@@ -69,7 +69,14 @@ def test_wheel_metadata_license_and_entry_points(wheel):
     assert meta["Name"] == "verl-digen" and meta["Version"] == verl_digen.__version__
     assert meta["Requires-Python"] == ">=3.10"
     requires = meta.get_all("Requires-Dist")
-    assert "verl==0.9.1" in requires
+    from packaging.requirements import Requirement
+
+    from verl_digen.compat import VERL_REQUIREMENT
+
+    verl_req = [Requirement(r) for r in requires if Requirement(r).name == "verl"]
+    assert [str(r.specifier) for r in verl_req] == [str(Requirement(VERL_REQUIREMENT).specifier)]
+    assert {"0.9.0.dev0", "0.9.1"} <= set(verl_req[0].specifier.filter(["0.9.0.dev0", "0.9.1", "0.9.2"],
+                                                                        prereleases=True))
     assert any(r.startswith("build") and 'extra == "test"' in r for r in requires)
     entry = _dist_info(wheel, "entry_points.txt")
     assert "[console_scripts]\ndigen = verl_digen.cli:main" in entry

@@ -7,7 +7,8 @@ sample, so (sample, step) rows stack into one TSP batch. Step i is the transitio
 - ``random_k`` (DanceGRPO): ``k`` steps drawn without replacement per sample, seeded placement-invariantly.
 - ``window``   (Flow-GRPO-Fast / MixGRPO): a contiguous SDE window of ``k`` steps; the sampler runs the
   ODE outside it, and only window steps are stored and trained. The window start is fixed
-  (``window_start``) or drawn per global step from ``[0, T - k]`` (same for every sample of that step).
+  (``window_start``) or drawn per global step from ``[0, T - k]``, or from ``[lo, hi - k]`` when a
+  ``window_range`` (lo, hi) bounds the window (same for every sample of that step).
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ class StepSelection:
     k: int | None = None
     timestep_fraction: float | None = None
     window_start: int | None = None
+    window_range: tuple[int, int] | None = None  # (lo, hi): the window lies inside steps [lo, hi)
 
     def num_trained(self, num_steps: int) -> int:
         """K, validated against the number of sampling steps T."""
@@ -47,6 +49,11 @@ class StepSelection:
         if self.kind == "window" and self.window_start is not None:
             if not 0 <= self.window_start <= num_steps - k:
                 raise ValueError(f"window_start={self.window_start} must lie in [0, {num_steps - k}] for k={k}")
+        if self.kind == "window" and self.window_range is not None:
+            lo, hi = self.window_range
+            if not 0 <= lo <= hi - k or hi > num_steps:
+                raise ValueError(f"window_range={list(self.window_range)} must satisfy 0 <= lo <= hi - k and "
+                                 f"hi <= {num_steps} for k={k}")
         return k
 
     def window(self, num_steps: int, seed: int, step: int) -> tuple[int, int]:
@@ -54,7 +61,8 @@ class StepSelection:
         k = self.num_trained(num_steps)
         if self.window_start is not None:
             return self.window_start, self.window_start + k
-        start = sample_seed(seed, step, -1, -1, "window") % (num_steps - k + 1)
+        lo, hi = self.window_range if self.window_range is not None else (0, num_steps)
+        start = lo + sample_seed(seed, step, -1, -1, "window") % (hi - k - lo + 1)
         return start, start + k
 
     def select(

@@ -1,0 +1,107 @@
+"""Every difference between the verl versions verl-digen supports, in one place.
+
+verl-digen is tested with two verls: 0.9.1 (the release) and commit 8a69493 (reports ``0.9.0.dev``),
+the verl that verl-omni 0.2.0rc1 pins. The verl APIs verl-digen itself calls (single controller, worker
+groups, FSDP2 helpers, the platform registry, ``verl.plugins`` entry points, tracking) have the same
+signatures in both, so verl-digen needs no branches of its own. The one difference that matters is for
+verl-omni running next to verl 0.9.1: verl 0.9.0 moved ``verl.utils.chat_template`` to
+``verl.utils.tokenizer.chat_template``, and verl-omni imports the old path. ``install_module_aliases()``
+(called by ``verl_digen.plugin`` on every ``import verl``) resolves such moved modules lazily, and only
+when the old path does not exist in the installed verl.
+
+``VERL_REQUIREMENT`` is the range ``setup.py`` declares; widen it only together with the tests that run
+both ends (see docs/architecture.md, "Layout").
+
+This module imports only the standard library.
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.abc
+import importlib.machinery
+import importlib.util
+import re
+import sys
+from types import ModuleType
+from typing import Any
+
+#: the pip requirement setup.py declares: both tested verls, nothing newer
+VERL_REQUIREMENT = "verl>=0.9.0.dev0,<=0.9.1"
+#: (version as verl reports it, what it is)
+TESTED_VERLS = (("0.9.0.dev", "commit 8a69493, the verl that verl-omni 0.2.0rc1 pins"), ("0.9.1", "release"))
+#: old module path -> where the installed verl has it (moved between the tested versions)
+MODULE_ALIASES = {"verl.utils.chat_template": "verl.utils.tokenizer.chat_template"}
+
+
+def _release(version: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in re.findall(r"\d+", version.split("dev")[0])[:3])
+
+
+def verl_version() -> str | None:
+    """The version string of the verl that ``import verl`` finds (not the pip metadata, which may be
+    another copy's), without importing verl; None when verl is absent."""
+    module = sys.modules.get("verl")
+    if module is not None and getattr(module, "__version__", None):
+        return str(module.__version__)
+    try:
+        spec = importlib.util.find_spec("verl")
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    for folder in spec.submodule_search_locations:
+        try:
+            with open(f"{folder}/version/version") as handle:
+                return handle.read().strip()
+        except OSError:
+            continue
+    return None
+
+
+def is_tested_verl(version: str | None = None) -> bool:
+    """Whether ``version`` (default: the importable verl) lies in the tested range 0.9.0.dev .. 0.9.1."""
+    version = version if version is not None else verl_version()
+    if not version:
+        return False
+    release = _release(version)
+    return (0, 9, 0) <= release <= (0, 9, 1)
+
+
+class _AliasLoader(importlib.abc.Loader):
+    """Loads an old module path as the module now living at ``target``."""
+
+    def __init__(self, target: str) -> None:
+        self.target = target
+
+    def create_module(self, spec: importlib.machinery.ModuleSpec) -> ModuleType:
+        return importlib.import_module(self.target)
+
+    def exec_module(self, module: ModuleType) -> None:
+        return None
+
+
+class _AliasFinder(importlib.abc.MetaPathFinder):
+    """Last on ``sys.meta_path``: asked only when no regular finder found the old path."""
+
+    def __init__(self, aliases: dict[str, str]) -> None:
+        self.aliases = dict(aliases)
+
+    def find_spec(self, fullname: str, path: Any, target: Any = None) -> importlib.machinery.ModuleSpec | None:
+        new = self.aliases.get(fullname)
+        if new is None:
+            return None
+        return importlib.machinery.ModuleSpec(fullname, _AliasLoader(new))
+
+
+def install_module_aliases(aliases: dict[str, str] | None = None) -> bool:
+    """Make each old module path importable as its new one, when (and only when) verl lacks the old path.
+
+    The finder goes last on ``sys.meta_path``, so a verl that still has the module (the pinned commit)
+    imports its own file and nothing is aliased. Nothing is imported here. Idempotent; returns True when
+    the finder is installed.
+    """
+    if any(isinstance(finder, _AliasFinder) for finder in sys.meta_path):
+        return True
+    sys.meta_path.append(_AliasFinder(aliases if aliases is not None else MODULE_ALIASES))
+    return True
