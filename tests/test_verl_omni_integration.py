@@ -1,17 +1,16 @@
-"""verl-omni integration: inert without verl-omni, and a registered ``digen`` trainer mode with it.
+"""verl-omni integration without verl-omni: the plugin is inert, and the config conversion (no silent drift).
 
-verl-omni is not installed here, so a minimal stand-in package is written to a temporary directory. It
-has the module path and registry API of verl-omni's v1 diffusion trainer
-(``verl_omni/trainer/diffusion/v1/trainer_base.py``: ``DIFFUSION_TRAINER_REGISTRY``,
-``register_diffusion_trainer``, ``get_diffusion_trainer_cls``; re-exported by the package). Its
-``__init__`` imports verl first, as the real package does. Checks that touch ``sys.path`` or
-``import verl`` run in a fresh interpreter.
+The checks against the real verl-omni package (registration, lazy import, Hydra composition, the v0-entry
+refusal, the dry run, two training steps through verl-omni's v1 entry point with both verl versions, every
+example script) are in tests/test_verl_omni_real.py. Checks that ``import verl`` run in a fresh interpreter.
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -23,45 +22,6 @@ from omegaconf import OmegaConf
 from verl_digen.integrations import verl_omni as vo
 
 ROOT = Path(__file__).resolve().parents[1]
-
-FAKE_TRAINER_BASE = '''
-"""Stand-in for verl_omni/trainer/diffusion/v1/trainer_base.py (registry API only)."""
-DIFFUSION_TRAINER_REGISTRY: dict = {}
-
-
-def register_diffusion_trainer(name):
-    def decorator(cls):
-        DIFFUSION_TRAINER_REGISTRY[name] = cls
-        return cls
-    return decorator
-
-
-def get_diffusion_trainer_cls(name):
-    try:
-        return DIFFUSION_TRAINER_REGISTRY[name]
-    except KeyError:
-        raise ValueError(f"Unknown diffusion trainer '{name}'.") from None
-
-
-@register_diffusion_trainer("sync")
-class PolicyGradientDiffusionTrainerV1Sync:
-    pass
-'''
-
-FAKE_FILES = {
-    "verl_omni/__init__.py": "import verl  # noqa: F401  (the real package imports verl while importing itself)\n",
-    "verl_omni/trainer/__init__.py": "",
-    "verl_omni/trainer/diffusion/__init__.py": "",
-    "verl_omni/trainer/diffusion/v1/__init__.py": (
-        "from verl_omni.trainer.diffusion.v1.trainer_base import (  # noqa: F401\n"
-        "    DIFFUSION_TRAINER_REGISTRY, get_diffusion_trainer_cls, register_diffusion_trainer)\n"
-    ),
-    "verl_omni/trainer/diffusion/v1/trainer_base.py": FAKE_TRAINER_BASE,
-    # a primary config shaped like verl_omni/trainer/config/diffusion_trainer.yaml's trainer section
-    "verl_omni/trainer/config/diffusion_trainer.yaml": (
-        "trainer:\n  use_v1: false\n  device: cuda\n  v1:\n    trainer_mode: sync\n"
-    ),
-}
 
 # keys and values as in verl-omni's examples/flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh, on top of
 # the defaults of verl_omni/trainer/config/diffusion_trainer.yaml and its diffusion/* groups
@@ -107,21 +67,13 @@ def _runnable(tmp_path: Path, **changes) -> dict:
             "algorithm": {**VERL_OMNI_SD35["algorithm"], "global_std": False}, **changes}
 
 
-def _fake_verl_omni(dest: Path) -> Path:
-    for rel, text in FAKE_FILES.items():
-        path = dest / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return dest
-
-
-def _run(code: str, extra_path: list[Path]) -> dict:
+def _run(code: str) -> dict:
     """Run ``code`` in a fresh interpreter (verl plugins on); its last stdout line is a JSON object."""
     env = {k: v for k, v in os.environ.items() if k not in ("VERL_USE_EXTERNAL_PLUGINS", "PYTHONPATH")}
-    env["PYTHONPATH"] = os.pathsep.join([*map(str, extra_path), str(ROOT)])
+    env["PYTHONPATH"] = str(ROOT)
     env["VERL_PLATFORM"] = "cpu"
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], env=env, capture_output=True, text=True,
-                          timeout=180, cwd=extra_path[0] if extra_path else ROOT)
+                          timeout=180, cwd=ROOT)
     assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -137,76 +89,10 @@ def test_inert_without_verl_omni():
         from verl_digen.integrations import verl_omni as vo
         print(json.dumps({"plugin": "verl_digen.plugin" in sys.modules, "omni": "verl_omni" in sys.modules,
                           "register": vo.register(), "hooks": [type(f).__name__ for f in sys.meta_path]}))
-    """, [])
+    """)
     assert out["plugin"] is True  # `import verl` loaded our entry point, and it did not fail
     assert out == {**out, "omni": False, "register": False}
     assert "_AfterImport" not in out["hooks"]  # nothing was installed
-
-
-def test_plugin_registers_digen_lazily_and_composes_trainer_digen(tmp_path):
-    """The real path: `import verl` runs our plugin, verl-omni's TaskRunner later resolves trainer_mode=digen."""
-    fake = _fake_verl_omni(tmp_path)
-    out = _run(f"""
-        import json, sys
-        import verl_omni  # imports verl first, which loads verl-digen's verl.plugins entry point
-        lazy = "{vo.REGISTRY_PACKAGE}" not in sys.modules  # our plugin did not import the registry itself
-        from verl_omni.trainer.diffusion.v1 import get_diffusion_trainer_cls
-        cls = get_diffusion_trainer_cls("digen")
-        from hydra import compose, initialize_config_dir
-        with initialize_config_dir(config_dir="{fake}/verl_omni/trainer/config", version_base=None):
-            cfg = compose("diffusion_trainer", overrides=["+trainer=digen", "trainer.v1.trainer_mode=digen"])
-        print(json.dumps({{"lazy": lazy, "cls": f"{{cls.__module__}}.{{cls.__qualname__}}",
-                          "sync": get_diffusion_trainer_cls("sync").__name__,
-                          "mode": cfg.trainer.mode, "trainer_mode": cfg.trainer.v1.trainer_mode,
-                          "policy": cfg.digen.tag.policy, "device": cfg.trainer.device}}))
-    """, [fake])
-    assert out["lazy"] is True
-    assert out["cls"] == "verl_digen.integrations.verl_omni.DigenVerlOmniTrainer"
-    assert out["sync"] == "PolicyGradientDiffusionTrainerV1Sync"  # verl-omni's own modes untouched
-    assert (out["mode"], out["trainer_mode"], out["policy"]) == ("digen", "digen", "bts")
-    assert out["device"] == "cuda"  # verl-omni's keys keep their values
-
-
-def test_register_eagerly_and_task_runner_protocol(tmp_path):
-    """register() with verl-omni importable, then the calls verl-omni's DiffusionTaskRunnerV1.run makes."""
-    fake = _fake_verl_omni(tmp_path)
-    config = json.dumps(_runnable(tmp_path))
-    out = _run(f"""
-        import json
-        from omegaconf import OmegaConf
-        from verl.utils.import_utils import load_class_from_fqn
-        from verl_digen.integrations import verl_omni as vo
-
-        calls = []
-        class FakeRuntime:
-            def __init__(self, cfg):
-                calls.append(("init", cfg.trainer.mode, cfg.rollout.micro_batch_size))
-            def fit(self):
-                calls.append(("fit",))
-                return "result"
-            def shutdown(self):
-                calls.append(("shutdown",))
-        vo.DigenVerlOmniTrainer.runtime_cls = FakeRuntime
-
-        registered = vo.register()
-        from verl_omni.trainer.diffusion.v1 import DIFFUSION_TRAINER_REGISTRY, get_diffusion_trainer_cls
-        config = OmegaConf.create(json.loads({config!r}))
-        OmegaConf.set_struct(config, True)  # Hydra hands the TaskRunner a struct config
-        trainer = get_diffusion_trainer_cls(config.trainer.v1.trainer_mode)(config=config)
-        trainer.init()
-        fqn = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
-        manager = load_class_from_fqn(fqn, "AgentLoopManager").create(
-            config=config, llm_client=trainer.get_llm_client(),
-            reward_loop_worker_handles=trainer.get_reward_handles())
-        result = trainer.fit(manager)
-        print(json.dumps({{"registered": registered, "again": vo.register(),
-                          "is_ours": DIFFUSION_TRAINER_REGISTRY["digen"] is vo.DigenVerlOmniTrainer,
-                          "fqn": fqn, "result": result, "calls": calls}}))
-    """, [fake])
-    assert out["registered"] is True and out["again"] is True and out["is_ours"] is True
-    assert out["fqn"] == "verl_digen.integrations.verl_omni.NullAgentLoopManager"
-    assert out["result"] == "result"
-    assert out["calls"] == [["init", "digen", 16], ["fit"], ["shutdown"]]  # 8 per GPU x 2 trainer workers
 
 
 def test_from_verl_omni_config_maps_a_recipe():
@@ -216,6 +102,7 @@ def test_from_verl_omni_config_maps_a_recipe():
         "data.train_batch_size": 8, "rollout.n": 8, "rollout.micro_batch_size": 16,
         "rollout.num_steps": 10, "rollout.noise_level": 0.8, "rollout.sde_type": "cps",
         "rollout.selection": "window", "rollout.train_steps": 3, "rollout.timestep_fraction": None,
+        "rollout.window_range": [0, 5], "rollout.guidance_scale": 1.0,
         "actor.clip_ratio": 1e-5, "algorithm.adv_clip": 5.0, "actor.kl_coef": 0.0, "algorithm.adv_std": "batch",
         "actor.lr": 1e-4, "actor.weight_decay": 1e-4, "actor.grad_clip": 1.0,
         "model.path": "stabilityai/stable-diffusion-3.5-medium", "model.arch": "sd3", "model.dtype": "bfloat16",
@@ -229,39 +116,137 @@ def test_from_verl_omni_config_maps_a_recipe():
         "trainer.device": "cuda",
     }
     joined = "\n".join(notes)
-    for key in ("ppo_mini_batch_size=4", "log_prob_micro_batch_size_per_gpu", "sde_window_range=[0, 5]", "reward.*"):
+    for key in ("ppo_mini_batch_size=4", "sde_window_range=[0, 5]", "sde_type=cps", "no scheduler config found"):
         assert key in joined, f"no note about {key}"
 
-    # the other SDE kinds, KL on, no window, fixed window, string LoRA targets
-    alt = vo.from_verl_omni_config({"actor_rollout_ref": {
-        "actor": {"use_kl_loss": True, "kl_loss_coef": 0.01},
-        "model": {"lora_rank": 8, "target_modules": "all-linear", "path": "/ckpt/Qwen/Qwen-Image"},
-        "rollout": {"pipeline": {"num_inference_steps": 20}, "algo": {"sde_type": "dance_sde"}}}})
-    assert (alt["actor.kl_coef"], alt["rollout.sde_type"], alt["model.arch"]) == (0.01, "dance_grpo", "qwen_image")
-    assert (alt["rollout.selection"], alt["rollout.train_steps"]) == ("first_k", 19)
-    assert "model.target_modules" not in alt
+
+def test_guidance_scale_takes_the_key_the_architecture_uses():
+    """Qwen-Image's pipelines take true_cfg_scale, SD3 / Wan take guidance_scale: neither becomes 1.0 silently."""
+    def cfg(path: str, **pipeline) -> tuple[float | None, str]:
+        notes: list[str] = []
+        out = vo.from_verl_omni_config({"actor_rollout_ref": {"model": {"path": path},
+                                                              "rollout": {"pipeline": pipeline}}}, notes=notes)
+        return out.get("rollout.guidance_scale"), "\n".join(notes)
+
+    assert cfg("Qwen/Qwen-Image", true_cfg_scale=4.0, guidance_scale=1.0)[0] == 4.0
+    assert cfg("Qwen/Qwen-Image", true_cfg_scale=4.0)[0] == 4.0
+    assert cfg("Wan-AI/Wan2.2-TI2V-5B-Diffusers", true_cfg_scale=5.0, guidance_scale=5.0)[0] == 5.0
+    assert cfg("stabilityai/stable-diffusion-3.5-medium", guidance_scale=4.5, true_cfg_scale=1.0)[0] == 4.5
+    assert cfg("stabilityai/stable-diffusion-3.5-medium", guidance_scale=None, true_cfg_scale=4.0)[0] == 4.0
+    scale, notes = cfg("Qwen/Qwen-Image", true_cfg_scale=4.0, guidance_scale=2.5)
+    assert scale == 4.0 and "guidance_scale=2.5: not used" in notes
+
+
+def test_sigma_shift_from_the_models_scheduler_config(tmp_path):
+    def shift(sched: dict, size: int = 512) -> float:
+        (tmp_path / "scheduler").mkdir(exist_ok=True)
+        (tmp_path / "scheduler" / "scheduler_config.json").write_text(json.dumps(sched))
+        out = vo.from_verl_omni_config({"actor_rollout_ref": {"model": {"path": str(tmp_path)}, "rollout": {
+            "pipeline": {"height": size, "width": size}}}})
+        return out["rollout.shift"]
+
+    assert shift({"shift": 3.0, "use_dynamic_shifting": False}) == 3.0  # SD3.5
+    # Qwen-Image: dynamic shift, mu linear in the image tokens (512px: 32 x 32 = 1024 tokens)
+    qwen = {"use_dynamic_shifting": True, "base_image_seq_len": 256, "max_image_seq_len": 8192,
+            "base_shift": 0.5, "max_shift": 0.9, "shift_terminal": 0.02}
+    mu = 0.5 + (0.9 - 0.5) / (8192 - 256) * (1024 - 256)
+    assert shift(qwen) == pytest.approx(math.exp(mu))
+    assert shift(qwen, size=1024) > shift(qwen, size=512)  # more tokens, more shift
+
+
+def test_dtype_device_grad_clip_and_window_range_defaults():
+    out = vo.from_verl_omni_config({
+        "actor_rollout_ref": {
+            "actor": {"fsdp_config": {"model_dtype": "fp32"}, "optim": {"clip_grad": 0.5}, "grad_clip": 1.0},
+            "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": "sde", "sde_window_size": 2}}},
+        "trainer": {"device": "gpu"}})
+    assert (out["model.dtype"], out["trainer.device"], out["actor.grad_clip"]) == ("float32", "cuda", 0.5)
+    assert (out["rollout.selection"], out["rollout.train_steps"], out["rollout.window_range"]) == ("window", 2, [0, 5])
     fixed = vo.from_verl_omni_config({"actor_rollout_ref": {"rollout": {"algo": {
         "sde_type": "sde", "sde_window_size": 2, "sde_window_range": [3, 5]}}}})
     assert (fixed["rollout.sde_type"], fixed["rollout.window_start"]) == ("flow_grpo", 3)
+    assert "rollout.window_range" not in fixed
 
 
-def test_converted_recipe_validates_and_names_what_it_cannot_take(tmp_path):
+def test_window_range_bounds_the_drawn_window():
+    from verl_digen.algo.selection import StepSelection
+
+    sel = StepSelection("window", k=2, window_range=(1, 5))
+    starts = {sel.window(10, seed=0, step=s)[0] for s in range(200)}
+    assert starts == {1, 2, 3}  # verl-omni: start in [lo, hi - k]
+    with pytest.raises(ValueError, match="window_range"):
+        StepSelection("window", k=2, window_range=(4, 5)).num_trained(10)
+
+
+def test_kl_coefficient_is_converted_to_verl_omnis_convention():
+    """verl-omni's sde KL is verl-digen's times |dt|: the coefficient is scaled by the trained steps' mean |dt|."""
+    notes: list[str] = []
+    out = vo.from_verl_omni_config({"actor_rollout_ref": {
+        "actor": {"use_kl_loss": True, "kl_loss_coef": 0.04},
+        "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": "sde"}}}}, notes=notes)
+    assert out["actor.kl_coef"] == pytest.approx(0.04 / 10)  # no shift: |dt| = 1 / T on every step
+    assert "kl_loss_coef=0.04: converted" in "\n".join(notes)
+    cps = vo.from_verl_omni_config({"actor_rollout_ref": {
+        "actor": {"use_kl_loss": True, "kl_loss_coef": 0.04},
+        "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": "cps"}}}})
+    assert cps["actor.kl_coef"] == 0.04  # CPS / DanceGRPO: the same convention, copied
+
+
+@pytest.mark.parametrize("key,value", [
+    ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "grpo_guard"),
+    ("actor_rollout_ref.model.algorithm", "mix_grpo"),
+    ("algorithm.trainer_type", "direct_preference"),
+    ("actor_rollout_ref.actor.fsdp_config.model_dtype", "fp8"),
+    ("trainer.device", "npu"),
+])
+def test_unsupported_settings_are_refused_naming_the_key(key, value):
+    from verl_digen.trainer.config import ConfigError
+
+    cfg = vo._nested({key: value})
+    with pytest.raises(ConfigError, match=re.escape(f"'{key}' = {value!r}")):
+        vo.from_verl_omni_config(cfg)
+
+
+def test_every_unconverted_key_is_named():
+    defaults = {"actor_rollout_ref": {"rollout": {"temperature": 1.0, "top_k": 0, "mirror": "${data.seed}"},
+                                      "actor": {"optim": {"lr": 1e-6}}},
+                "data": {"seed": None}, "trainer": {"test_freq": -1}}
+    raw = {"actor_rollout_ref": {"rollout": {"temperature": 0.5, "top_k": 0, "mirror": 7},
+                                 "actor": {"optim": {"lr": 1e-4}}},
+           "data": {"seed": 7}, "trainer": {"test_freq": -1, "brand_new": 1, "dry_run": True},
+           "digen": {"tag": {"policy": "bts"}}, "transfer_queue": {"enable": True}}
+    used: set[str] = set()
+    vo.from_verl_omni_config(raw, used=used)
+    changed, at_default = vo.unmapped_keys(raw, used, defaults)
+    # set by the recipe and not converted: named with their values; at defaults: named too
+    assert changed == {"actor_rollout_ref.rollout.temperature": 0.5, "data.seed": 7, "trainer.brand_new": 1}
+    assert sorted(at_default) == ["actor_rollout_ref.rollout.top_k", "trainer.test_freq"]
+
+
+def test_converted_recipe_validates_and_logs_every_note(tmp_path):
     from verl_digen.trainer.config import ConfigError
 
     good = _runnable(tmp_path)
-    cfg = vo.to_run_config(OmegaConf.create(good), log=lambda _: None)
+    logged: list[str] = []
+    cfg = vo.to_run_config(OmegaConf.create(good), log=logged.append)
     assert (cfg.trainer.mode, cfg.model.arch, cfg.rollout.micro_batch_size, cfg.algorithm.adv_std) == (
         "digen", "sd3", 16, "group")
     assert cfg.step_selection().kind == "window" and cfg.trained_steps() == 3
+    assert cfg.rollout.window_range == [0, 5]
+    joined = "\n".join(logged)
+    assert "actor_rollout_ref.actor.strategy='fsdp2' is not converted" in joined  # no verl-omni defaults here
+    assert "reward.reward_model.model_path='Qwen/Qwen2.5-VL-3B-Instruct' is not converted" in joined
 
-    # verl-digen keys written into the verl-omni config (`+reward.name=...`, `+trainer=digen`'s digen.*)
-    extra = _runnable(tmp_path, rollout={"guidance_scale": 4.5},
+    # verl-digen keys written into the verl-omni config (`+reward.name=...`, `+trainer=digen`'s digen.*);
+    # in verl-digen-only sections they win over the conversion (+rollout.shift replaces the model's shift)
+    extra = _runnable(tmp_path, rollout={"guidance_scale": 4.5, "shift": 3.0},
                       digen={"tsp": {"degree": 3}, "tag": {"policy": "never"}},
                       reward={**VERL_OMNI_SD35["reward"], "name": "jpeg_compressibility"})
-    extra["trainer"] = {**extra["trainer"], "mode": "separate", "logger": ["console", "mlflow"]}
+    extra["trainer"] = {**extra["trainer"], "mode": "separate", "logger": ["console", "mlflow"], "device": "gpu"}
     cfg = vo.to_run_config(extra, log=lambda _: None)
-    assert (cfg.rollout.guidance_scale, cfg.digen.tsp.degree, cfg.digen.tag.policy) == (4.5, 3, "never")
+    assert (cfg.rollout.guidance_scale, cfg.rollout.shift, cfg.digen.tsp.degree) == (4.5, 3.0, 3)
     assert (cfg.reward.name, cfg.trainer.mode, cfg.trainer.logger) == ("jpeg_compressibility", "separate", ["console"])
+    assert cfg.trainer.device == "cuda"  # verl-omni's `gpu`, converted; the same-named key does not override it
 
     with pytest.raises(ConfigError, match="resources"):  # the pool split has no verl-omni counterpart
         vo.to_run_config({k: v for k, v in good.items() if k != "resources"}, log=lambda _: None)
@@ -270,3 +255,53 @@ def test_converted_recipe_validates_and_names_what_it_cannot_take(tmp_path):
     parquet = {**good, "data": {**good["data"], "train_files": "/data/ocr/sd3/train.parquet"}}
     with pytest.raises(ConfigError, match="data.train_files"):
         vo.to_run_config(parquet, log=lambda _: None)
+
+
+def test_task_runner_protocol_and_dry_run(tmp_path, capsys):
+    """The calls verl-omni's DiffusionTaskRunnerV1.run makes, on a fake runtime; a dry run builds nothing."""
+    from verl.utils.import_utils import load_class_from_fqn
+
+    calls = []
+
+    class FakeRuntime:
+        def __init__(self, cfg):
+            calls.append(("init", cfg.trainer.mode, cfg.rollout.micro_batch_size))
+
+        def fit(self):
+            calls.append(("fit",))
+            return "result"
+
+        def shutdown(self):
+            calls.append(("shutdown",))
+
+    class Trainer(vo.DigenVerlOmniTrainer):
+        runtime_cls = FakeRuntime
+
+    config = OmegaConf.create(_runnable(tmp_path))
+    OmegaConf.set_struct(config, True)  # Hydra hands the TaskRunner a struct config
+    trainer = Trainer(config=config)
+    trainer.init()
+    fqn = config.actor_rollout_ref.rollout.agent.agent_loop_manager_class
+    manager = load_class_from_fqn(fqn, "AgentLoopManager").create(
+        config=config, llm_client=trainer.get_llm_client(), reward_loop_worker_handles=trainer.get_reward_handles())
+    assert trainer.fit(manager) == "result"
+    assert fqn == "verl_digen.integrations.verl_omni.NullAgentLoopManager"
+    assert calls == [("init", "digen", 16), ("fit",), ("shutdown",)]  # 8 per GPU x 2 trainer workers
+
+    calls.clear()
+    dry = OmegaConf.create(_runnable(tmp_path, trainer={**VERL_OMNI_SD35["trainer"], "dry_run": True}))
+    trainer = Trainer(config=dry)
+    trainer.init()
+    assert trainer.fit(None) is None and calls == []
+    assert "resource plan:" in capsys.readouterr().out
+
+
+def test_entry_check_refuses_the_v0_paths():
+    v1 = {"trainer": {"use_v1": True, "v1": {"trainer_mode": "digen"}}, "digen": {}}
+    assert vo.check_entry(OmegaConf.create(v1), main_module=vo.V1_ENTRY) is None
+    assert vo.check_entry(OmegaConf.create({"trainer": {"use_v1": False, "v1": {"trainer_mode": "sync"}}}),
+                          main_module=vo.V0_ENTRY) is None  # not a digen run: none of our business
+    off = {"trainer": {"use_v1": False, "v1": {"trainer_mode": "digen"}}, "digen": {}}
+    assert "trainer.use_v1=False" in vo.check_entry(OmegaConf.create(off), main_module=vo.V1_ENTRY)
+    message = vo.check_entry(OmegaConf.create(v1), main_module=vo.V0_ENTRY)
+    assert f"python -m {vo.V0_ENTRY}" in message and f"python -m {vo.V1_ENTRY} trainer.use_v1=true" in message

@@ -70,6 +70,7 @@ class RolloutConfig:
     train_steps: int | None = 4  # K trained steps (or use timestep_fraction)
     timestep_fraction: float | None = None
     window_start: int | None = None
+    window_range: list[int] | None = None  # [lo, hi]: a drawn window lies in steps [lo, hi) (sde_window_range)
     shared_group_noise: bool = False
     backend: str = "diffusers"  # rollout engine of the generator pool: diffusers | vllm (vLLM-Omni, GPU)
 
@@ -188,7 +189,8 @@ class RunConfig:
     def step_selection(self) -> StepSelection:
         r = self.rollout
         return StepSelection(r.selection, k=None if r.timestep_fraction is not None else r.train_steps,
-                             timestep_fraction=r.timestep_fraction, window_start=r.window_start)
+                             timestep_fraction=r.timestep_fraction, window_start=r.window_start,
+                             window_range=tuple(r.window_range) if r.window_range is not None else None)
 
     def sampler(self) -> SamplerConfig:
         r = self.rollout
@@ -324,6 +326,9 @@ def validate(cfg: RunConfig) -> None:
         raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
     if cfg.reward.weights and cfg.reward.kwargs:
         raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
+    wr = r.window_range
+    if wr is not None and not (len(wr) == 2 and all(isinstance(v, int) for v in wr)):
+        raise ConfigError("rollout.window_range", r.window_range, "null or [lo, hi] (two step indices)")
     try:
         k = cfg.trained_steps()
     except ValueError as err:
