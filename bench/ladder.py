@@ -1,7 +1,9 @@
 """The ablation ladder per preset and per recipe: naive (separate) -> +GAP -> +TSP -> +TAG -> +TCSS,
-with colocated for reference, simulated under each one's cost model (docs/simulator.md).
+with the three colocated baselines for reference, simulated under each one's cost model
+(docs/simulator.md).
 
-Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated.
+Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated
+(against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni}.
 The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung.
 Usage: python bench/ladder.py [--json] [--steps N]
 """
@@ -16,7 +18,7 @@ from hydra import compose, initialize_config_dir
 from verl_digen import recipes
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import ScheduleConfig
-from verl_digen.schedule.costs import CostModel
+from verl_digen.schedule.costs import BASELINES, VERL_OMNI, CostModel
 from verl_digen.schedule.simulator import ablation_configs, simulate
 from verl_digen.trainer.config import load
 from verl_digen.trainer.plan import cluster_costs
@@ -24,11 +26,14 @@ from verl_digen.trainer.plan import cluster_costs
 
 def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel) -> list[dict]:
     staleness = base.staleness or 0.25
-    rungs = ablation_configs(base, base.mb_size, base.tsp_degree, "bts", staleness)
-    times = {label: simulate(cfg, model, label=label).step_time for label, cfg in rungs}
-    naive, colo = times["naive (separate)"], times["colocated"]
+    rungs = ablation_configs(base, base.mb_size, base.tsp_degree, "bts", staleness, model.generator.workers)
+    times = {r.label: simulate(r.config, model, label=r.label, baseline=r.baseline).step_time for r in rungs}
+    naive = times["naive (separate)"]
+    colo = {b: times[f"colocated:{b}"] for b in BASELINES}
     return [{"source": source, "preset": name, "rung": label, "step_s": t, "speedup_vs_naive": naive / t,
-             "speedup_vs_colocated": colo / t} for label, t in times.items()]
+             "speedup_vs_colocated": colo[VERL_OMNI] / t,
+             **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()}}
+            for label, t in times.items()]
 
 
 def preset_rows(steps: int) -> list[dict]:
@@ -59,10 +64,11 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=3)
     args = ap.parse_args()
     rows = preset_rows(args.steps) + recipe_rows(args.steps)
-    print(f"{'source':>6s} {'preset':<28s} {'rung':<18s} {'step s':>9s} {'vs naive':>8s} {'vs colo':>8s}")
+    print(f"{'source':>6s} {'preset':<28s} {'rung':<20s} {'step s':>9s} {'vs naive':>8s} {'vs vo':>6s} "
+          f"{'vs nat':>6s}")
     for r in rows:
-        print(f"{r['source']:>6s} {r['preset']:<28s} {r['rung']:<18s} {r['step_s']:9.1f} "
-              f"{r['speedup_vs_naive']:8.2f} {r['speedup_vs_colocated']:8.2f}")
+        print(f"{r['source']:>6s} {r['preset']:<28s} {r['rung']:<20s} {r['step_s']:9.1f} "
+              f"{r['speedup_vs_naive']:8.2f} {r['speedup_vs_colocated']:6.2f} {r['speedup_vs_colocated_native']:6.2f}")
     by = {}
     for r in rows:
         by.setdefault((r["source"], r["preset"]), {})[r["rung"].split(" (")[0]] = r["step_s"]

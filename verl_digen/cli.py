@@ -14,26 +14,36 @@ from dataclasses import replace
 
 from verl_digen.schedule import presets as preset_lib
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
-from verl_digen.schedule.costs import CostModel
-from verl_digen.schedule.profile_io import Workload, dump_profile, load
-from verl_digen.schedule.simulator import SimResult, ablation_configs, simulate
+from verl_digen.schedule.costs import BASELINES, VERL_OMNI, CostModel
+from verl_digen.schedule.fabric import SHARDINGS
+from verl_digen.schedule.gap import spread_mb_size
+from verl_digen.schedule.profile_io import Workload, dump_profile
+from verl_digen.schedule.simulator import Rung, SimResult, ablation_configs, simulate
+
+FABRIC_ARGS = {"gpus_per_node": int, "nics_per_node": int, "nic_gbs": float, "intra_gbs": float, "sharding": str}
+SETTING_ARGS = {"sampling_steps": int, "timestep_fraction": float, "keep_fraction": float}
 
 
-def _load_source(args: argparse.Namespace) -> tuple[str, CostModel, Workload]:
-    if args.profile:
-        model, wl = load(args.profile)
-        name = args.profile
-    else:
-        p = preset_lib.get(args.preset)
-        model, wl, name = p.model, p.workload, p.name
+def _load_source(args: argparse.Namespace) -> tuple[str, CostModel, Workload, bool]:
+    """(name, cost model, workload, fixed split) of ``--preset`` / ``--profile`` with the overrides."""
+    name, model, wl, spec = preset_lib.resolve(args.profile or args.preset)
+    fabric = {k: getattr(args, k) for k in FABRIC_ARGS if getattr(args, k, None) is not None}
+    setting = {k: getattr(args, k) for k in SETTING_ARGS if getattr(args, k, None) is not None}
+    if fabric or setting:
+        if spec is None:
+            flags = ", ".join("--" + k.replace("_", "-") for k in (*fabric, *setting))
+            raise ValueError(f"{flags} change how a preset is derived; a measured profile already holds its "
+                             "communication and workload in its measured costs (edit the profile instead)")
+        p = spec.build(fabric=fabric, **setting)
+        model, wl = p.model, replace(p.workload, **{k: getattr(wl, k) for k in ("prompts", "group_size")})
     wl = wl or Workload()
     over = {k: getattr(args, k) for k in ("prompts", "group_size", "mb_size", "tsp_degree", "staleness", "steps",
                                           "policy") if getattr(args, k, None) is not None}
     wl = replace(wl, **over)
-    if args.generators or args.trainers:
+    if getattr(args, "generators", None) or getattr(args, "trainers", None):
         model = model.with_workers(args.generators or model.generator.workers,
                                    args.trainers or model.trainer.workers)
-    return name, model, wl
+    return name, model, wl, bool(spec and spec.heterogeneous)
 
 
 def _add_source_args(p: argparse.ArgumentParser) -> None:
@@ -48,6 +58,18 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--staleness", type=float, help="TCSS bound in [0, 1]")
     p.add_argument("--steps", type=int, help="global steps to simulate (step time = mean)")
     p.add_argument("--policy", help="TAG policy: never, static:K, adaptive[:R], bts")
+    p.add_argument("--baseline", choices=BASELINES, default=VERL_OMNI,
+                   help="the colocated run to compare against (default %(default)s; docs/simulator.md)")
+    topo = p.add_argument_group("cluster (presets only; docs/calibration.md)")
+    topo.add_argument("--gpus-per-node", dest="gpus_per_node", type=int)
+    topo.add_argument("--nics-per-node", dest="nics_per_node", type=int)
+    topo.add_argument("--nic-gbs", dest="nic_gbs", type=float, help="one NIC, GB/s (400 Gb/s = 50)")
+    topo.add_argument("--intra-gbs", dest="intra_gbs", type=float, help="per-GPU bandwidth inside a node, GB/s")
+    topo.add_argument("--sharding", choices=SHARDINGS, help="FSDP: full or hybrid (shard in a node)")
+    work = p.add_argument_group("workload (presets only)")
+    work.add_argument("--sampling-steps", dest="sampling_steps", type=int)
+    work.add_argument("--timestep-fraction", dest="timestep_fraction", type=float)
+    work.add_argument("--keep-fraction", dest="keep_fraction", type=float, help="best-of-N: share trained")
     p.add_argument("--json", action="store_true", help="print the rows as JSON on the last line")
 
 
@@ -55,10 +77,14 @@ def _fmt(v, spec: str) -> str:
     return "-" if v is None else format(v, spec)
 
 
-def _table(results: list[SimResult]) -> str:
-    colo = next((r.step_time for r in results if r.config.mode == COLOCATED), None)
+def _colocated(results: list[SimResult], baseline: str) -> float | None:
+    return next((r.step_time for r in results if r.baseline == baseline), None)
+
+
+def _table(results: list[SimResult], baseline: str) -> str:
+    colo = _colocated(results, baseline)
     naive = next((r.step_time for r in results if r.config.mode == SEPARATE), None)
-    head = (f"{'configuration':28s} {'step (s)':>9s} {'samples/GPU/s':>13s} {'vs colo':>8s} {'vs naive':>8s} "
+    head = (f"{'configuration':28s} {'step (s)':>9s} {'samples/GPU/s':>13s} {'vs colo*':>8s} {'vs naive':>8s} "
             f"{'of ideal':>8s} {'gen bubble':>10s} {'trn bubble':>10s}")
     lines = [head, "-" * len(head)]
     for r in results:
@@ -72,28 +98,37 @@ def _table(results: list[SimResult]) -> str:
     return "\n".join(lines)
 
 
+def _single(mode: str, wl: Workload, generators: int) -> ScheduleConfig:
+    """The ``--only`` configuration of one mode (any micro-batch size works for the baselines)."""
+    common = dict(prompts=wl.prompts, group_size=wl.group_size, steps=wl.steps)
+    if mode == COLOCATED:
+        return ScheduleConfig(mb_size=wl.group_size, mode=COLOCATED, partition="batch", **common)
+    if mode == SEPARATE:
+        return ScheduleConfig(mb_size=spread_mb_size(wl.prompts, wl.group_size, generators), mode=SEPARATE,
+                              partition="gap", **common)
+    return ScheduleConfig(mb_size=wl.mb_size, mode=DIGEN, partition="gap", tsp_degree=wl.tsp_degree,
+                          policy=wl.policy, staleness=wl.staleness, **common)
+
+
 def cmd_simulate(args: argparse.Namespace) -> int:
-    name, model, wl = _load_source(args)
+    name, model, wl, _ = _load_source(args)
     if args.dump_profile:
         dump_profile(model, args.dump_profile, name=name, workload=wl)
     base = ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.mb_size, steps=wl.steps)
+    G = model.generator.workers
     if args.only:
-        cfg = ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.mb_size, steps=wl.steps,
-                             mode=args.only, partition="gap" if args.only == DIGEN else "batch",
-                             tsp_degree=wl.tsp_degree if args.only == DIGEN else 1,
-                             policy=wl.policy if args.only == DIGEN else "never",
-                             staleness=wl.staleness if args.only == DIGEN else 0.0)
-        if args.only != DIGEN:
-            cfg = replace(cfg, mb_size=wl.group_size)
-        runs = [(args.only, cfg)]
+        runs = [Rung(f"colocated:{args.baseline}" if args.only == COLOCATED else args.only,
+                     _single(args.only, wl, G), args.baseline)]
     else:
-        runs = ablation_configs(base, wl.mb_size, wl.tsp_degree, wl.policy, wl.staleness)
-    results = [simulate(cfg, model, label=label, noise=args.noise, seed=args.seed) for label, cfg in runs]
+        runs = ablation_configs(base, wl.mb_size, wl.tsp_degree, wl.policy, wl.staleness, G)
+    results = [simulate(r.config, model, label=r.label, noise=args.noise, seed=args.seed, baseline=r.baseline)
+               for r in runs]
     g, r = model.generator, model.trainer
     print(f"{name}: {g.workers} x {g.hardware.name} generate, {r.workers} x {r.hardware.name} train; "
           f"batch {wl.prompts} x {wl.group_size}, micro-batch {wl.mb_size}, TSP {wl.tsp_degree}, "
           f"{wl.steps} steps")
-    print(_table(results))
+    print(_table(results, args.baseline))
+    print(f"* vs colocated:{args.baseline} (--baseline picks another)")
     last = results[-1]
     if last.bts_predicted:
         print(f"BTS predicted optimizer-step end of step 0: {last.bts_predicted[0]:.2f} s; "
@@ -109,27 +144,33 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         save_gantt_png(last.timeline, args.png, title=f"{name}: {last.label}", max_steps=args.png_steps)
         print(f"gantt ({last.label}) -> {args.png}")
     if args.json:
-        colo = next((r.step_time for r in results if r.config.mode == COLOCATED), None)
+        colos = {b: _colocated(results, b) for b in BASELINES}
         naive = next((r.step_time for r in results if r.config.mode == SEPARATE), None)
         print(json.dumps([{**r.row(), "preset": name, "rung": r.label, "step_s": r.step_time,
                            "speedup_vs_naive": naive / r.step_time if naive else None,
-                           "speedup_vs_colocated": colo / r.step_time if colo else None} for r in results]))
+                           "speedup_vs_colocated": colos[args.baseline] / r.step_time if colos[args.baseline] else None,
+                           **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / r.step_time if c else None
+                              for b, c in colos.items()}} for r in results]))
     return 0
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from verl_digen.schedule.plan import search
+    from verl_digen.schedule.plan import colocated_baselines, search, verdict
 
-    name, model, wl = _load_source(args)
+    name, model, wl, fixed = _load_source(args)
     total = args.gpus or model.total_workers
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
-    rows = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers)
-    colo = simulate(ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.group_size,
-                                   steps=wl.steps, mode=COLOCATED, partition="batch"), model.with_workers(
-                        max(1, total // 2), total - max(1, total // 2)))
-    print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}; colocated step {colo.step_time:.2f} s")
-    head = (f"{'gen':>4s} {'train':>5s} {'mb':>3s} {'policy':>12s} {'stale':>5s} {'step (s)':>9s} {'vs colo':>8s} "
+    rows = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers,
+                  fixed_split=fixed, progress=lambda m: print(f"  searching {m}", file=sys.stderr, flush=True))
+    cluster = model if total == model.total_workers else model.with_workers(max(1, total // 2),
+                                                                              total - max(1, total // 2))
+    colos = colocated_baselines(cluster, wl)
+    colo = colos[args.baseline]
+    print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
+          (" (pools fixed by the hardware)" if fixed else ""))
+    print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))
+    head = (f"{'gen':>4s} {'train':>5s} {'mb':>3s} {'policy':>12s} {'stale':>5s} {'step (s)':>9s} {'vs colo*':>8s} "
             f"{'of ideal':>8s}")
     print(head)
     print("-" * len(head))
@@ -137,8 +178,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
         r = row.result
         print(f"{row.generators:4d} {row.trainers:5d} {row.mb_size:3d} {row.policy:>12s} {row.staleness:5.2f} "
               f"{r.step_time:9.2f} {colo.step_time / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
+    print(f"* vs colocated:{args.baseline}")
+    for line in verdict(rows[0], colos, cluster, args.baseline):
+        print(line)
     if args.json:
-        print(json.dumps([row.as_dict() for row in rows[: args.top]]))
+        print(json.dumps([{**row.as_dict(), **{f"speedup_vs_colocated_{b.replace('-', '_')}":
+                                               c.step_time / row.result.step_time for b, c in colos.items()}}
+                          for row in rows[: args.top]]))
     return 0
 
 

@@ -23,11 +23,12 @@ def test_every_preset_simulates_the_whole_ladder_and_keeps_invariants():
         wl = p.workload
         base = ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.mb_size, steps=2)
         results = run_ablation(base, p.model, wl.mb_size, wl.tsp_degree, "bts", wl.staleness)
-        assert [r.label for r in results][:3] == ["colocated", "naive (separate)", "+GAP"]
-        for r in results[1:]:
+        assert [r.label for r in results][:5] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
+                                                  "naive (separate)", "+GAP"]
+        for r in results[3:]:
             check_timeline(r.timeline, r.config.staleness)
             assert 0 < r.fraction_of_ideal <= 1 + 1e-9
-        naive, tag = results[1].step_time, results[4].step_time
+        naive, tag = results[3].step_time, results[6].step_time
         assert tag < naive  # pipelining + TSP beat naive disaggregation in every preset
     with pytest.raises(ValueError, match="unknown preset"):
         presets.get("sdxl")
@@ -85,13 +86,19 @@ def test_cli_simulate_plan_and_errors(tmp_path, capsys):
                  "--dump-profile", str(prof), "--json"]) == 0
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])
-    assert [r["label"] for r in rows][:2] == ["colocated", "naive (separate)"]
-    assert [r["rung"] for r in rows][2:5] == ["+GAP", "+TSP", "+TAG (bts)"] and {r["preset"] for r in rows} == {
+    assert [r["label"] for r in rows][:4] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
+                                              "naive (separate)"]
+    assert [r["rung"] for r in rows][4:7] == ["+GAP", "+TSP", "+TAG (bts)"] and {r["preset"] for r in rows} == {
         "flux-12b-16"}
-    naive = rows[1]["step_s"]
+    naive, vo = rows[3]["step_s"], rows[2]["step_s"]
     assert all(r["speedup_vs_naive"] == pytest.approx(naive / r["step_s"]) for r in rows)
+    assert all(r["speedup_vs_colocated"] == pytest.approx(vo / r["step_s"]) for r in rows)  # default verl-omni
+    assert all(r["speedup_vs_colocated_native"] == pytest.approx(rows[1]["step_s"] / r["step_s"]) for r in rows)
     assert "+TCSS (0.25)" in out and trace.exists() and png.exists()
     assert main(["simulate", "--profile", str(prof), "--only", "digen", "--policy", "adaptive"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", "--profile", str(prof), "--nics-per-node", "8"]) == 2
+    assert "--nics-per-node change how a preset is derived" in capsys.readouterr().err
     assert main(["plan", "--preset", "qwen-image-20b-16", "--gpus", "6", "--top", "3", "--json"]) == 0
     plan_rows = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert len(plan_rows) == 3 and all(r["generators"] + r["trainers"] == 6 for r in plan_rows)
@@ -99,3 +106,38 @@ def test_cli_simulate_plan_and_errors(tmp_path, capsys):
     assert main(["simulate", "--staleness", "2"]) == 2
     assert main(["simulate", "--policy", "sometimes"]) == 2
     assert "unknown TAG policy" in capsys.readouterr().err
+
+
+def test_cli_single_modes_take_any_micro_batch_size(capsys):
+    """--only colocated / separate used to fail unless --mb-size was a multiple of the group size."""
+    for mode in ("colocated", "separate", "digen"):
+        assert main(["simulate", "--preset", "wan2.1-14b-16", "--only", mode, "--mb-size", "2", "--steps", "2",
+                     "--json"]) == 0, mode
+        (row,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert row["mode"] == mode and row["step_s"] > 0
+    assert main(["simulate", "--preset", "wan2.1-14b-16", "--only", "colocated", "--baseline", "native",
+                 "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert row["baseline"] == "native" and row["rung"] == "colocated:native"
+
+
+def test_plan_keeps_a_heterogeneous_cluster_and_says_when_colocated_wins(capsys):
+    assert main(["plan", "--preset", "hunyuanvideo-13b-hetero", "--top", "4", "--json"]) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert {(r["generators"], r["trainers"]) for r in rows} == {(8, 8)}  # 9 A + 7 C would be another cluster
+    assert "pools fixed by the hardware" in out
+    assert main(["plan", "--preset", "hunyuanvideo-13b-hetero", "--gpus", "12"]) == 2
+    assert "fixed by its hardware" in capsys.readouterr().err
+    # one NIC per node: FSDP over the whole cluster crosses the thin network, digen wins ...
+    assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0"]) == 0
+    thin = capsys.readouterr().out
+    assert "recommendation: digen" in thin
+    # ... eight NICs per node: colocated training loses little by spanning every GPU, colocated wins
+    assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0",
+                 "--nics-per-node", "8"]) == 0
+    fat = capsys.readouterr().out
+    assert "recommendation: stay colocated" in fat and "FSDP traffic per training pass" in fat
+    # topology knobs re-derive a preset; a measured profile cannot be re-derived
+    assert main(["simulate", "--profile", "nonexistent.yaml"]) == 2
+    assert "neither a preset" in capsys.readouterr().err

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from verl_digen.algo.seeding import sample_generator, sample_seed
+from verl_digen.schedule.costs import trained_steps
 
 SELECTION_KINDS = ("first_k", "random_k", "window")
 
@@ -43,7 +44,7 @@ class StepSelection:
         else:
             if not 0.0 < self.timestep_fraction <= 1.0:
                 raise ValueError(f"timestep_fraction must lie in (0, 1], got {self.timestep_fraction}")
-            k = max(1, int(num_steps * self.timestep_fraction))
+            k = trained_steps(num_steps, self.timestep_fraction)
         if not 1 <= k <= num_steps:
             raise ValueError(f"number of trained steps k={k} must lie in [1, {num_steps}] (the sampling steps)")
         if self.kind == "window" and self.window_start is not None:

@@ -12,6 +12,7 @@ from .actions import Action
 from .config import COLOCATED, ScheduleConfig
 from .costs import (
     GENERATE,
+    IDEAL,
     OPTIMIZER_STEP,
     SCORE,
     SWITCH_TO_GEN,
@@ -25,9 +26,9 @@ from .timeline import Record, Timeline
 PHASES = (SWITCH_TO_GEN, GENERATE, SCORE, SWITCH_TO_TRAIN, UPDATE, OPTIMIZER_STEP)
 
 
-def colocated_costs(model: CostModel, batch: int, tsp_degree: int = 1) -> StageCosts:
+def colocated_costs(model: CostModel, batch: int, tsp_degree: int = 1, baseline: str = IDEAL) -> StageCosts:
     """Each colocated phase's duration as StageCosts (one 'micro-batch' = the whole batch)."""
-    ph = model.colocated_phases(batch, tsp_degree)
+    ph = model.colocated_phases(batch, tsp_degree, baseline)
     return StageCosts(generate=ph[GENERATE], tag_generate=0.0, score=ph[SCORE], update=ph[UPDATE],
                       switch_to_gen=ph[SWITCH_TO_GEN], switch_to_train=ph[SWITCH_TO_TRAIN],
                       optimizer_step=ph[OPTIMIZER_STEP])

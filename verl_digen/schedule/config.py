@@ -11,6 +11,9 @@ SEPARATE = "separate"
 DIGEN = "digen"
 MODES = (COLOCATED, SEPARATE, DIGEN)
 UPDATE_GRANULARITIES = ("unit", "micro_batch")
+BATCHED = "batched"  # an update's samples share each training pass (verl-digen's trainer)
+PER_SAMPLE = "per_sample"  # one sample per pass, as the flow_grpo / DanceGRPO training loops do
+TRAIN_LOOPS = (BATCHED, PER_SAMPLE)
 
 
 @dataclass(frozen=True)
@@ -26,6 +29,8 @@ class ScheduleConfig:
     ``update``: ``unit`` trains a whole release unit (its complete GRPO groups; the whole batch in
     ``separate`` mode) per update action, which fills the trainer's data-parallel ranks;
     ``micro_batch`` trains each generated micro-batch on its own.
+    ``train_loop``: ``batched`` (an update's samples share each pass) or ``per_sample`` (the upstream
+    scripts' loop: one sample per pass; the simulator's naive-disaggregation rungs).
     """
 
     prompts: int
@@ -38,6 +43,7 @@ class ScheduleConfig:
     policy: str = "never"
     staleness: float = 0.0
     update: str = "unit"
+    train_loop: str = BATCHED
 
     def __post_init__(self) -> None:
         if self.mode not in MODES:
@@ -54,6 +60,8 @@ class ScheduleConfig:
             raise ValueError(f"TCSS (staleness > 0) needs mode 'digen', not {self.mode!r}")
         if self.update not in UPDATE_GRANULARITIES:
             raise ValueError(f"unknown update granularity {self.update!r}; expected one of {UPDATE_GRANULARITIES}")
+        if self.train_loop not in TRAIN_LOOPS:
+            raise ValueError(f"unknown train_loop {self.train_loop!r}; expected one of {TRAIN_LOOPS}")
         validate(self.prompts, self.group_size, self.mb_size, 1, self.partition)
         from .policies import parse_policy  # validate the spec early (clear error on typos)
 

@@ -20,7 +20,8 @@ micro-batches on its own, so ``tag_generate`` is one micro-batch on one trainer 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, fields, replace
+from collections.abc import Callable
+from dataclasses import dataclass, field, fields, replace
 
 # Action kinds, shared by the scheduler, the timeline, the profiler and the profile format.
 GENERATE = "generate"
@@ -48,6 +49,22 @@ KINDS = (
 #: cluster-level costs that are one number (not per micro-batch)
 SCALAR_COSTS = ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync", "publish")
 
+# The colocated baselines (docs/simulator.md, "Baselines"): what users run today on one pool.
+IDEAL = "ideal"  # batched sampling through full weights, TSP as configured, no recompute, no engine
+NATIVE = "native"  # flow_grpo / DanceGRPO scripts: sampling through the FSDP-sharded model one sample at a
+# time, one backward per (sample, timestep), reward inline, no switching
+VERL_OMNI = "verl-omni"  # rollout engine with request batching, sleep/wake + weight resharding every step,
+# an old-log-prob recompute pass, per-timestep training
+BASELINES = (IDEAL, NATIVE, VERL_OMNI)
+
+
+def trained_steps(sampling_steps: int, fraction: float) -> int:
+    """K trained timesteps of ``sampling_steps`` at ``fraction`` (DanceGRPO's ``int(T * fraction)``),
+    at least one; the one rule the recipes, the presets and the sampler share."""
+    if not 0 < fraction <= 1:
+        raise ValueError(f"timestep fraction must be in (0, 1], got {fraction}")
+    return max(1, int(sampling_steps * fraction))
+
 
 def _check_cost(name: str, value: float) -> None:
     if not isinstance(value, (int, float)) or math.isnan(value) or math.isinf(value):
@@ -58,22 +75,28 @@ def _check_cost(name: str, value: float) -> None:
 
 @dataclass(frozen=True)
 class Affine:
-    """Duration ``fixed + per_unit * units`` (seconds); zero units cost nothing."""
+    """Duration ``max(fixed + per_unit * units, floor)`` (seconds); zero units cost nothing.
+
+    ``floor`` is work that runs concurrently with the per-unit compute and bounds the call from below:
+    a training pass's FSDP communication overlaps its compute, so a pass takes max(compute, comm).
+    """
 
     fixed: float = 0.0
     per_unit: float = 0.0
+    floor: float = 0.0
 
     def __post_init__(self) -> None:
         _check_cost("fixed", self.fixed)
         _check_cost("per_unit", self.per_unit)
+        _check_cost("floor", self.floor)
 
     def __call__(self, units: float) -> float:
         if units <= 0:
             return 0.0
-        return self.fixed + self.per_unit * units
+        return max(self.fixed + self.per_unit * units, self.floor)
 
     def scaled(self, factor: float) -> Affine:
-        return Affine(self.fixed * factor, self.per_unit * factor)
+        return Affine(self.fixed * factor, self.per_unit * factor, self.floor * factor)
 
 
 @dataclass(frozen=True)
@@ -151,8 +174,30 @@ def _rows_per_rank(rows: float, ranks: int) -> float:
 
 
 @dataclass(frozen=True)
+class BaselineCosts:
+    """What the colocated baselines users run pay beyond the idealized one (seconds; 0 = not known,
+    as for a measured profile, which then shows the idealized costs for those terms)."""
+
+    shard_gather: float = 0.0  # all-gather of the full weights over every GPU (one sampling forward
+    # through FSDP shards pays it; it overlaps that forward's compute)
+    sampling_forwards: int = 0  # transformer forwards per sample (sampling steps x CFG passes)
+    rollout_wake: float = 0.0  # rollout engine: weights back on the GPU + resharded from FSDP, per step
+    rollout_sleep: float = 0.0  # rollout engine: weights and cache off the GPU before training
+    recompute_share: float = 0.25  # old-log-prob forward relative to one training pass's compute
+
+    def __post_init__(self) -> None:
+        for name in ("shard_gather", "rollout_wake", "rollout_sleep", "recompute_share"):
+            _check_cost(name, getattr(self, name))
+
+
+@dataclass(frozen=True)
 class CostModel:
-    """A cluster (generator pool + trainer pool) running one diffusion-RL workload."""
+    """A cluster (generator pool + trainer pool) running one diffusion-RL workload.
+
+    ``resize(g, r, fsdp_ranks)``, when set (presets), re-derives every cost for another split (the
+    sharded state, the collectives over the new pool); without it (a measured profile) resizing keeps
+    the per-GPU costs as measured.
+    """
 
     generator: Pool
     trainer: Pool
@@ -163,6 +208,8 @@ class CostModel:
     optimizer_step: float = 0.0
     weight_sync: float = 0.0  # one generator fetches and installs a published version
     publish: float = 0.0  # trainer: gather the new version and publish it once
+    baselines: BaselineCosts = BaselineCosts()
+    resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
         if not isinstance(self.steps_trained, int) or self.steps_trained < 1:
@@ -177,18 +224,24 @@ class CostModel:
         return self.generator.workers + self.trainer.workers
 
     def with_workers(self, generator: int, trainer: int) -> CostModel:
+        if self.resize is not None:
+            return self.resize(generator, trainer, None)
         return replace(
             self,
             generator=Pool(self.generator.hardware, generator),
             trainer=Pool(self.trainer.hardware, trainer),
         )
 
-    def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware) -> float:
-        """Forward+backward of ``samples`` generated samples on ``ranks`` data-parallel GPUs."""
-        kept = samples * self.keep_fraction
-        return sum(hw.train_pass(_rows_per_rank(kept * d, ranks)) for d in passes(self.steps_trained, tsp_degree))
+    def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware, per_sample: bool = False) -> float:
+        """Forward+backward of ``samples`` generated samples on ``ranks`` data-parallel GPUs
+        (``per_sample``: each rank trains its samples one per pass, as the upstream loops do)."""
+        if per_sample:
+            each = math.ceil(samples * self.keep_fraction / ranks - 1e-9)
+            return each * sum(hw.train_pass(d) for d in passes(self.steps_trained, tsp_degree))
+        return sum(hw.train_pass(r) for r in self._pass_rows(samples, tsp_degree, ranks))
 
-    def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None) -> StageCosts:
+    def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None,
+                    per_sample: bool = False) -> StageCosts:
         """Per-action durations of the disaggregated scheduler for micro-batches of ``mb_size`` samples
         (an update action trains ``update_samples``, by default one micro-batch)."""
         if mb_size < 1:
@@ -198,7 +251,7 @@ class CostModel:
             generate=g_hw.generate(mb_size),
             tag_generate=t_hw.generate(mb_size),
             score=g_hw.score(mb_size),
-            update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw),
+            update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw, per_sample),
             switch_to_gen=self.switch_to_gen,
             switch_to_train=self.switch_to_train,
             optimizer_step=self.optimizer_step,
@@ -206,23 +259,60 @@ class CostModel:
             publish=self.publish,
         )
 
-    def colocated_phases(self, batch: int, tsp_degree: int = 1) -> dict[str, float]:
+    def colocated_model(self) -> CostModel:
+        """This cluster with every GPU in one FSDP group (what colocated training shards over)."""
+        if self.resize is None:
+            return self
+        return self.resize(self.generator.workers, self.trainer.workers, self.total_workers)
+
+    def colocated_phases(self, batch: int, tsp_degree: int = 1, baseline: str = IDEAL) -> dict[str, float]:
         """Phases of one colocated step: every GPU of both pools generates, scores, then trains.
 
         The batch is split evenly over all GPUs (data parallel); with two hardware types the slower
-        one sets each phase's time (each phase ends with a collective).
+        one sets each phase's time (each phase ends with a collective). ``baseline`` picks what users
+        actually run (:data:`BASELINES`; module constants document each).
         """
+        if baseline not in BASELINES:
+            raise ValueError(f"unknown colocated baseline {baseline!r}; expected one of {BASELINES}")
+        m = self.colocated_model()
         w = self.total_workers
         per_gpu = math.ceil(batch / w)
-        hws = (self.generator.hardware, self.trainer.hardware)
-        return {
-            SWITCH_TO_GEN: self.switch_to_gen,
+        hws = (m.generator.hardware, m.trainer.hardware)
+        b = self.baselines
+        phases = {
+            SWITCH_TO_GEN: m.switch_to_gen,
             GENERATE: max(hw.generate(per_gpu) for hw in hws),
             SCORE: max(hw.score(per_gpu) for hw in hws),
-            SWITCH_TO_TRAIN: self.switch_to_train,
-            UPDATE: max(self.train_time(batch, tsp_degree, w, hw) for hw in hws),
-            OPTIMIZER_STEP: self.optimizer_step,
+            SWITCH_TO_TRAIN: m.switch_to_train,
+            UPDATE: max(m.train_time(batch, tsp_degree, w, hw) for hw in hws),
+            OPTIMIZER_STEP: m.optimizer_step,
         }
+        if baseline == NATIVE:
+            def one_sample(hw: Hardware) -> float:  # every forward waits for its all-gather (or hides it)
+                g = hw.generate
+                return g.fixed + max(g.per_unit, b.sampling_forwards * b.shard_gather)
+
+            phases.update({
+                SWITCH_TO_GEN: 0.0, SWITCH_TO_TRAIN: 0.0,
+                GENERATE: per_gpu * max(one_sample(hw) for hw in hws),
+                UPDATE: max(m.train_time(batch, 1, w, hw, per_sample=True) for hw in hws),
+            })
+        elif baseline == VERL_OMNI:
+            def recompute(hw: Hardware) -> float:  # forward only: a share of the compute, one all-gather
+                tp = hw.train_pass
+                return sum(max(b.recompute_share * (tp.fixed + tp.per_unit * r), tp.floor / 3)
+                           for r in self._pass_rows(batch, 1, w))
+
+            phases.update({
+                SWITCH_TO_GEN: m.switch_to_gen + b.rollout_wake,
+                SWITCH_TO_TRAIN: m.switch_to_train + b.rollout_sleep,
+                UPDATE: max(m.train_time(batch, 1, w, hw) + recompute(hw) for hw in hws),
+            })
+        return phases
+
+    def _pass_rows(self, samples: float, tsp_degree: int, ranks: int) -> list[float]:
+        kept = samples * self.keep_fraction
+        return [_rows_per_rank(kept * d, ranks) for d in passes(self.steps_trained, tsp_degree)]
 
 
 def uniform_stage_costs(generate: float, update: float, **kw: float) -> StageCosts:

@@ -139,3 +139,13 @@ def default_gap_mb_size(group_size: int, workers: int) -> int:
         if group_size % d == 0 and group_size // d >= workers:
             best = d
     return best
+
+
+def spread_mb_size(prompts: int, group_size: int, workers: int) -> int:
+    """Largest divisor of the group size that still gives every worker at least one micro-batch of
+    the batch (naive disaggregation spread over all generators, one call each where it divides)."""
+    best = 1
+    for d in range(1, group_size + 1):
+        if group_size % d == 0 and prompts * group_size // d >= workers:
+            best = d
+    return best

@@ -10,24 +10,51 @@ format so measured numbers can replace the derived ones.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
+from pathlib import Path
 
-from .costs import Affine, CostModel, Hardware, Pool
-from .profile_io import Workload
+from .costs import Affine, BaselineCosts, CostModel, Hardware, Pool, trained_steps
+from .fabric import Fabric
+from .profile_io import Workload, load
 
 
 @dataclass(frozen=True)
 class Gpu:
+    """One GPU class: peak, host link, and the efficiency curve of a DiT forward on it.
+
+    MFU as a function of the tokens one forward processes on one GPU: ``mfu_max * t / (t + tokens_half)``
+    (small forwards are launch- and weight-read-bound). It makes a forward's time affine in its tokens,
+    ``(t + tokens_half) * flops_per_token / (peak * mfu_max)``, which is the profile format's
+    ``fixed + per_unit * units``. The two defaults are fit to two H200/H800 figures of verl-omni
+    (:func:`.calibration.fit_efficiency`, docs/calibration.md) and assumed for the other GPU classes.
+    """
+
     name: str
     dense_tflops: float  # BF16 dense peak
-    collective_gbs: float  # effective per-GPU all-gather/reduce-scatter bandwidth inside a pool (GB/s)
-    host_gbs: float = 25.0  # PCIe host<->device (optimizer-state offload for the TAG switch)
+    host_gbs: float = 25.0  # PCIe host<->device (optimizer-state offload, rollout engine sleep/wake)
+    mfu_max: float = 0.63  # large-forward MFU of a DiT (sampling and training alike); fit, see below
+    tokens_half: float = 590.0  # tokens per forward at which MFU is half of mfu_max; fit, see below
+
+    def mfu(self, tokens: float) -> float:
+        return self.mfu_max * tokens / (tokens + self.tokens_half)
 
 
-# Paper testbeds (seeds text, section 5.1; see docs/simulator.md for the dense figures)
-TESTBED_A = Gpu("A: 48GB, 155 TF dense", 154.9, collective_gbs=12.0)  # quoted 309.7 TF is with sparsity
-TESTBED_B = Gpu("B: 80GB, 990 TF dense", 989.5, collective_gbs=150.0)  # quoted 1,979 TF is with sparsity
-TESTBED_C = Gpu("C: 96GB, 504 TF", 503.8, collective_gbs=25.0)
+@dataclass(frozen=True)
+class Testbed:
+    """A GPU class in its nodes: what the pools of a preset are made of."""
+
+    gpu: Gpu
+    fabric: Fabric
+
+
+# Paper testbeds (seeds text, section 5.1; public-numbers.md). One NIC per node as stated ("200 Gb/s",
+# "400 Gb/s"); intra-node: A and C are PCIe cards, B is NVLink. The dense figures: docs/calibration.md.
+GPU_A = Gpu("A: 48GB, 155 TF dense", 154.9)  # quoted 309.7 TF is with sparsity
+GPU_B = Gpu("B: 80GB, 990 TF dense", 989.5)  # quoted 1,979 TF is with sparsity
+GPU_C = Gpu("C: 96GB, 504 TF", 503.8)
+TESTBED_A = Testbed(GPU_A, Fabric(gpus_per_node=8, intra_gbs=12.0, nic_gbs=25.0))
+TESTBED_B = Testbed(GPU_B, Fabric(gpus_per_node=8, intra_gbs=150.0, nic_gbs=50.0))
+TESTBED_C = Testbed(GPU_C, Fabric(gpus_per_node=8, intra_gbs=25.0, nic_gbs=25.0))
 
 
 @dataclass(frozen=True)
@@ -49,25 +76,32 @@ HUNYUAN = DiT("HunyuanVideo-13B", 13.0, 60, 3072, 256, 1, True)  # embedded guid
 
 @dataclass(frozen=True)
 class Setting:
+    """The workload of a preset: sampling, what is trained, and how."""
+
     sampling_steps: int = 20
     timestep_fraction: float = 0.6
     height: int = 512
     width: int = 512
     frames: int = 1
-    keep_fraction: float = 1.0
+    keep_fraction: float = 1.0  # best-of-N: share of generated samples that are trained
+    trained_k: int | None = None  # K trained steps when fixed (an SDE window, a set k); else int(T x fraction)
+    train_cfg: bool = False  # the trained log-prob uses the guided velocity: CFG passes in training too
+    activation_checkpointing: bool = True  # a training row re-runs its forward in the backward
+    lora: bool = False  # LoRA: no weight gradients for the base (backward ~ one forward), tiny state
     reward_params_b: float = 8.0  # Qwen3-VL-8B-class scorer
-    network_gbs: float = 25.0  # inter-pool link (200 Gb/s); weight sync goes over it
+
+    def trained(self) -> int:
+        return self.trained_k or trained_steps(self.sampling_steps, self.timestep_fraction)
 
 
-# efficiency assumptions (docs/simulator.md, "Assumptions")
-MFU_SAMPLE_IMAGE = 0.35
-MFU_SAMPLE_VIDEO = 0.45
-MFU_TRAIN = 0.40
+# efficiency assumptions (docs/calibration.md)
 MFU_SCORE = 0.30
-FSDP_EXPOSED = 0.3  # share of per-pass FSDP traffic not hidden behind compute
 CALL_OVERHEAD_S = {False: 0.5, True: 1.5}  # per sampling call: text encoding, scheduler setup
 DECODE_SHARE = {False: 0.03, True: 0.10}  # VAE decode relative to the denoising loop
 SCORE_DECODE_S = 0.1  # a short generated answer from the VLM scorer
+PASS_LAUNCH_S = 0.05  # per training pass: optimizer hooks, launches, data movement
+STATE_BYTES = 12  # fp32 master weights + Adam moments per parameter
+SYNC_PROTOCOL = 1.5  # weight pickup: transfer x this for serialization and install
 
 
 def tokens(model: DiT, s: Setting) -> int:
@@ -80,44 +114,62 @@ def forward_flops(model: DiT, s: Setting) -> float:
     return 2 * model.params_b * 1e9 * L + 4 * model.blocks * L * L * model.hidden
 
 
-def hardware(model: DiT, s: Setting, gpu: Gpu, fsdp_ranks: int) -> Hardware:
-    """Per-GPU affine costs of ``model`` under ``s`` on ``gpu`` (training sharded over fsdp_ranks)."""
-    fwd = forward_flops(model, s)
-    peak = gpu.dense_tflops * 1e12
-    mfu_s = MFU_SAMPLE_VIDEO if model.video else MFU_SAMPLE_IMAGE
-    sample = s.sampling_steps * model.cfg_passes * fwd / (peak * mfu_s) * (1 + DECODE_SHARE[model.video])
+def hardware(model: DiT, s: Setting, bed: Testbed, fsdp_ranks: int, fabric: Fabric | None = None) -> Hardware:
+    """Per-GPU costs of ``model`` under ``s`` on ``bed`` (training sharded over ``fsdp_ranks`` GPUs
+    connected by ``fabric``, by default the testbed's)."""
+    gpu, fabric = bed.gpu, fabric or bed.fabric
+    L = tokens(model, s)
+    per_token = forward_flops(model, s) / L / (gpu.dense_tflops * 1e12 * gpu.mfu_max)  # seconds at mfu_max
+    decode = 1 + DECODE_SHARE[model.video]
+    forwards = s.sampling_steps * model.cfg_passes  # CFG passes run as one forward of twice the tokens
+    sample = Affine(CALL_OVERHEAD_S[model.video] + forwards * per_token * gpu.tokens_half * decode,
+                    forwards * per_token * L * decode)
     frames = s.frames if model.video else 1
     score_tokens = 1300 * (min(frames, 8) if model.video else 1)  # image tokens + prompt per sample
-    score = 2 * s.reward_params_b * 1e9 * score_tokens / (peak * MFU_SCORE) + SCORE_DECODE_S
-    row = 4 * fwd / (peak * MFU_TRAIN)  # forward + backward (2x) + activation recompute
-    param_bytes = 2 * model.params_b * 1e9
-    fsdp = 3 * param_bytes * (fsdp_ranks - 1) / fsdp_ranks / (gpu.collective_gbs * 1e9) * FSDP_EXPOSED
-    return Hardware(
-        name=gpu.name,
-        generate=Affine(CALL_OVERHEAD_S[model.video], sample),
-        score=Affine(0.2, score),
-        train_pass=Affine(fsdp, row),
-    )
+    score = 2 * s.reward_params_b * 1e9 * score_tokens / (gpu.dense_tflops * 1e12 * MFU_SCORE) + SCORE_DECODE_S
+    backward = 1 if s.lora else 2  # activation gradients only vs activation + weight gradients
+    row_forwards = (1 + backward + s.activation_checkpointing) * (model.cfg_passes if s.train_cfg else 1)
+    comm = fabric.fsdp_pass(model.params_b * 1e9, fsdp_ranks, trainable=0.0 if s.lora else None)
+    exposed = comm * 2 / model.blocks  # the first all-gather and the last reduce-scatter are not hidden
+    train = Affine(PASS_LAUNCH_S + exposed + row_forwards * per_token * gpu.tokens_half,
+                   row_forwards * per_token * L, floor=comm + exposed + PASS_LAUNCH_S)
+    return Hardware(name=gpu.name, generate=sample, score=Affine(0.2, score), train_pass=train)
 
 
-def derive(model: DiT, s: Setting, gen_gpu: Gpu, train_gpu: Gpu, gen_workers: int, train_workers: int) -> CostModel:
-    """The cluster cost model of one preset (see module docstring)."""
+def _slower(a: Fabric, b: Fabric) -> Fabric:
+    return a if a.link_gbs(a.gpus_per_node + 1) <= b.link_gbs(b.gpus_per_node + 1) else b
+
+
+def derive(model: DiT, s: Setting, gen: Testbed, train: Testbed, gen_workers: int, train_workers: int,
+           fsdp_ranks: int | None = None) -> CostModel:
+    """The cluster cost model of one preset (see module docstring). ``fsdp_ranks`` (default: the trainer
+    pool) is the FSDP group training shards over: the whole cluster for the colocated baselines."""
     n = model.params_b * 1e9
-    k = max(1, round(s.sampling_steps * s.timestep_fraction))
-    opt_state = 12 * n / train_workers  # fp32 master + Adam moments, sharded
-    offload = opt_state / (train_gpu.host_gbs * 1e9)
-    # TAG: every trainer rank all-gathers the full bf16 weights once per switch (its own generator copy)
-    gather = 2 * n * (train_workers - 1) / train_workers / (train_gpu.collective_gbs * 1e9)
+    w = gen_workers + train_workers
+    shard = fsdp_ranks or train_workers
+    colo = _slower(gen.fabric, train.fabric)  # a ring over both pools crosses the slower network
+    fab_t = train.fabric if fsdp_ranks is None else colo
+    fab_g = gen.fabric if fsdp_ranks is None else colo
+    offload = (0.0 if s.lora else STATE_BYTES * n) / shard / (train.gpu.host_gbs * 1e9)
+    gather = fab_t.gather_full(n, shard)  # every rank materializes the full bf16 weights (TAG, rollout)
+    engine_weights = fab_t.param_bytes * n / (train.gpu.host_gbs * 1e9)
     return CostModel(
-        generator=Pool(hardware(model, s, gen_gpu, train_workers), gen_workers),
-        trainer=Pool(hardware(model, s, train_gpu, train_workers), train_workers),
-        steps_trained=k,
+        generator=Pool(hardware(model, s, gen, fsdp_ranks or gen_workers, fab_g), gen_workers),
+        trainer=Pool(hardware(model, s, train, shard, fab_t), train_workers),
+        steps_trained=s.trained(),
         keep_fraction=s.keep_fraction,
         switch_to_gen=offload + gather,
         switch_to_train=offload,
-        optimizer_step=0.2 + 16 * n / train_workers / 1e12,  # sharded Adam at ~1 TB/s memory traffic
-        weight_sync=1.5 * 2 * n / (s.network_gbs * 1e9),  # one generator fetches bf16 weights, 1.5x protocol
-        publish=gather + 2 * n / (train_gpu.host_gbs * 1e9),  # gather once, copy to host for the store
+        optimizer_step=0.2 + 16 * n / shard / 1e12,  # sharded Adam at ~1 TB/s memory traffic
+        weight_sync=SYNC_PROTOCOL * _slower(gen.fabric, train.fabric).send(fab_t.param_bytes * n),
+        publish=gather + engine_weights,  # gather once, copy to host for the store
+        baselines=BaselineCosts(
+            shard_gather=colo.gather_full(n, w),
+            sampling_forwards=s.sampling_steps * model.cfg_passes,
+            rollout_wake=engine_weights,
+            rollout_sleep=engine_weights,
+        ),
+        resize=lambda g, r, f=None: derive(model, s, gen, train, g, r, f),
     )
 
 
@@ -127,22 +179,53 @@ class Preset:
     description: str
     model: CostModel
     workload: Workload
+    spec: PresetSpec | None = None  # what it was derived from (to vary the setting: :meth:`PresetSpec.build`)
 
 
-IMAGE = Setting(sampling_steps=16, timestep_fraction=0.6)
-QWEN = Setting(sampling_steps=10, timestep_fraction=0.6, network_gbs=50.0)  # testbed B: 400 Gb/s
-VIDEO = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25)
-VIDEO_B = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25, network_gbs=50.0)
-HUNYUAN_SETTING = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25,
-                          keep_fraction=1.0)
+@dataclass(frozen=True)
+class PresetSpec:
+    """The facts a preset is derived from; ``build`` varies the setting (sampling steps, fraction, ...)."""
 
+    name: str
+    description: str
+    model: DiT
+    setting: Setting
+    gen: Testbed
+    train: Testbed
+    gen_workers: int
+    train_workers: int
+    tsp_degree: int
 
-def _presets() -> dict[str, Preset]:
-    out: dict[str, Preset] = {}
-
-    def add(name: str, desc: str, model: DiT, s: Setting, gg: Gpu, tg: Gpu, g: int, r: int, tsp: int) -> None:
+    def build(self, fabric: dict | None = None, **setting: object) -> Preset:
+        """The preset, with ``setting`` fields (``sampling_steps=30``, ...) and ``fabric`` fields
+        (``nics_per_node=8``, ``sharding="hybrid"``, ...) of both pools' testbeds replaced."""
+        s = replace(self.setting, **setting)
+        gen, train = self.gen, self.train
+        if fabric:
+            gen = replace(gen, fabric=replace(gen.fabric, **fabric))
+            train = replace(train, fabric=replace(train.fabric, **fabric))
+        tsp = min(self.tsp_degree, s.trained())
         wl = Workload(prompts=4, group_size=8, mb_size=1, tsp_degree=tsp, staleness=0.25, steps=4, policy="bts")
-        out[name] = Preset(name, desc, derive(model, s, gg, tg, g, r), wl)
+        model = derive(self.model, s, gen, train, self.gen_workers, self.train_workers)
+        return Preset(self.name, self.description, model, wl, replace(self, setting=s, gen=gen, train=train))
+
+    @property
+    def heterogeneous(self) -> bool:
+        return self.gen != self.train
+
+
+IMAGE = Setting(sampling_steps=16, timestep_fraction=0.6)  # DanceGRPO FLUX
+QWEN = Setting(sampling_steps=10, timestep_fraction=0.6, train_cfg=True)  # FlowGRPO, CFG in the trained log-prob
+VIDEO_WAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25, train_cfg=True)
+VIDEO_HUNYUAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25)
+
+
+def _specs() -> dict[str, PresetSpec]:
+    out: dict[str, PresetSpec] = {}
+
+    def add(name: str, desc: str, model: DiT, s: Setting, gg: Testbed, tg: Testbed, g: int, r: int,
+            tsp: int) -> None:
+        out[name] = PresetSpec(name, desc, model, s, gg, tg, g, r, tsp)
 
     for gpus in (16, 32):
         half = gpus // 2
@@ -151,15 +234,16 @@ def _presets() -> dict[str, Preset]:
         add(f"qwen-image-20b-{gpus}", f"Qwen-Image-20B FlowGRPO 512px, T=10, CFG, {gpus} x testbed B",
             QWEN_IMAGE, QWEN, TESTBED_B, TESTBED_B, half, half, 6)
         add(f"wan2.1-14b-{gpus}", f"Wan2.1-14B FlowGRPO 352x352x25, T=20, fraction 0.6, {gpus} x testbed B",
-            WAN, VIDEO_B, TESTBED_B, TESTBED_B, half, half, 4)
+            WAN, VIDEO_WAN, TESTBED_B, TESTBED_B, half, half, 4)
         add(f"hunyuanvideo-13b-{gpus}", f"HunyuanVideo-13B DanceGRPO 352x352x25, T=20, fraction 0.6, {gpus} x A",
-            HUNYUAN, HUNYUAN_SETTING, TESTBED_A, TESTBED_A, half, half, 4)
+            HUNYUAN, VIDEO_HUNYUAN, TESTBED_A, TESTBED_A, half, half, 4)
     add("hunyuanvideo-13b-hetero", "HunyuanVideo-13B, 8 x A (48 GB) generate + 8 x C (96 GB) train",
-        HUNYUAN, HUNYUAN_SETTING, TESTBED_A, TESTBED_C, 8, 8, 4)
+        HUNYUAN, VIDEO_HUNYUAN, TESTBED_A, TESTBED_C, 8, 8, 4)
     return out
 
 
-PRESETS = _presets()
+SPECS = _specs()
+PRESETS = {name: spec.build() for name, spec in SPECS.items()}
 
 
 def names() -> list[str]:
@@ -171,3 +255,15 @@ def get(name: str) -> Preset:
         return PRESETS[name]
     except KeyError:
         raise ValueError(f"unknown preset {name!r}; available: {', '.join(names())}") from None
+
+
+def resolve(spec: str) -> tuple[str, CostModel, Workload | None, PresetSpec | None]:
+    """A preset name or a profile file -> (name, cost model, workload, preset spec or None); the one
+    place both spellings are understood (``digen simulate/plan``, ``digen.profile``)."""
+    if spec in PRESETS:
+        p = PRESETS[spec]
+        return p.name, p.model, p.workload, p.spec
+    if Path(spec).is_file():
+        model, wl = load(spec)
+        return spec, model, wl, None
+    raise ValueError(f"{spec!r} is neither a preset ({', '.join(names())}) nor a profile file")

@@ -30,7 +30,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import SCALAR_COSTS, Affine, CostModel, Hardware, Pool, passes
+from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
@@ -56,11 +56,11 @@ def _affine(d: Any, where: str) -> Affine:
         return Affine()
     if not isinstance(d, dict):
         raise ValueError(f"{where}: expected a mapping with 'fixed' and 'per_unit', got {d!r}")
-    unknown = set(d) - {"fixed", "per_unit"}
+    unknown = set(d) - {"fixed", "per_unit", "floor"}
     if unknown:
         raise ValueError(f"{where}: unknown keys {sorted(unknown)}")
     try:
-        return Affine(float(d.get("fixed", 0.0)), float(d.get("per_unit", 0.0)))
+        return Affine(float(d.get("fixed", 0.0)), float(d.get("per_unit", 0.0)), float(d.get("floor", 0.0)))
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
 
@@ -78,6 +78,15 @@ def _pool(d: Any, where: str) -> Pool:
     return Pool(_hardware(d.get("hardware") or {}, f"{where}.hardware"), d["workers"])
 
 
+def _baselines(d: Any) -> BaselineCosts:
+    if d is None:
+        return BaselineCosts()
+    allowed = {f.name for f in fields(BaselineCosts)}
+    if not isinstance(d, dict) or set(d) - allowed:
+        raise ValueError(f"baselines: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
+    return BaselineCosts(**d)
+
+
 def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
     if d.get("format", FORMAT) != FORMAT:
@@ -90,6 +99,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         steps_trained=int(d.get("steps_trained", 1)),
         keep_fraction=float(d.get("keep_fraction", 1.0)),
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
+        baselines=_baselines(d.get("baselines")),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -167,6 +177,8 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
     out["steps_trained"] = model.steps_trained
     out["keep_fraction"] = model.keep_fraction
     out.update({k: getattr(model, k) for k in _SCALARS})
+    if model.baselines != BaselineCosts():
+        out["baselines"] = asdict(model.baselines)
     if workload is not None:
         out["workload"] = asdict(workload)
     return out

@@ -9,12 +9,14 @@ timeline is checked against the scheduling invariants.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from typing import NamedTuple
 
 from .bounds import Bounds, pool_busy, step_bounds, throughput
 from .colocated import ColocatedScheduler, colocated_costs
-from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
-from .costs import CostModel, StageCosts
+from .config import COLOCATED, DIGEN, PER_SAMPLE, SEPARATE, ScheduleConfig
+from .costs import BASELINES, IDEAL, CostModel, StageCosts
 from .executor import SimBackend, run
+from .gap import spread_mb_size
 from .policies import parse_policy
 from .profiler import Profiler
 from .scheduler import Decision, StepScheduler
@@ -35,6 +37,7 @@ class SimResult:
     stage_costs: StageCosts | None = None
     decisions: list[Decision] = field(default_factory=list)
     bts_solve_seconds: list[float] = field(default_factory=list)
+    baseline: str | None = None  # colocated rows: which baseline (costs.BASELINES)
 
     @property
     def fraction_of_ideal(self) -> float | None:
@@ -54,6 +57,7 @@ class SimResult:
             "label": self.label,
             "mode": self.config.mode,
             "policy": self.config.policy if self.config.mode == DIGEN else None,
+            "baseline": self.baseline,
             "step_time": self.step_time,
             "throughput": self.throughput,
             "fraction_of_ideal": self.fraction_of_ideal,
@@ -77,14 +81,15 @@ def simulate(
     seed: int = 0,
     warmup: int = 1,
     policy=None,
+    baseline: str = IDEAL,
 ) -> SimResult:
-    """Simulate ``config`` on the cluster ``model`` (any mode)."""
+    """Simulate ``config`` on the cluster ``model`` (any mode; ``baseline`` picks the colocated one)."""
     if config.mode == COLOCATED:
-        return simulate_colocated(config, model, label)
+        return simulate_colocated(config, model, label, baseline)
     G = model.generator.workers
     unit = config.make_partition(G).unit_size
-    costs = model.stage_costs(config.mb_size, config.tsp_degree,
-                              config.mb_size * config.update_size(unit))
+    costs = model.stage_costs(config.mb_size, config.tsp_degree, config.mb_size * config.update_size(unit),
+                              per_sample=config.train_loop == PER_SAMPLE)
     pol = parse_policy(policy if policy is not None else config.policy)
     R = model.trainer.workers
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
@@ -107,14 +112,15 @@ def simulate(
     )
 
 
-def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None) -> SimResult:
+def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None,
+                       baseline: str = IDEAL) -> SimResult:
     """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
-    costs = colocated_costs(model, config.batch, config.tsp_degree)
+    costs = colocated_costs(model, config.batch, config.tsp_degree, baseline)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
     tl = run(ColocatedScheduler(config, workers), SimBackend(costs))
     span = tl.makespan
     return SimResult(
-        label=label or "colocated",
+        label=label or f"colocated:{baseline}",
         config=config,
         timeline=tl,
         makespan=span,
@@ -123,6 +129,8 @@ def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | No
         total_gpus=model.total_workers,
         bounds=None,
         busy=pool_busy(tl),
+        stage_costs=costs,
+        baseline=baseline,
     )
 
 
@@ -138,24 +146,43 @@ def describe(config: ScheduleConfig) -> str:
     return " ".join(parts)
 
 
+class Rung(NamedTuple):
+    """One row of the ablation ladder: a configuration (and, for colocated rows, which baseline)."""
+
+    label: str
+    config: ScheduleConfig
+    baseline: str = IDEAL
+
+
 def ablation_configs(base: ScheduleConfig, gap_mb: int, tsp_degree: int, policy: str = "bts",
-                     staleness: float = 0.25) -> list[tuple[str, ScheduleConfig]]:
-    """The paper's ladder: colocated, naive disaggregation, +GAP, +TSP, +TAG, +TCSS."""
+                     staleness: float = 0.25, generators: int | None = None) -> list[Rung]:
+    """The paper's ladder: the colocated baselines, naive disaggregation, +GAP, +TSP, +TAG, +TCSS.
+
+    Naive disaggregation spreads the batch over the ``generators`` (whole prompts per generator when
+    not given) and trains it after the last sample is scored, as one update, with the upstream
+    scripts' training loop (one sample per pass); +GAP pipelines that; +TSP is verl-digen's trainer
+    (an update's samples and ``tsp_degree`` timesteps share each pass).
+    """
     common = dict(prompts=base.prompts, group_size=base.group_size, steps=base.steps)
     colo = ScheduleConfig(mb_size=base.group_size, mode=COLOCATED, partition="batch", **common)
-    naive = ScheduleConfig(mb_size=base.group_size, mode=SEPARATE, partition="batch", **common)
-    gap = ScheduleConfig(mb_size=gap_mb, mode=DIGEN, partition="gap", **common)
-    tsp = replace(gap, tsp_degree=tsp_degree)
+    if generators is None:
+        naive = ScheduleConfig(mb_size=base.group_size, mode=SEPARATE, partition="batch", train_loop=PER_SAMPLE,
+                               **common)
+    else:
+        spread = spread_mb_size(base.prompts, base.group_size, generators)
+        naive = ScheduleConfig(mb_size=spread, mode=SEPARATE, partition="gap", train_loop=PER_SAMPLE, **common)
+    gap = ScheduleConfig(mb_size=gap_mb, mode=DIGEN, partition="gap", train_loop=PER_SAMPLE, **common)
+    tsp = replace(gap, tsp_degree=tsp_degree, train_loop=base.train_loop)
     tag = replace(tsp, policy=policy)
     tcss = replace(tag, staleness=staleness)
-    rows = [("colocated", colo), ("naive (separate)", naive), ("+GAP", gap), ("+TSP", tsp),
-            (f"+TAG ({policy})", tag)]
+    rows = [Rung(f"colocated:{b}", colo, b) for b in BASELINES]
+    rows += [Rung("naive (separate)", naive), Rung("+GAP", gap), Rung("+TSP", tsp), Rung(f"+TAG ({policy})", tag)]
     if staleness > 0:
-        rows.append((f"+TCSS ({staleness:g})", tcss))
+        rows.append(Rung(f"+TCSS ({staleness:g})", tcss))
     return rows
 
 
 def run_ablation(base: ScheduleConfig, model: CostModel, gap_mb: int, tsp_degree: int,
                  policy: str = "bts", staleness: float = 0.25) -> list[SimResult]:
-    return [simulate(cfg, model, label=label)
-            for label, cfg in ablation_configs(base, gap_mb, tsp_degree, policy, staleness)]
+    rungs = ablation_configs(base, gap_mb, tsp_degree, policy, staleness, model.generator.workers)
+    return [simulate(r.config, model, label=r.label, baseline=r.baseline) for r in rungs]

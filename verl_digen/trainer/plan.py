@@ -4,31 +4,35 @@ the simulator predicts. Printed by the dry run (``trainer.dry_run=true``) before
 from __future__ import annotations
 
 import math
-import os
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import CostModel, StageCosts
-from verl_digen.schedule.profile_io import load_profile
+from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
 from verl_digen.schedule.simulator import simulate
 from verl_digen.trainer.config import ConfigError, RunConfig
 
 
 def load_costs(spec: str) -> CostModel:
     """A cost model from a preset name (``digen simulate --preset``) or a profile file."""
-    if spec in presets.names():
-        return presets.get(spec).model
-    if os.path.isfile(spec):
-        return load_profile(spec)
-    raise ConfigError("digen.profile", spec, f"a profile file or a preset name ({', '.join(presets.names())})")
+    try:
+        return presets.resolve(spec)[1]
+    except ValueError as err:
+        raise ConfigError("digen.profile", spec, f"a profile file or a preset name ({', '.join(presets.names())})"
+                          ) from err
 
 
 def cluster_costs(cfg: RunConfig) -> CostModel | None:
-    """The run's cost model, resized to its pools, when ``digen.profile`` names one."""
+    """The run's cost model, resized to its pools, when ``digen.profile`` names one; a preset is
+    re-derived for the run's sampling steps and trained steps."""
     if not cfg.digen.profile:
         return None
-    model = load_costs(cfg.digen.profile)
+    try:
+        _, model, _, spec = presets.resolve(cfg.digen.profile)
+    except ValueError as err:
+        raise ConfigError("digen.profile", cfg.digen.profile, "a profile file or a preset name") from err
+    if spec is not None:
+        model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps()).model
     return model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
 
 
@@ -51,7 +55,12 @@ class ResourcePlan:
     trained_steps: int
     tsp_passes: int
     predicted_step_s: float | None
-    predicted_colocated_step_s: float | None
+    predicted_colocated: dict[str, float] = field(default_factory=dict)  # baseline -> s/step (costs.BASELINES)
+
+    @property
+    def predicted_colocated_step_s(self) -> float | None:
+        """The colocated run this runtime's ``trainer=colocated`` is: the idealized one, step by step."""
+        return self.predicted_colocated.get(IDEAL)
 
     @property
     def total_workers(self) -> int:
@@ -70,10 +79,14 @@ class ResourcePlan:
             lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
         else:
             lines.append(f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)")
-            colo = self.predicted_colocated_step_s
-            if colo:
-                lines.append(f"             {colo:.2f} s/step colocated on the same {self.total_workers} workers "
-                             f"(this run: {colo / self.predicted_step_s:.2f}x the colocated throughput)")
+            for b, colo in self.predicted_colocated.items():
+                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
+                             f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
+            real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL}
+            if real and min(real.values()) < self.predicted_step_s:
+                best = min(real, key=real.get)
+                lines.append(f"  note       colocated:{best} would be faster on this cluster; "
+                             "`digen plan` says why and searches other splits")
         return "\n".join(lines)
 
 
@@ -92,12 +105,17 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
-    predicted = colocated = None
+    predicted, colocated = None, {}
     model = cluster_costs(cfg)
     if model is not None:
         predicted = simulate(sched, model).step_time
-        colocated = simulate(replace(sched, mode=COLOCATED, staleness=0.0, policy="never"), model).step_time
+        if cfg.trainer.mode == COLOCATED:
+            colocated = {IDEAL: predicted}
+        else:  # what users run colocated: per-timestep training (TSP is verl-digen's)
+            colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
+                           policy="never", tsp_degree=1)
+            colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
     return ResourcePlan(
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
-        tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated_step_s=colocated,
+        tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
     )
