@@ -29,3 +29,14 @@ def ray_session():
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
     yield ray
     ray.shutdown()
+
+
+@pytest.fixture(scope="session")
+def verl_omni_snapshots(tmp_path_factory):
+    """verl-omni and the verl it pins, extracted once per test run, plus the vllm / vllm_omni import stubs
+    (see tests/verl_omni_helpers.py); skips when the snapshots are absent."""
+    from verl_omni_helpers import SKIP_REASON, extract_snapshots, tarballs_present
+
+    if not tarballs_present():
+        pytest.skip(SKIP_REASON)
+    return extract_snapshots(tmp_path_factory.mktemp("third_party"))

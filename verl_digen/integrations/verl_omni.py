@@ -22,6 +22,7 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Callable, Mapping
 from types import ModuleType
@@ -190,24 +191,36 @@ def _main_module() -> str | None:
     return getattr(spec, "name", None)
 
 
-def entry_guard(config: Any) -> None:
-    """Runs in verl-omni's driver before Ray: refuse the v0 entry for digen; do ``+trainer.dry_run=true``.
+#: set in verl-omni's driver once the config was converted there; the TaskRunner (a child process, which
+#: inherits the environment) then logs the same notes at debug level instead of twice
+CHECKED_ENV = "VERL_DIGEN_VERL_OMNI_CHECKED"
 
-    Exits the process (code 2 with a message on stderr when refused, 0 after printing the plan).
+
+def entry_guard(config: Any) -> None:
+    """Runs in verl-omni's driver before Ray starts, for digen configs only.
+
+    Refuses the v0 entry (exit 2, message on stderr); converts and validates the config, so conversion
+    notes and errors show before any worker starts (exit 2 on an invalid config); with
+    ``+trainer.dry_run=true`` prints the converted config and the resource plan and exits 0.
     """
+    if not wants_digen(config):
+        return
     problem = check_entry(config)
     if problem is not None:
         print(f"verl-digen: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    if wants_digen(config) and is_dry_run(config):
-        from verl_digen.trainer.config import ConfigError
+    from verl_digen.trainer.config import ConfigError
 
-        try:
-            text = dry_run_text(config)
-        except ConfigError as err:
-            print(f"invalid configuration: {err}", file=sys.stderr)
-            raise SystemExit(2) from None
-        print(text)
+    try:
+        run_config = to_run_config(config)
+    except ConfigError as err:
+        print(f"invalid configuration: {err}", file=sys.stderr)
+        raise SystemExit(2) from None
+    os.environ[CHECKED_ENV] = "1"
+    if run_config.trainer.dry_run:
+        from verl_digen.main import dry_run
+
+        print(dry_run(run_config))
         raise SystemExit(0)
 
 
@@ -225,13 +238,6 @@ def _install_entry_guard(module: ModuleType) -> bool:
     guarded.__doc__ = original.__doc__
     setattr(module, GUARD_FUNCTION, guarded)
     return True
-
-
-def dry_run_text(config: Any) -> str:
-    """The converted config and verl-digen's resource plan (what ``python -m verl_digen.main`` prints)."""
-    from verl_digen.main import dry_run
-
-    return dry_run(to_run_config(config))
 
 
 def register_search_path() -> bool:
@@ -289,7 +295,6 @@ def _scheduler_config(path: str | None) -> tuple[dict[str, Any] | None, str]:
     """The model's ``scheduler/scheduler_config.json``: from a local pipeline folder, else from the Hugging
     Face cache (never downloaded here). Returns (config or None, where it was looked for)."""
     import json
-    import os
 
     if not path:
         return None, "no model path"
@@ -577,8 +582,6 @@ def _kl_coef(coef: float, out: Mapping[str, Any], notes: list[str]) -> float:
 def verl_omni_defaults() -> dict[str, Any] | None:
     """verl-omni's own defaults, unresolved (``${...}`` strings kept), from the flattened reference config it
     ships (``verl_omni/trainer/config/_generated_diffusion_trainer.yaml``); None when it cannot be read."""
-    import os
-
     from omegaconf import OmegaConf
 
     try:
@@ -783,7 +786,9 @@ class DigenVerlOmniTrainer:
 
     def __init__(self, config: Any) -> None:
         self.config = config
-        self.run_config = to_run_config(config)  # fails here, before any worker starts, on a bad config
+        # fails here, before any worker starts, on a bad config (normally entry_guard already did, in the driver)
+        log = logger.debug if os.environ.get(CHECKED_ENV) else logger.warning
+        self.run_config = to_run_config(config, log=log)
         self.dry_run = bool(self.run_config.trainer.dry_run)  # normally handled by entry_guard in the driver
         self.trainer: Any = None
 
