@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 from verl_omni_helpers import (
+    DEPS_REASON,
     ENTRY_V0,
     ENTRY_V1,
     SKIP_REASON,
@@ -25,11 +26,13 @@ from verl_omni_helpers import (
     capture_commands,
     classify_example,
     example_scripts,
+    omni_deps_present,
     tarballs_present,
     training_call,
 )
 
-pytestmark = pytest.mark.skipif(not tarballs_present(), reason=SKIP_REASON)
+pytestmark = [pytest.mark.skipif(not tarballs_present(), reason=SKIP_REASON),
+              pytest.mark.skipif(not omni_deps_present(), reason=DEPS_REASON)]
 
 ROOT = Path(__file__).resolve().parents[1]
 VERSIONS = {"pinned": True, "0.9.1": False}  # id -> put verl-omni's pinned verl first on the path

@@ -121,8 +121,19 @@ class Snapshots:
         return env
 
 
+#: verl-omni's registry dependencies that verl-digen lacks (scripts/install.sh installs them)
+OMNI_DEPS = ("transfer_queue", "cachetools", "uvicorn", "fastapi")
+DEPS_REASON = "verl-omni's dependencies are missing: pip install TransferQueue==0.1.8 cachetools uvicorn fastapi"
+
+
 def tarballs_present() -> bool:
     return (THIRD_PARTY / VERL_OMNI_TARBALL).is_file() and (THIRD_PARTY / VERL_PIN_TARBALL).is_file()
+
+
+def omni_deps_present() -> bool:
+    import importlib.util
+
+    return all(importlib.util.find_spec(name) is not None for name in OMNI_DEPS)
 
 
 def _extract(tarball: Path, dest: Path) -> Path:
