@@ -252,6 +252,10 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
         vo.to_run_config({k: v for k, v in good.items() if k != "resources"}, log=lambda _: None)
     with pytest.raises(ConfigError, match="algorithm.adv_std"):  # verl-omni's default global std vs trainer=digen
         vo.to_run_config({**good, "algorithm": VERL_OMNI_SD35["algorithm"]}, log=lambda _: None)
+    for path in ("ByteDance-Seed/BAGEL-7B-MoT", "Qwen/Qwen-Image-Edit-2509"):  # no adapter: refused, not run as FLUX
+        arr = {**good["actor_rollout_ref"], "model": {**good["actor_rollout_ref"]["model"], "path": path}}
+        with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
+            vo.to_run_config({**good, "actor_rollout_ref": arr}, log=lambda _: None)
     parquet = {**good, "data": {**good["data"], "train_files": "/data/ocr/sd3/train.parquet"}}
     with pytest.raises(ConfigError, match="data.train_files"):
         vo.to_run_config(parquet, log=lambda _: None)

@@ -282,6 +282,8 @@ def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
 
 def _guess_arch(path: str | None) -> str | None:
     low = (path or "").lower()
+    if "edit" in low:  # image-editing variants (Qwen-Image-Edit) take an input image: no adapter here
+        return None
     return next((arch for hint, arch in ARCH_HINTS if hint in low), None)
 
 
@@ -752,6 +754,10 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
         raise ConfigError("data.train_files", files, "a .txt or .jsonl prompt file (one 'prompt' per line)")
     native = _native_sections(raw, flat)
     native.setdefault("trainer", {}).setdefault("mode", "digen")
+    path = _get(raw, f"{ARR}.model.path")
+    if path is not None and "model.arch" not in flat and "arch" not in native.get("model", {}):
+        raise ConfigError(f"{ARR}.model.path", path, "a model verl-digen has an adapter for (FLUX, SD3, Qwen-Image, "
+                          "Wan, HunyuanVideo), or +model.arch=<flux|sd3|qwen_image|wan|hunyuan_video> if it is one")
     cfg = load(OmegaConf.merge(OmegaConf.create(_nested(flat)), OmegaConf.create(native)))
     for note in notes:
         log(f"verl-omni -> verl-digen: {note}")
