@@ -5,6 +5,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -27,8 +29,18 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     assert all({"speedup_vs_never", "trainer_idle_never", "fraction_of_ideal"} <= r.keys() for r in sweep)
     ladder = _last_json(["bench/ladder.py", "--json", "--steps", "1"])
     rungs = [r["rung"] for r in ladder if r["preset"] == "hunyuanvideo-13b-hetero" and r["source"] == "preset"]
-    assert rungs == ["colocated", "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
+    assert rungs == ["colocated:ideal", "colocated:native", "colocated:verl-omni", "naive (separate)", "+GAP",
+                     "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
     assert all(r["step_s"] > 0 and r["speedup_vs_naive"] > 0 for r in ladder)
+    vo = {(r["source"], r["preset"]): r["step_s"] for r in ladder if r["rung"] == "colocated:verl-omni"}
+    assert all(r["speedup_vs_colocated"] == pytest.approx(vo[r["source"], r["preset"]] / r["step_s"]) for r in ladder)
+
+
+def test_calibration_bench_emits_its_rows():
+    rows = _last_json(["bench/calibration.py", "--json"])
+    assert all({"figure", "published", "model", "error", "role", "note"} <= r.keys() for r in rows)
+    held = [r for r in rows if r["role"] == "held_out"]
+    assert len(held) >= len(rows) / 2 and {r["role"] for r in rows} == {"fit", "held_out"}
 
 
 def test_e2e_bench_predicts_every_mode_from_the_digen_profile():
