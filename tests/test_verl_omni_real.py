@@ -13,7 +13,6 @@ import json
 import re
 import subprocess
 import sys
-import textwrap
 from pathlib import Path
 
 import pytest
@@ -73,117 +72,83 @@ def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path) -> subproce
                             stderr=subprocess.STDOUT, text=True)
 
 
-def _finish(proc: subprocess.Popen, timeout: int = 400) -> tuple[int, str]:
-    try:
-        out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, _ = proc.communicate()
-        return -9, out
-    return proc.returncode, out
+REGISTRY_CHECK = """
+import json, sys
+import verl
+lazy = "verl_omni" not in sys.modules and "verl_digen.plugin" in sys.modules
+import verl.utils.chat_template as chat_template
+from verl_omni.trainer.diffusion.v1 import get_diffusion_trainer_cls
+import verl_omni.utils.diffusion_attention as attention
+cls = get_diffusion_trainer_cls("digen")
+from hydra import compose, initialize_config_dir
+with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
+    cfg = compose("diffusion_trainer", overrides=["trainer.use_v1=true", "trainer.v1.trainer_mode=digen",
+                                                  "+trainer=digen", "+verl_omni=small"])
+print(json.dumps({"lazy": lazy, "verl": verl.__version__, "chat_template": chat_template.__name__,
+                  "cls": cls.__module__ + "." + cls.__qualname__,
+                  "sync": get_diffusion_trainer_cls("sync").__name__,
+                  "guard": getattr(attention.validate_attention_consistency, "__digen_guard__", False),
+                  "policy": cfg.digen.tag.policy, "mode": cfg.trainer.mode,
+                  "units": cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units,
+                  "device": cfg.trainer.device}))
+"""
 
 
-@pytest.fixture(scope="module")
-def two_step_runs(verl_omni_snapshots, tmp_path_factory) -> dict[str, tuple[int, str]]:
-    """The SD3.5 v1 example, shrunk, two steps with trainer=digen through verl-omni's v1 entry point, once
-    per verl version. Both runs start together (most of their time is Ray and worker start-up)."""
-    snaps = verl_omni_snapshots
-    procs = {}
-    for name, pinned in VERSIONS.items():
-        tmp = tmp_path_factory.mktemp(f"run_{name.replace('.', '_')}")
+class Launched:
+    """Every subprocess of this module, started together when the module starts: most of their time is
+    imports, Ray and worker start-up, which overlap on a 2-core machine. Each test waits for its own."""
+
+    def __init__(self, snaps: Snapshots, tmp_factory: pytest.TempPathFactory) -> None:
+        self.snaps, self.procs, self.results = snaps, {}, {}
+        for name, pinned in VERSIONS.items():  # the SD3.5 v1 example, shrunk, two steps, per verl version
+            tmp = tmp_factory.mktemp(f"run_{name.replace('.', '_')}")
+            module, args = _overrides(snaps, SD35_V1, tmp / "capture")
+            assert module == ENTRY_V1
+            trace = f"+trainer.trace_dir={tmp / 'trace'}"
+            self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp)
+            config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
+            self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned, ROOT)
+        tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
+        module, args = _overrides(snaps, SD35_V0, tmp / "capture")
+        flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
+        self._start("v0", ["-m", ENTRY_V0, *args, *flags], True, tmp)
+        tmp = tmp_factory.mktemp("dry_run")
         module, args = _overrides(snaps, SD35_V1, tmp / "capture")
-        assert module == ENTRY_V1
-        trace = f"+trainer.trace_dir={tmp / 'trace'}"
-        procs[name] = (_run(snaps, ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, cwd=tmp), tmp)
-    return {name: (*_finish(proc), tmp) for name, (proc, tmp) in procs.items()}
+        self._start("dry-run", ["-m", module, *args, *_digen_flags(tmp), "+trainer.dry_run=true",
+                                "+reward.name=latent_mean"], True, tmp)
+
+    def _start(self, name: str, args: list[str], pinned: bool, cwd: Path) -> None:
+        self.procs[name] = (_run(self.snaps, args, pinned, cwd), cwd)
+
+    def result(self, name: str, timeout: int = 600) -> tuple[int, str, Path]:
+        """(exit code, output, working directory) of one subprocess, waiting for it."""
+        if name not in self.results:
+            proc, cwd = self.procs[name]
+            try:
+                out, _ = proc.communicate(timeout=timeout)
+                self.results[name] = (proc.returncode, out, cwd)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                self.results[name] = (-9, proc.communicate()[0], cwd)
+        return self.results[name]
+
+    def close(self) -> None:
+        for proc, _ in self.procs.values():
+            if proc.poll() is None:
+                proc.kill()
+                proc.communicate()
 
 
-@pytest.mark.parametrize("version", list(VERSIONS))
-def test_example_trains_two_steps_through_verl_omnis_v1_entry(two_step_runs, version):
-    rc, out, tmp = two_step_runs[version]
-    assert rc == 0, f"verl-omni run failed ({version}):\n{out[-6000:]}"
-    # verl-digen's runtime (trainer mode digen, not verl-omni's sync trainer) ran both steps and wrote its
-    # checked timeline (the Ray actors' log lines may reach the driver after it exits, so they are not used)
-    timeline = json.loads((tmp / "trace" / "digen_timeline.json").read_text())
-    assert timeline["mode"] == "digen"
-    assert {r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step"} == {0, 1}
-    # no silent drift: conversion notes and every unconverted key the script sets are named (in the driver)
-    for needle in ("verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_type=cps",
-                   "verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_window_range=[0, 3]",
-                   "verl-omni -> verl-digen: reward.reward_model.model_path='Qwen/Qwen2.5-VL-3B-Instruct' is not "
-                   "converted", "verl-omni -> verl-digen: actor_rollout_ref.model.attn_backend=",
-                   "verl-omni keys at their defaults have no verl-digen counterpart"):
-        assert needle in out, f"missing log line {needle!r} ({version})"
-
-
-@pytest.mark.parametrize("version", list(VERSIONS))
-def test_real_registry_lazy_import_and_composition(verl_omni_snapshots, version):
-    """`import verl` runs verl-digen's plugin without importing verl-omni; verl-omni's registry then has
-    `digen` next to its own modes; `+trainer=digen +verl_omni=small` compose into verl-omni's real config;
-    on verl 0.9.1 verl-omni's old import path is served by the compat alias, on the pin by verl itself."""
-    snaps = verl_omni_snapshots
-    config_dir = snaps.omni / "verl_omni" / "trainer" / "config"
-    code = textwrap.dedent(f"""
-        import json, sys
-        import verl
-        lazy = "verl_omni" not in sys.modules and "verl_digen.plugin" in sys.modules
-        import verl.utils.chat_template as chat_template
-        from verl_omni.trainer.diffusion.v1 import get_diffusion_trainer_cls
-        import verl_omni.utils.diffusion_attention as attention
-        cls = get_diffusion_trainer_cls("digen")
-        from hydra import compose, initialize_config_dir
-        with initialize_config_dir(config_dir="{config_dir}", version_base=None):
-            cfg = compose("diffusion_trainer", overrides=["trainer.use_v1=true", "trainer.v1.trainer_mode=digen",
-                                                          "+trainer=digen", "+verl_omni=small"])
-        print(json.dumps({{"lazy": lazy, "verl": verl.__version__, "chat_template": chat_template.__name__,
-                          "cls": cls.__module__ + "." + cls.__qualname__,
-                          "sync": get_diffusion_trainer_cls("sync").__name__,
-                          "guard": getattr(attention.validate_attention_consistency, "__digen_guard__", False),
-                          "policy": cfg.digen.tag.policy, "mode": cfg.trainer.mode,
-                          "units": cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units,
-                          "device": cfg.trainer.device}}))
-    """)
-    proc = subprocess.run([sys.executable, "-c", code], env=snaps.env(VERSIONS[version]), cwd=ROOT,
-                          capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert out["lazy"] is True
-    assert out["verl"] == ("0.9.0.dev" if VERSIONS[version] else "0.9.1")
-    assert out["chat_template"] == ("verl.utils.chat_template" if VERSIONS[version]
-                                    else "verl.utils.tokenizer.chat_template")
-    assert out["cls"] == "verl_digen.integrations.verl_omni.DigenVerlOmniTrainer"
-    assert out["sync"] == "PolicyGradientDiffusionTrainerV1Sync"
-    assert out["guard"] is True
-    assert (out["policy"], out["mode"], out["units"], out["device"]) == ("bts", "digen", 1, "cuda")
-
-
-def _entry_output(snaps: Snapshots, tmp: Path, script: str, extra: list[str], entry: str | None = None
-                  ) -> tuple[int, str]:
-    module, args = _overrides(snaps, script, tmp / "capture")
-    proc = _run(snaps, ["-m", entry or module, *args, *extra], pinned=True, cwd=tmp)
-    return _finish(proc, timeout=240)
-
-
-def test_v0_entry_with_digen_is_refused_before_ray(verl_omni_snapshots, tmp_path):
-    """The v0 example with the digen flags: a message saying what to change, exit 2, Ray never started."""
-    flags = [f for f in _digen_flags(tmp_path) if f != "trainer.use_v1=true"]
-    rc, out = _entry_output(verl_omni_snapshots, tmp_path, SD35_V0, flags, entry=ENTRY_V0)
-    assert rc == 2, out[-3000:]
-    assert f"verl-digen: python -m {ENTRY_V0}" in out and f"python -m {ENTRY_V1} trainer.use_v1=true" in out
-    assert "ray init kwargs" not in out  # refused in the driver, before verl-omni starts Ray
-
-
-def test_dry_run_through_v1_entry_prints_the_plan_and_does_not_train(verl_omni_snapshots, tmp_path):
-    rc, out = _entry_output(verl_omni_snapshots, tmp_path, SD35_V1,
-                            [*_digen_flags(tmp_path), "+trainer.dry_run=true", "+reward.name=latent_mean"])
-    assert rc == 0, out[-3000:]
-    assert "resource plan:" in out
-    assert "ray init kwargs" not in out and "step:1" not in out
+@pytest.fixture(scope="module", autouse=True)
+def launched(verl_omni_snapshots, tmp_path_factory):
+    runs = Launched(verl_omni_snapshots, tmp_path_factory)
+    yield runs
+    runs.close()
 
 
 def test_every_example_script_is_accounted_for_in_the_migration_guide(verl_omni_snapshots, tmp_path):
-    """docs/migrating-from-verl-omni.md has one row per example script of the snapshot, and its converts /
-    validates columns say what the converter does with that script today."""
+    """docs/migrating-from-verl-omni.md has one row per example script of the snapshot, and its entry /
+    converts / validates columns say what the converter does with that script today."""
     rows = {}
     for line in MIGRATION_DOC.read_text().splitlines():
         m = re.match(r"^\| `([^`]+\.sh)` \| ([^|]*)\| ([^|]*)\| ([^|]*)\|", line)
@@ -198,3 +163,54 @@ def test_every_example_script_is_accounted_for_in_the_migration_guide(verl_omni_
             f"examples/{row.script}: the guide says {rows[row.script]}, the converter gives "
             f"{(row.entry, row.converts, row.validates)}")
     assert set(rows) == {s.relative_to(verl_omni_snapshots.omni / "examples").as_posix() for s in scripts}
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_real_registry_lazy_import_and_composition(launched, version):
+    """`import verl` runs verl-digen's plugin without importing verl-omni; verl-omni's registry then has
+    `digen` next to its own modes; `+trainer=digen +verl_omni=small` compose into verl-omni's real config;
+    on verl 0.9.1 verl-omni's old import path is served by the compat alias, on the pin by verl itself."""
+    rc, out, _ = launched.result(f"registry-{version}")
+    assert rc == 0, out[-4000:]
+    got = json.loads(out.strip().splitlines()[-1])
+    assert got["lazy"] is True
+    assert got["verl"] == ("0.9.0.dev" if VERSIONS[version] else "0.9.1")
+    assert got["chat_template"] == ("verl.utils.chat_template" if VERSIONS[version]
+                                    else "verl.utils.tokenizer.chat_template")
+    assert got["cls"] == "verl_digen.integrations.verl_omni.DigenVerlOmniTrainer"
+    assert got["sync"] == "PolicyGradientDiffusionTrainerV1Sync"
+    assert got["guard"] is True
+    assert (got["policy"], got["mode"], got["units"], got["device"]) == ("bts", "digen", 1, "cuda")
+
+
+def test_v0_entry_with_digen_is_refused_before_ray(launched):
+    """The v0 example with the digen flags: a message saying what to change, exit 2, Ray never started."""
+    rc, out, _ = launched.result("v0")
+    assert rc == 2, out[-3000:]
+    assert f"verl-digen: python -m {ENTRY_V0}" in out and f"python -m {ENTRY_V1} trainer.use_v1=true" in out
+    assert "ray init kwargs" not in out  # refused in the driver, before verl-omni starts Ray
+
+
+def test_dry_run_through_v1_entry_prints_the_plan_and_does_not_train(launched):
+    rc, out, _ = launched.result("dry-run")
+    assert rc == 0, out[-3000:]
+    assert "resource plan:" in out
+    assert "ray init kwargs" not in out and "step:1" not in out
+
+
+@pytest.mark.parametrize("version", list(VERSIONS))
+def test_example_trains_two_steps_through_verl_omnis_v1_entry(launched, version):
+    rc, out, tmp = launched.result(f"train-{version}")
+    assert rc == 0, f"verl-omni run failed ({version}):\n{out[-6000:]}"
+    # verl-digen's runtime (trainer mode digen, not verl-omni's sync trainer) ran both steps and wrote its
+    # checked timeline (the Ray actors' log lines may reach the driver after it exits, so they are not used)
+    timeline = json.loads((tmp / "trace" / "digen_timeline.json").read_text())
+    assert timeline["mode"] == "digen"
+    assert {r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step"} == {0, 1}
+    # no silent drift: conversion notes and every unconverted key the script sets are named (in the driver)
+    for needle in ("verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_type=cps",
+                   "verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_window_range=[0, 3]",
+                   "verl-omni -> verl-digen: reward.reward_model.model_path='Qwen/Qwen2.5-VL-3B-Instruct' is not "
+                   "converted", "verl-omni -> verl-digen: actor_rollout_ref.model.attn_backend=",
+                   "verl-omni keys at their defaults have no verl-digen counterpart"):
+        assert needle in out, f"missing log line {needle!r} ({version})"
