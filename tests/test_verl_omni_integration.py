@@ -309,3 +309,20 @@ def test_entry_check_refuses_the_v0_paths():
     assert "trainer.use_v1=False" in vo.check_entry(OmegaConf.create(off), main_module=vo.V1_ENTRY)
     message = vo.check_entry(OmegaConf.create(v1), main_module=vo.V0_ENTRY)
     assert f"python -m {vo.V0_ENTRY}" in message and f"python -m {vo.V1_ENTRY} trainer.use_v1=true" in message
+
+
+def test_a_local_cpu_run_that_would_wait_forever_for_ray_cpus_is_named(tmp_path, monkeypatch):
+    """verl-omni's TaskRunner, TransferQueue's controller and storage units, and verl-digen's workers each hold
+    a Ray CPU: on a 2-core machine with verl-omni's 8 storage units Ray waits forever."""
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    good = _runnable(tmp_path, trainer={**VERL_OMNI_SD35["trainer"], "device": "cpu"})
+    tq = {"backend": {"SimpleStorage": {"num_data_storage_units": 8}}}
+    run = vo.to_run_config(good, log=lambda _: None)  # 2 + 2 workers
+    message = vo.ray_cpu_shortfall({**good, "transfer_queue": tq, "ray_kwargs": {"ray_init": {"num_cpus": None}}}, run)
+    assert "Ray will have 2 CPUs" in message and "hold 14" in message and "+verl_omni=small" in message
+    small = {"transfer_queue": {"backend": {"SimpleStorage": {"num_data_storage_units": 1}}},
+             "ray_kwargs": {"ray_init": {"num_cpus": 8}}}  # what +verl_omni=small sets
+    assert vo.ray_cpu_shortfall({**good, **small}, run) is None
+    gpu = vo.to_run_config(_runnable(tmp_path), log=lambda _: None)
+    assert vo.ray_cpu_shortfall({**good, "transfer_queue": tq}, gpu) is None  # only CPU runs are counted

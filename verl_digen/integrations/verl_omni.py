@@ -200,8 +200,9 @@ def entry_guard(config: Any) -> None:
     """Runs in verl-omni's driver before Ray starts, for digen configs only.
 
     Refuses the v0 entry (exit 2, message on stderr); converts and validates the config, so conversion
-    notes and errors show before any worker starts (exit 2 on an invalid config); with
-    ``+trainer.dry_run=true`` prints the converted config and the resource plan and exits 0.
+    notes and errors show before any worker starts (exit 2 on an invalid config); refuses a local CPU run
+    that would wait forever for Ray CPUs (``ray_cpu_shortfall``); with ``+trainer.dry_run=true`` prints the
+    converted config and the resource plan and exits 0.
     """
     if not wants_digen(config):
         return
@@ -217,11 +218,39 @@ def entry_guard(config: Any) -> None:
         print(f"invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     os.environ[CHECKED_ENV] = "1"
+    shortfall = ray_cpu_shortfall(config, run_config)
+    if shortfall and not run_config.trainer.dry_run:
+        print(f"verl-digen: {shortfall}", file=sys.stderr)
+        raise SystemExit(2)
     if run_config.trainer.dry_run:
         from verl_digen.main import dry_run
 
         print(dry_run(run_config))
         raise SystemExit(0)
+
+
+def ray_cpu_shortfall(config: Any, run_config: Any) -> str | None:
+    """Why a local CPU run would wait forever for Ray CPUs, or None.
+
+    verl-omni starts Ray with the machine's core count unless ``ray_kwargs.ray_init.num_cpus`` is set, and its
+    TaskRunner, the TransferQueue controller and each storage unit hold one Ray CPU each; verl-digen's CPU
+    workers hold one more each. Only checked for ``trainer.device=cpu`` on a local Ray (no address).
+    """
+    from omegaconf import OmegaConf
+
+    select = (lambda key: OmegaConf.select(config, key)) if OmegaConf.is_config(config) else (
+        lambda key: _get(config, key))
+    if run_config.trainer.device != "cpu" or os.environ.get("RAY_ADDRESS") or select("ray_kwargs.ray_init.address"):
+        return None
+    units = int(select("transfer_queue.backend.SimpleStorage.num_data_storage_units") or 0)
+    need = 2 + units + run_config.total_workers
+    have = select("ray_kwargs.ray_init.num_cpus") or os.cpu_count() or 1
+    if have >= need:
+        return None
+    return (f"Ray will have {have} CPUs, but verl-omni's TaskRunner, TransferQueue ({units} storage units) and "
+            f"verl-digen's {run_config.total_workers} workers hold {need}: the run would wait forever. Add "
+            "+verl_omni=small (or transfer_queue.backend.SimpleStorage.num_data_storage_units=1 "
+            f"ray_kwargs.ray_init.num_cpus={max(need, 8)})")
 
 
 def _install_entry_guard(module: ModuleType) -> bool:
