@@ -70,6 +70,23 @@ def _value_of_first_move(params, state, decision) -> float:
     return s.t - state.t + bts.exhaustive(params, s)[0]
 
 
+def test_bts_equals_unpruned_search_on_larger_instances():
+    """M up to 24 (where a wrong memo key or a pruned value stored as exact shows), across generators,
+    slots, switch costs and stale work: the full solver equals memoized search without pruning."""
+    rng = random.Random(11)
+    for i in range(30):
+        M = rng.randint(11, 24)
+        k = rng.choice([d for d in range(1, M + 1) if M % d == 0 and d <= 4])
+        G, R = rng.randint(1, 3), rng.choice([1, 2, 4])
+        costs = random_costs(rng, ties=i % 2 == 1)
+        params = bts.Params.from_costs(costs, M, k, G, rng.choice([1, k]), R)
+        state = bts.ModelState.fresh(M, G, rng.choice([0, rng.randint(1, M)]), slots=R)
+        full = bts.solve(params, state)[0]
+        unpruned, _, stats = bts.solve(params, state, prune=False, node_cap=10**7)
+        assert not stats.capped
+        assert full == pytest.approx(unpruned, rel=1e-9, abs=1e-9), (params, state)
+
+
 def test_bts_equals_exhaustive_mid_step_states():
     """Also from bubbles in the middle of a step (busy generators, partly scored units, TCSS work)."""
     rng = random.Random(7)

@@ -27,7 +27,7 @@ def _run(cfg, costs, G, noise=0.0, seed=0, R=1):
 
 @pytest.mark.parametrize("policy", POLICIES)
 def test_invariants_hold_on_random_runs(policy):
-    rng = random.Random(hash(policy) % 1000)
+    rng = random.Random(POLICIES.index(policy))  # reproducible: hash() of a str is salted per process
     for i in range(25):
         staleness = rng.choice([0.0, 0.25, 0.5, 1.0])
         cfg = random_config(rng, max_mb=12, steps=rng.randint(1, 3), policy=policy, staleness=staleness)

@@ -57,7 +57,9 @@ def group_advantages(
         if r.numel() < 2:
             raise ValueError(f"group {int(g)} has {r.numel()} sample; GRPO needs groups of size >= 2")
         std = r.std(unbiased=False) if cfg.std_scope == "group" else batch_std
-        adv[idx] = (r - r.mean()) / (std + cfg.eps)
+        denom = std + cfg.eps
+        # a constant group has r - mean = 0: its advantage is 0, also with eps = 0 (not 0 / 0)
+        adv[idx] = (r - r.mean()) / denom if denom > 0 else torch.zeros_like(r)
         if cfg.drop_zero_groups and bool((r == r[0]).all()):
             keep[idx] = False
         if cfg.keep_extremes is not None and r.numel() > cfg.keep_extremes:

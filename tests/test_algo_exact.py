@@ -1,0 +1,175 @@
+"""The RL math against hand-computed values and independent re-derivations (not the code's own helpers)."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+
+from verl_digen.algo.advantages import AdvantageConfig, group_advantages, multi_reward_advantages
+from verl_digen.algo.loss import LossConfig, LossTerms, policy_loss
+from verl_digen.algo.selection import StepSelection
+from verl_digen.algo.tsp import TrainMetrics, tsp_backward
+from verl_digen.models import build_tiny_model
+from verl_digen.rollout.sampler import SamplerConfig, sample_trajectories
+
+torch.set_num_threads(1)
+D = torch.float64
+
+
+def test_advantage_is_centered_reward_over_std_plus_eps():
+    r = torch.tensor([0.0, 2.0], dtype=D)
+    adv, keep = group_advantages(r, torch.tensor([0, 0]), AdvantageConfig(eps=1.0, clip=None))
+    torch.testing.assert_close(adv, torch.tensor([-0.5, 0.5], dtype=D))  # std 1, (r - 1) / (1 + 1)
+    assert keep.all()
+    # batch scope: the batch std (of [0, 2, 4, 4]: sqrt(2.75)) over two groups' own means
+    r = torch.tensor([0.0, 2.0, 4.0, 4.0], dtype=D)
+    adv, _ = group_advantages(r, torch.tensor([0, 0, 1, 1]), AdvantageConfig(std_scope="batch", eps=0.0, clip=None))
+    s = math.sqrt(2.75)
+    torch.testing.assert_close(adv, torch.tensor([-1 / s, 1 / s, 0.0, 0.0], dtype=D))
+    adv, _ = group_advantages(torch.tensor([0.0, 100.0], dtype=D), torch.tensor([0, 0]), AdvantageConfig(clip=0.7))
+    torch.testing.assert_close(adv, torch.tensor([-0.7, 0.7], dtype=D))
+
+
+@pytest.mark.parametrize("scope", ["group", "batch"])
+def test_constant_group_with_eps_zero_has_zero_advantage_not_nan(scope):
+    r = torch.tensor([1.0, 1.0, 1.0, 0.0, 3.0], dtype=D)
+    ids = torch.tensor([0, 0, 0, 1, 1])
+    adv, _ = group_advantages(r, ids, AdvantageConfig(eps=0.0, std_scope=scope, clip=None))
+    assert torch.isfinite(adv).all()
+    assert adv[:3].tolist() == [0.0, 0.0, 0.0]
+    adv, _ = group_advantages(torch.full((3,), 2.0, dtype=D), torch.zeros(3, dtype=torch.long),
+                              AdvantageConfig(eps=0.0, std_scope=scope))
+    assert adv.tolist() == [0.0, 0.0, 0.0]
+
+
+def test_multi_reward_modes_use_the_weights():
+    ids = torch.tensor([0, 0, 0, 0])
+    a = torch.tensor([1.0, 0.0, 3.0, 2.0], dtype=D)
+    b = torch.tensor([0.0, 4.0, 1.0, 1.0], dtype=D)
+    cfg = AdvantageConfig(clip=None)
+    adv, _ = multi_reward_advantages({"a": a, "b": b}, {"a": 1.0, "b": 0.5}, ids, "sum_then_normalize", cfg)
+    torch.testing.assert_close(adv, group_advantages(a + 0.5 * b, ids, cfg)[0])
+    assert not torch.allclose(adv, group_advantages(a + b, ids, cfg)[0])
+    adv, _ = multi_reward_advantages({"a": a, "b": b}, {"a": 1.0, "b": 0.5}, ids, "normalize_then_sum", cfg)
+    torch.testing.assert_close(adv, group_advantages(a, ids, cfg)[0] + 0.5 * group_advantages(b, ids, cfg)[0])
+
+
+def test_policy_loss_row_by_row():
+    log_ratio = torch.tensor([-0.5, 0.2, 1.0, 0.0], dtype=D)
+    old = torch.tensor([0.3, -1.0, 2.0, 0.5], dtype=D)
+    adv = torch.tensor([1.0, -1.0, 2.0, 3.0], dtype=D)
+    t = policy_loss(old + log_ratio, old, adv, LossConfig(clip_range=0.1), scale=0.25)
+    rows = []
+    for lr, a in zip(log_ratio.tolist(), adv.tolist()):
+        ratio = math.exp(lr)
+        rows.append(max(-a * ratio, -a * min(max(ratio, 0.9), 1.1)))
+    assert float(t.loss) == pytest.approx(0.25 * sum(rows), rel=1e-12)
+    torch.testing.assert_close(t.ratio, torch.exp(log_ratio))
+    # a row counts as clipped when the clipped term wins the max: only e^1 > 1.1 with A > 0 here (e^-0.5
+    # with A > 0 and e^0.2 with A < 0 keep their unclipped, more pessimistic term; r = 1 never clips)
+    assert t.clipped.tolist() == [0.0, 0.0, 1.0, 0.0]
+    want_kl = [math.exp(-lr) - 1 + lr for lr in log_ratio.tolist()]  # k3 estimator, every row
+    torch.testing.assert_close(t.approx_kl, torch.tensor(want_kl, dtype=D))
+    kl = torch.tensor([0.5, 0.0, 1.0, 2.0], dtype=D)
+    tk = policy_loss(old + log_ratio, old, adv, LossConfig(clip_range=0.1, kl_coef=0.2), scale=0.25, kl=kl)
+    assert float(tk.loss) == pytest.approx(0.25 * (sum(rows) + 0.2 * 3.5), rel=1e-12)
+
+
+def test_train_metrics_are_means_over_rows():
+    def terms(clipped, kl):
+        n = len(clipped)
+        return LossTerms(loss=torch.tensor(1.0), ratio=torch.ones(n), clipped=torch.tensor(clipped),
+                         approx_kl=torch.tensor(kl), kl=None)
+
+    m = TrainMetrics()
+    m.add(terms([1.0, 0.0, 1.0, 0.0], [0.1, 0.3, 0.0, 0.0]))
+    s = m.summary()
+    assert s["clip_frac"] == 0.5 and s["approx_kl"] == pytest.approx(0.1) and s["rows"] == 4.0
+    other = TrainMetrics()
+    other.add(terms([1.0, 1.0], [0.2, 0.2]))
+    s = m.merge(other).summary()
+    assert s["clip_frac"] == pytest.approx(4 / 6) and s["loss"] == 2.0
+
+
+def test_sde_window_covers_every_start_and_k_equal_t():
+    assert StepSelection("window", k=6).window(6, seed=0, step=3) == (0, 6)
+    starts = {StepSelection("window", k=2).window(5, seed=1, step=s)[0] for s in range(300)}
+    assert starts == {0, 1, 2, 3}
+    ranged = {StepSelection("window", k=2, window_range=(1, 5)).window(10, seed=1, step=s)[0] for s in range(300)}
+    assert ranged == {1, 2, 3}
+
+
+def test_random_k_draws_per_sample():
+    sel = StepSelection("random_k", k=3).select(10, 7, 0, [4] * 8, list(range(8)))
+    assert sel.shape == (8, 3)
+    assert len({tuple(r.tolist()) for r in sel}) > 1  # eight samples of one prompt train different steps
+    again = StepSelection("random_k", k=3).select(10, 7, 0, [4], [5])
+    assert torch.equal(again[0], sel[5])
+
+
+def _dance_reference(x, v, s, s_next, eta):
+    """DanceGRPO's SDE step written out here (not through verl_digen.algo.sde)."""
+    dt = s_next - s
+    mean = x + (v + eta**2 / (2 * s) * (x + (1 - s) * v)) * dt
+    return mean, eta * math.sqrt(-dt)
+
+
+@pytest.fixture(scope="module")
+def rollout():
+    model = build_tiny_model("flux", dtype=D, latent_size=8)
+    cfg = SamplerConfig(num_steps=4, sde="dance_grpo", eta=0.8, selection=StepSelection("first_k", k=3),
+                        decode=False)
+    prompts = ["a cat", "a cat", "a dog"]
+    traj = sample_trajectories(model, model.encode_prompts(prompts), prompts, [0, 0, 1], [0, 1, 0], cfg,
+                               seed=4, step=2, version=0)
+    return model, cfg, traj
+
+
+def test_rollout_log_probs_are_gaussian_densities_of_the_stored_steps(rollout):
+    model, cfg, traj = rollout
+    for j in range(3):
+        x, nxt = traj.states[:, j], traj.next_states[:, j]
+        for i in range(len(traj)):
+            s, s_next = float(traj.sigmas[i, j]), float(traj.sigmas_next[i, j])
+            v = model.velocity(x[i:i + 1], traj.sigmas[i:i + 1, j], traj.cond.index(slice(i, i + 1)), cfg.guidance_scale)
+            mean, std = _dance_reference(x[i:i + 1], v, s, s_next, cfg.eta)
+            lp = (-(nxt[i:i + 1] - mean) ** 2 / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean()
+            assert float(traj.log_probs[i, j]) == pytest.approx(float(lp), rel=1e-9, abs=1e-12)
+
+
+def test_step_noise_is_not_the_initial_noise(rollout):
+    model, cfg, traj = rollout
+    x_t, x1 = traj.states[:, 0], traj.next_states[:, 0]
+    v = model.velocity(x_t, traj.sigmas[:, 0], traj.cond, cfg.guidance_scale)
+    s, s_next = float(traj.sigmas[0, 0]), float(traj.sigmas_next[0, 0])
+    mean, std = _dance_reference(x_t, v, s, s_next, cfg.eta)
+    noise = ((x1 - mean) / std).flatten()
+    corr = torch.corrcoef(torch.stack([noise, x_t.flatten()]).detach())[0, 1]
+    assert abs(float(corr)) < 0.2  # independent streams; the same stream would give exactly 1
+
+
+def test_tsp_loss_equals_an_independent_per_row_loss(rollout):
+    model, cfg, traj = rollout
+    model = copy.deepcopy(model)  # perturbed below; the fixture's model stays the sampling policy
+    traj.advantages = torch.tensor([1.0, -0.5, 2.0], dtype=D)
+    with torch.no_grad():  # move off the sampling policy so ratios differ from 1 and clipping bites
+        g = torch.Generator().manual_seed(2)
+        for p in model.transformer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+    clip, scale = 0.05, 1.0 / 9
+    want = 0.0
+    for i in range(len(traj)):
+        for j in range(3):
+            x, nxt = traj.states[i:i + 1, j], traj.next_states[i:i + 1, j]
+            v = model.velocity(x, traj.sigmas[i:i + 1, j], traj.cond.index(slice(i, i + 1)), cfg.guidance_scale)
+            mean, std = _dance_reference(x, v, float(traj.sigmas[i, j]), float(traj.sigmas_next[i, j]), cfg.eta)
+            lp = float((-(nxt - mean) ** 2 / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean())
+            ratio, a = math.exp(lp - float(traj.log_probs[i, j])), float(traj.advantages[i])
+            want += max(-a * ratio, -a * min(max(ratio, 1 - clip), 1 + clip))
+    model.transformer.zero_grad()
+    got = tsp_backward(model, traj, cfg.train_config(LossConfig(clip_range=clip)), scale, degree=2)
+    assert got.summary()["loss"] == pytest.approx(scale * want, rel=1e-9)
+    assert got.summary()["rows"] == 9.0
