@@ -134,7 +134,8 @@ def test_rollout_log_probs_are_gaussian_densities_of_the_stored_steps(rollout):
         x, nxt = traj.states[:, j], traj.next_states[:, j]
         for i in range(len(traj)):
             s, s_next = float(traj.sigmas[i, j]), float(traj.sigmas_next[i, j])
-            v = model.velocity(x[i:i + 1], traj.sigmas[i:i + 1, j], traj.cond.index(slice(i, i + 1)), cfg.guidance_scale)
+            one = slice(i, i + 1)
+            v = model.velocity(x[one], traj.sigmas[one, j], traj.cond.index(one), cfg.guidance_scale)
             mean, std = _dance_reference(x[i:i + 1], v, s, s_next, cfg.eta)
             lp = (-(nxt[i:i + 1] - mean) ** 2 / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean()
             assert float(traj.log_probs[i, j]) == pytest.approx(float(lp), rel=1e-9, abs=1e-12)
