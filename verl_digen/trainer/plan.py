@@ -13,15 +13,6 @@ from verl_digen.schedule.simulator import simulate
 from verl_digen.trainer.config import ConfigError, RunConfig
 
 
-def load_costs(spec: str) -> CostModel:
-    """A cost model from a preset name (``digen simulate --preset``) or a profile file."""
-    try:
-        return presets.resolve(spec)[1]
-    except ValueError as err:
-        raise ConfigError("digen.profile", spec, f"a profile file or a preset name ({', '.join(presets.names())})"
-                          ) from err
-
-
 def cluster_costs(cfg: RunConfig) -> CostModel | None:
     """The run's cost model, resized to its pools, when ``digen.profile`` names one; a preset is
     re-derived for the run's sampling steps and trained steps."""
