@@ -364,9 +364,13 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                               f"a batch ({cfg.batch} samples) divisible by all {cfg.total_workers} colocated workers")
     if d.profile is not None:
-        from verl_digen.trainer.plan import load_costs
+        from verl_digen.schedule.presets import names, resolve
 
-        load_costs(d.profile)  # raises ConfigError naming digen.profile
+        try:
+            resolve(d.profile)
+        except ValueError as err:
+            raise ConfigError("digen.profile", d.profile,
+                              f"a profile file or a preset name ({', '.join(names())})") from err
     try:
         sched = cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
     except ValueError as err:
