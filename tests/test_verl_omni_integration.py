@@ -307,6 +307,9 @@ def test_entry_check_refuses_the_v0_paths():
                           main_module=vo.V0_ENTRY) is None  # not a digen run: none of our business
     off = {"trainer": {"use_v1": False, "v1": {"trainer_mode": "digen"}}, "digen": {}}
     assert "trainer.use_v1=False" in vo.check_entry(OmegaConf.create(off), main_module=vo.V1_ENTRY)
+    sync = {"trainer": {"use_v1": True, "v1": {"trainer_mode": "sync"}}, "digen": {}}  # +trainer=digen alone
+    assert "trainer.v1.trainer_mode=sync runs verl-omni's own trainer" in vo.check_entry(
+        OmegaConf.create(sync), main_module=vo.V1_ENTRY)
     message = vo.check_entry(OmegaConf.create(v1), main_module=vo.V0_ENTRY)
     assert f"python -m {vo.V0_ENTRY}" in message and f"python -m {vo.V1_ENTRY} trainer.use_v1=true" in message
 

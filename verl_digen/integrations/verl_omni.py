@@ -183,6 +183,11 @@ def check_entry(config: Any, main_module: str | None = None) -> str | None:
         return (f"{entry} with trainer.use_v1={use_v1} runs verl-omni's v0 trainer, which cannot run "
                 f"trainer.v1.trainer_mode={TRAINER_MODE}; run `python -m {V1_ENTRY} trainer.use_v1=true "
                 f"trainer.v1.trainer_mode={TRAINER_MODE} +trainer=digen ...` (docs/migrating-from-verl-omni.md)")
+    mode = OmegaConf.select(config, "trainer.v1.trainer_mode") if OmegaConf.is_config(config) else _get(
+        config, "trainer.v1.trainer_mode")
+    if mode != TRAINER_MODE:
+        return (f"+trainer=digen is selected but trainer.v1.trainer_mode={mode} runs verl-omni's own trainer; "
+                f"set trainer.v1.trainer_mode={TRAINER_MODE}")
     return None
 
 
