@@ -558,7 +558,12 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
                      "(a 'prompt' field per line); convert the parquet prompts")
 
     # -- trainer bookkeeping --------------------------------------------------------------------------
-    put("trainer.total_steps", get("trainer.total_training_steps"), int)
+    total = get("trainer.total_training_steps")
+    put("trainer.total_steps", total, int)
+    if total is None and get("trainer.total_epochs") is not None:
+        notes.append(f"trainer.total_training_steps=None: verl-omni derives the steps from trainer.total_epochs="
+                     f"{_get(cfg, 'trainer.total_epochs')} and the dataset; verl-digen does not, and runs "
+                     "trainer.total_steps (its default unless set)")
     put("trainer.seed", get(f"{ARR}.rollout.seed"), int)
     for key in ("project_name", "experiment_name", "save_freq", "default_local_dir"):
         put(f"trainer.{key}", get(f"trainer.{key}"))
