@@ -52,7 +52,7 @@ def run(cfg: RunConfig, log=print):
     try:
         result = trainer.fit()
     finally:
-        trainer.shutdown()
+        trainer.shutdown()  # workers and placement groups released, checkpoint lock dropped
     log("")
     log(summary_table(result.reports, cfg))
     if result.trace_path:
@@ -60,15 +60,31 @@ def run(cfg: RunConfig, log=print):
     return result
 
 
+def resume_command(checkpoint: str, argv: list[str] | None = None) -> str:
+    """This command line with ``trainer.resume_from`` pointing at ``checkpoint``."""
+    args = [a for a in (sys.argv[1:] if argv is None else argv) if not a.lstrip("+").startswith("trainer.resume_from=")]
+    return " ".join(["python -m verl_digen.main", *args, f"trainer.resume_from={checkpoint}"])
+
+
+def _stopped_line(reason: str, checkpoint: str | None) -> str:
+    if checkpoint:
+        return f"{reason}; resume with: {resume_command(checkpoint)}"
+    return f"{reason}; no checkpoint to resume from (trainer.save_freq > 0 writes them)"
+
+
 @hydra.main(config_path="config", config_name="digen", version_base=None)
 def _hydra_main(raw: DictConfig) -> None:
+    from verl_digen.trainer.runtime import RunStopped
+
     try:
         cfg = load(raw)
-        validate(cfg)
+        warnings = validate(cfg)
     except ConfigError as err:
         print(f"invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
     if cfg.trainer.dry_run:
+        for w in warnings:
+            print(f"warning: {w}", file=sys.stderr)
         print(dry_run(cfg))
         return
     try:
@@ -76,6 +92,21 @@ def _hydra_main(raw: DictConfig) -> None:
     except ConfigError as err:  # e.g. pools that the Ray cluster cannot place
         print(f"invalid configuration: {err}", file=sys.stderr)
         raise SystemExit(2) from None
+    except RunStopped as stop:  # a signal, or non-finite values: one line, the exact resume command
+        print(_stopped_line(stop.reason, stop.checkpoint), file=sys.stderr)
+        raise SystemExit(stop.exit_code) from None
+    except KeyboardInterrupt:  # Ctrl-C outside the step loop (start-up)
+        print("interrupted before training started; nothing to resume", file=sys.stderr)
+        raise SystemExit(130) from None
+    except Exception as err:  # a dead worker, a failed call: the traceback, then what to do next
+        import traceback
+
+        traceback.print_exc()
+        from verl_digen.workers.checkpoint import latest
+
+        found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
+        print(_stopped_line(f"the run failed: {type(err).__name__}", str(found) if found else None), file=sys.stderr)
+        raise SystemExit(1) from None
 
 
 def dry_run(cfg: RunConfig) -> str:

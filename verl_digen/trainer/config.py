@@ -159,7 +159,11 @@ class TrainerConfig:
     logger: list[str] = field(default_factory=lambda: ["console"])
     default_local_dir: str = "outputs/checkpoints"
     save_freq: int = -1  # save a checkpoint after every N-th step and after the last one; <= 0: never
-    resume_from: str | None = None
+    resume_from: str | None = None  # a checkpoint directory, or "auto": the latest complete one (or a fresh start)
+    max_checkpoints: int | None = None  # keep only the N newest complete checkpoints; None keeps all
+    resume_allow_changes: list[str] = field(default_factory=list)  # keys that may differ from the checkpoint's
+    on_nonfinite: str = "skip"  # non-finite reward / loss / grad norm: skip the optimizer step, or stop the run
+    max_nonfinite_steps: int = 3  # stop (exit non-zero) after this many consecutive non-finite steps
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
@@ -274,20 +278,25 @@ def _check_frames(m: ModelConfig) -> None:
         _positive("model.num_frames", m.num_frames)
 
 
-def validate(cfg: RunConfig) -> None:
-    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one. (Whether the
-    pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
+def validate(cfg: RunConfig) -> list[str]:
+    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one, and return
+    warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
+    (prompt files read, output dirs written to, checkpoints' metadata read), so nothing fails after Ray
+    starts. (Whether the pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
     from verl_digen.models import known_archs
     from verl_digen.rewards import REWARDS
 
     t, r, d = cfg.trainer, cfg.rollout, cfg.digen
+    from verl_digen.trainer import checks
+
+    checks.numbers(cfg)  # NaN / Inf / sign of every float first: later checks compute with them
     _choice("trainer.mode", t.mode, MODES)
     _choice("trainer.device", t.device, DEVICES)
     _positive("trainer.total_steps", t.total_steps)
     for name in t.logger:
         _choice("trainer.logger", name, LOGGERS)
-    if t.resume_from is not None and not os.path.isdir(t.resume_from):
-        raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory")
+    if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
+        raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory, or auto")
     try:
         from verl_digen.models import canonical_arch
 
@@ -381,6 +390,7 @@ def validate(cfg: RunConfig) -> None:
             raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                               f"a size whose updates ({per_update} samples each with digen.update={d.update}) "
                               f"split evenly over resources.trainer.workers = {trn} (each rank trains an equal share)")
+    return checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
 
 
 def load(cfg: DictConfig | dict) -> RunConfig:

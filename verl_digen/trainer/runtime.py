@@ -17,7 +17,10 @@ scheduling invariants at the end of every run; a violation is written next to th
 from __future__ import annotations
 
 import json
+import math
 import os
+import signal
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -46,14 +49,16 @@ from verl_digen.schedule.costs import (
     UPDATE,
 )
 from verl_digen.schedule.executor import run
-from verl_digen.schedule.export import save_chrome_trace
+from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
+from verl_digen.trainer import checks
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
 from verl_digen.trainer.ray_backend import RayBackend
+from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
 from verl_digen.workers.sync import WeightSync
@@ -77,6 +82,84 @@ class RunResult:
     final_step: int = 0
     profile_path: str | None = None
     trace_path: str | None = None
+    run_id: str = ""
+    checkpoint: str | None = None  # the last checkpoint this run wrote
+
+
+class RunStopped(RuntimeError):
+    """The run stopped before ``trainer.total_steps``: a signal, or non-finite values. ``str()`` is the
+    one line to show; ``checkpoint`` is the complete checkpoint to resume from (None: none exists);
+    ``exit_code`` is what the process should exit with."""
+
+    def __init__(self, reason: str, exit_code: int, checkpoint: str | None = None) -> None:
+        where = (f"resume from {checkpoint} (trainer.resume_from={checkpoint}, or trainer.resume_from=auto)"
+                 if checkpoint else "no checkpoint to resume from (set trainer.save_freq to write them)")
+        super().__init__(f"{reason}; {where}")
+        self.reason, self.exit_code, self.checkpoint = reason, exit_code, checkpoint
+
+
+def new_run_id() -> str:
+    """A run id: start time and a random suffix (written into every checkpoint and trace)."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON next to ``path`` and rename it into place: a reader never sees half a file."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(p)
+
+
+class _GuardedBackend(RayBackend):
+    """The Ray backend that also keeps each optimizer step's result (the NaN guard's verdict)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.opt_results: dict[int, dict[str, Any]] = {}
+
+    def _collect(self, call) -> None:
+        super()._collect(call)
+        if call.action.kind == OPTIMIZER_STEP:
+            self.opt_results[call.action.step] = ray.get(call.refs[0])  # already fetched: small
+
+
+class _Signals:
+    """SIGINT / SIGTERM during a run: the first asks the run to stop after the current global step
+    (its checkpoint and trace are written), a second abandons the step at once. Only in the main
+    thread (Python delivers signals there); previous handlers come back on exit."""
+
+    def __init__(self, log) -> None:
+        self.log = log
+        self.requested: int | None = None
+        self._old: dict[int, Any] = {}
+
+    def __enter__(self) -> _Signals:
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum: int, _frame) -> None:
+        name = signal.Signals(signum).name
+        if self.requested is None:
+            self.requested = signum
+            self.log(f"received {name}: stopping after the current step (send it again to abandon the step)")
+            return
+        raise _Abandon(signum)
+
+    def __exit__(self, *exc) -> None:
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        self._old.clear()
+
+
+class _Abandon(BaseException):
+    """A second signal: leave the current step now (a BaseException, so no ``except Exception`` eats it)."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
 
 
 def ensure_ray(cfg: RunConfig) -> None:
@@ -99,15 +182,25 @@ class DigenTrainer:
 
     ``probe``: after the run (disaggregated modes, when a profile is written), measure what the run's
     own actions never sized, so its profile can predict other modes and TAG policies: generation,
-    scoring and a training pass at a second size (a run repeats one micro-batch size, and one size
-    cannot split a cost into per-call and per-sample parts), and a TAG cycle on the trainer (context
-    switches and a micro-batch generated on a trainer rank, which a ``never`` run does not do)."""
+    scoring and a training pass at a second size (up to 4 micro-batches; a run repeats one size, and
+    one size cannot split a cost into per-call and per-sample parts), and a TAG cycle on the trainer
+    (context switches and a micro-batch generated on a trainer rank, which a ``never`` run does not do)."""
 
     def __init__(self, cfg: RunConfig, log=print, probe: bool = False) -> None:
-        validate(cfg)
+        self.warnings = validate(cfg)
         self.cfg = cfg
         self.log = log
         self.probe = probe
+        for w in self.warnings:
+            log(f"warning: {w}")
+        self.run_id = new_run_id()
+        self.resume_path = checks.resolve_resume(cfg)
+        self.data_offset = 0  # data position - step x batch (non-zero after a resume that changed the batch)
+        self.last_checkpoint: str | None = None
+        self._lock_root: str | None = None
+        self._bad_streak = 0
+        self._signals: _Signals | None = None
+        self._partial: RunResult | None = None
         self.worker_cfg = cfg.worker_config()
         self.k = cfg.trained_steps()
         self.dataset = (PromptDataset.from_file(cfg.data.train_files) if cfg.data.train_files
@@ -134,7 +227,17 @@ class DigenTrainer:
         return wg
 
     def init_workers(self) -> None:
-        """Create the worker groups (the expensive part) and wire weight sync."""
+        """Claim the checkpoint directory, create the worker groups (the expensive part) and wire
+        weight sync."""
+        t = self.cfg.trainer
+        if t.save_freq > 0 and self._lock_root is None:
+            try:
+                ckpt.acquire_lock(t.default_local_dir, self.run_id)
+            except ckpt.CheckpointError as err:
+                from verl_digen.trainer.config import ConfigError
+
+                raise ConfigError("trainer.default_local_dir", t.default_local_dir, str(err)) from None
+            self._lock_root = t.default_local_dir
         ensure_ray(self.cfg)
         res = self.cfg.resources
         if self.cfg.trainer.mode == COLOCATED:
@@ -156,15 +259,23 @@ class DigenTrainer:
                                       res.trainer.node_resource, threads)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
             self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
-        if self.cfg.trainer.resume_from:
-            self._resume(self.cfg.trainer.resume_from)
+        if self.resume_path:
+            self._resume(self.resume_path)
+        elif self.cfg.trainer.resume_from == "auto":
+            self.log(f"trainer.resume_from=auto: no complete checkpoint in {self.cfg.trainer.default_local_dir}, "
+                     "starting from step 0")
 
     def _resume(self, path: str) -> None:
         extras = ray.get([w.load_checkpoint.remote(path) for w in self.trn_wg.workers])
         self.start_step = int(extras[0]["step"])
+        self.last_checkpoint = path
+        position = int(extras[0].get("data_position", self.start_step * self.cfg.data.train_batch_size))
+        self.data_offset = position - self.start_step * self.cfg.data.train_batch_size
+        self.parent_run = extras[0].get("run_id")
         if self.sync is not None:  # generators start from the restored weights
             self.sync.sync(self.start_step)
-        self.log(f"resumed from {path} at step {self.start_step}")
+        self.log(f"resumed from {path} at step {self.start_step} (run {self.run_id}, continuing run "
+                 f"{self.parent_run or '?'})")
 
     def shutdown(self) -> None:
         """Kill the workers and release their placement groups (the Ray session stays up)."""
@@ -177,11 +288,14 @@ class DigenTrainer:
                 remove_placement_group(pg)
         self._pools.clear()
         self.gen_wg = self.trn_wg = None
+        if self._lock_root is not None:
+            ckpt.release_lock(self._lock_root, self.run_id)
+            self._lock_root = None
 
     # ---------------------------------------------------------------------------------- helpers
     def _prompts_of(self, step: int) -> tuple[list[int], list[str]]:
         p = self.cfg.data.train_batch_size
-        return self.dataset.batch(step * p, p)
+        return self.dataset.batch(self.data_offset + step * p, p)
 
     def _rows(self, step: int, samples) -> tuple[list[tuple[int, int]], list[str]]:
         """Scheduler (prompt-in-step, sample) pairs -> global (prompt id, sample) rows and their texts."""
@@ -196,6 +310,10 @@ class DigenTrainer:
         if missing:
             raise RuntimeError(f"group incomplete when its update started (missing samples {missing[:4]})")
         r = torch.tensor([rewards[k] for k in keys], dtype=torch.float64)
+        if not bool(torch.isfinite(r).all()):
+            # NaN advantages on purpose: the trainer's NaN guard reads them as a non-finite reward and
+            # skips the optimizer step (group normalization could otherwise turn them into zeros)
+            return {(k[1], k[2]): float("nan") for k in keys}
         gid = torch.tensor([k[1] for k in keys])
         adv, _ = group_advantages(r, gid, self.cfg.advantage())
         return {(k[1], k[2]): a for k, a in zip(keys, adv.tolist(), strict=True)}
@@ -215,9 +333,15 @@ class DigenTrainer:
         return self.tracking
 
     def _save(self, step: int) -> str:
-        path = str(Path(self.cfg.trainer.default_local_dir) / f"global_step_{step}")
-        ray.get([w.save_checkpoint.remote(path, {"step": step, "data_position": step * self.cfg.data.train_batch_size})
-                 for w in self.trn_wg.workers])
+        """An atomic, owned checkpoint of ``step`` (see workers/checkpoint.py); old ones beyond
+        ``trainer.max_checkpoints`` are removed."""
+        t = self.cfg.trainer
+        path = str(ckpt.step_dir(t.default_local_dir, step))
+        extra = {"step": step, "data_position": self.data_offset + step * self.cfg.data.train_batch_size,
+                 "run_id": self.run_id, "parent_run": getattr(self, "parent_run", None),
+                 "config": checks.fingerprint(self.cfg)}
+        ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints) for w in self.trn_wg.workers])
+        self.last_checkpoint = path
         return path
 
     def _should_save(self, step: int, last: bool) -> bool:
@@ -226,13 +350,40 @@ class DigenTrainer:
 
     # ---------------------------------------------------------------------------------- run
     def fit(self) -> RunResult:
-        """Run ``trainer.total_steps`` global steps (from the resume point) and return the reports."""
+        """Run ``trainer.total_steps`` global steps (from the resume point) and return the reports.
+
+        Stops early with ``RunStopped`` on SIGINT / SIGTERM (after the current step, which is
+        checkpointed when ``trainer.save_freq`` > 0; a second signal abandons the step) and on
+        non-finite values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps
+        so far is written before the error propagates."""
+        with _Signals(self.log) as sig:
+            self._signals = sig
+            try:
+                return self._fit()
+            except _Abandon as ab:
+                name = signal.Signals(ab.signum).name
+                self._write_partial(f"{name}: step abandoned")
+                raise RunStopped(f"stopped by {name} (second signal: the current step was abandoned)",
+                                 128 + ab.signum, self.last_checkpoint) from None
+            except RunStopped as stop:
+                self._write_partial(stop.reason)
+                raise
+            except TimelineError:
+                raise
+            except Exception as err:  # a dead worker, a failed call: keep what was measured
+                self._write_partial(f"failed: {type(err).__name__}")
+                raise
+            finally:
+                self._signals = None
+
+    def _fit(self) -> RunResult:
         if self.trn_wg is None:
             self.init_workers()
         steps = self.cfg.trainer.total_steps - self.start_step
         if steps <= 0:
             self.log(f"nothing to do: checkpoint is at step {self.start_step} >= total_steps")
-            return RunResult(final_step=self.start_step)
+            return RunResult(final_step=self.start_step, run_id=self.run_id, checkpoint=self.last_checkpoint)
+        self._check_signal()
         result = self._run(steps)
         result.final_step = self.start_step + steps
         try:
@@ -253,16 +404,18 @@ class DigenTrainer:
 
         Runs after the last optimizer step, on the prompts of the next (untrained) global step
         ``step``, one action at a time: generation, scoring and a training pass at the run's micro-batch
-        size and at a second size, then a switch to generation, one micro-batch generated on trainer
-        rank 0 and the switch back; ``reps`` times after one cold repetition (new sizes are cold starts,
-        as the run's first step is). The training pass has loss scale 0: the full forward + backward,
-        adding zero to the gradients, and no optimizer step follows. Nothing here enters the timeline
-        or the step reports. Run alone, these calls do not contend with the other pool for the host as
-        the run's do, so the profile takes from them the cost's shape and the level from the run
-        (``measured_profile``)."""
+        size and at a second size (up to 4 micro-batches), then a switch to generation, one micro-batch
+        generated on trainer rank 0 and the switch back; ``reps`` times after one cold repetition (new
+        sizes are cold starts, as the run's first step is). The training pass has loss scale 0: the
+        full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
+        here enters the timeline or the step reports. Run alone, these calls do not contend with the
+        other pool for the host as the run's do, so the profile takes from them the cost's shape and
+        the level from the run (``measured_profile``)."""
         cfg = self.cfg
         mb, batch = cfg.rollout.micro_batch_size, cfg.batch
-        second = 2 * mb if 2 * mb <= batch else max(1, mb // 2)
+        # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
+        # fitted per-sample / per-row slope stable against host noise
+        second = min(batch, 4 * mb) if batch > mb else max(1, mb // 2)
         pairs = [(p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n)]
         gen = self.gen_wg.workers[0]
         trainers = self.trn_wg.workers
@@ -303,17 +456,33 @@ class DigenTrainer:
                 out += measured
         return out
 
+    def _write_partial(self, stopped: str) -> None:
+        """The trace and timeline of the steps so far (no profile: the run is incomplete)."""
+        if self._partial is not None and self._partial.timeline is not None:
+            try:
+                self._write_outputs(self._partial, stopped=stopped)
+            except Exception as err:  # never hide the reason the run stopped behind a trace error
+                self.log(f"warning: could not write the partial trace: {err}")
+
     def _write_outputs(self, result: RunResult, violation: str | None = None,
-                       probes: list[dict[str, Any]] | None = None) -> None:
+                       probes: list[dict[str, Any]] | None = None, stopped: str | None = None) -> None:
+        """Trace, timeline (with the run id; each file written atomically), violation or profile."""
         trace_dir = self.cfg.trainer.trace_dir
         if not trace_dir or result.timeline is None:
             return
         mode = self.cfg.trainer.mode
         Path(trace_dir).mkdir(parents=True, exist_ok=True)
         result.trace_path = str(Path(trace_dir) / f"{mode}_trace.json")
-        save_chrome_trace(result.timeline, result.trace_path, title=f"verl-digen {mode}")
-        Path(trace_dir, f"{mode}_timeline.json").write_text(
-            json.dumps({"mode": mode, "staleness": result.timeline.staleness, "records": result.timeline.to_dicts()}))
+        trace = chrome_trace(result.timeline, title=f"verl-digen {mode}")
+        about = {"run_id": self.run_id, "complete": stopped is None and violation is None,
+                 "stopped": stopped, "checkpoint": self.last_checkpoint}
+        trace["otherData"] = {**trace.get("otherData", {}), **{k: str(v) for k, v in about.items()}}
+        write_json_atomic(result.trace_path, trace)
+        write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
+                          {"mode": mode, **about, "staleness": result.timeline.staleness,
+                           "records": result.timeline.to_dicts()})
+        if stopped is not None:
+            return
         if violation is not None:
             Path(trace_dir, f"{mode}_violation.txt").write_text(violation + "\n")
             return
@@ -351,9 +520,10 @@ class DigenTrainer:
         optimizer step completes."""
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
-        backend = RayBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
-                             self.start_step)
-        result = RunResult(timeline=sched.timeline)
+        backend = _GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
+                                  self.start_step)
+        result = RunResult(timeline=sched.timeline, run_id=self.run_id)
+        self._partial = result
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
         gen_names = [] if colocated else list(sched.gens)
         trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
@@ -367,13 +537,19 @@ class DigenTrainer:
             extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0))}
             if not colocated:
                 extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end))
+            rewards = backend.step_rewards.pop(a.step, [])
+            train = backend.train_metrics.pop(a.step, TrainMetrics())
             self._report(result, g + 1, last_end, end, sched.timeline.records, gen_names, trn_names,
-                         backend.step_rewards.pop(a.step, []), backend.train_metrics.pop(a.step, TrainMetrics()),
-                         extra)
+                         rewards, train, extra)
             last_end = end
-            if self._should_save(g + 1, last=a.step == steps - 1):
+            self._guard(g + 1, rewards, train, backend.opt_results.pop(a.step, {}))
+            stopping = self._signals is not None and self._signals.requested is not None
+            if self._should_save(g + 1, last=a.step == steps - 1) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)
+            result.checkpoint = self.last_checkpoint
             progress.update(g + 1, result.reports[-1].metrics)
+            if stopping and a.step < steps - 1:
+                self._check_signal(after=g + 1)
 
         try:
             run(sched, backend, on_complete, check=False)
@@ -381,6 +557,40 @@ class DigenTrainer:
             progress.close()
         self.scheduler = sched
         return result
+
+    def _check_signal(self, after: int | None = None) -> None:
+        """Raise ``RunStopped`` when a signal asked the run to stop."""
+        sig = self._signals.requested if self._signals is not None else None
+        if sig is None:
+            return
+        name = signal.Signals(sig).name
+        at = f"after step {after}" if after is not None else f"before step {self.start_step + 1}"
+        raise RunStopped(f"stopped by {name} {at}", 128 + sig, self.last_checkpoint)
+
+    def _guard(self, step: int, rewards: list[float], train: TrainMetrics, opt: dict[str, Any]) -> None:
+        """The NaN guard's driver half: the trainer skipped the optimizer step of a non-finite step
+        (``TSPActorWorker.optimizer_step``); name the quantity, count consecutive bad steps, and stop
+        with ``RunStopped`` per ``trainer.on_nonfinite`` / ``trainer.max_nonfinite_steps``."""
+        if not opt.get("skipped"):
+            self._bad_streak = 0
+            return
+        bad_rewards = [r for r in rewards if not math.isfinite(r)]
+        if bad_rewards:
+            what = f"reward ({len(bad_rewards)} of {len(rewards)} samples, e.g. {bad_rewards[0]})"
+        elif not math.isfinite(train.loss):
+            what = f"loss (actor/loss = {train.loss})"
+        elif opt.get("nonfinite") == "grad_norm" or not math.isfinite(float(opt.get("grad_norm", 0.0))):
+            what = f"gradient norm ({opt.get('grad_norm')})"
+        else:
+            what = str(opt.get("nonfinite"))
+        self._bad_streak += 1
+        t = self.cfg.trainer
+        self.log(f"step {step}: non-finite {what}: optimizer step skipped, weights unchanged "
+                 f"({self._bad_streak}/{t.max_nonfinite_steps} consecutive)")
+        if t.on_nonfinite == "stop" or self._bad_streak >= t.max_nonfinite_steps:
+            raise RunStopped(f"stopped at step {step}: non-finite {what} in {self._bad_streak} consecutive step(s) "
+                             f"(trainer.on_nonfinite={t.on_nonfinite}, trainer.max_nonfinite_steps="
+                             f"{t.max_nonfinite_steps})", 3, self.last_checkpoint)
 
     def _scheduled_extra(self, sched: StepScheduler, step: int, step_start: float, step_s: float) -> dict[str, float]:
         """Fraction of ideal, staleness and BTS prediction of one step."""

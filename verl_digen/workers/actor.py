@@ -10,6 +10,7 @@ generators pick it up on their own). ``tag_generate`` is the exception: one rank
 
 from __future__ import annotations
 
+import math
 import time
 from typing import Any
 
@@ -50,6 +51,7 @@ class TSPActorWorker(Worker):
         self._sync: SyncGroup | None = None
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._mode = "train"
+        self._nonfinite: str | None = None  # what went non-finite in this step's updates (NaN guard)
 
     # -- setup -------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -120,22 +122,36 @@ class TSPActorWorker(Worker):
                              f"trainer's policy version {self.version}")
         mine = traj.index(list(range(len(traj)))[contiguous_share(len(traj), self.dist_rank, self.dist_world,
                                                                    "update")])
+        if self._nonfinite is None and advantages is not None and not all(map(math.isfinite, advantages.values())):
+            self._nonfinite = "reward"  # advantages are finite unless a reward of the groups was not
         mine = P.to_device(mine, self.device)
         metrics = tsp_backward(self.model, mine, self.train_cfg, scale, degree=self.cfg.tsp_degree,
                                reference=self._reference())
-        return P.metrics_dict(metrics)
+        out = P.metrics_dict(metrics)
+        if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
+            self._nonfinite = "loss"
+        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def optimizer_step(self) -> dict[str, float]:
+    def optimizer_step(self) -> dict[str, Any]:
         """Clip the global gradient norm, step AdamW, zero gradients, bump the policy version.
-        Returns {"grad_norm", "version"} (same on every rank)."""
+
+        NaN guard: when a reward, the loss or the gradient norm of this step is not finite (on any
+        rank), the optimizer step is skipped -- gradients are dropped, weights and optimizer state
+        stay as they were -- so non-finite values never reach the weights. The version still moves
+        on, so the schedule's versioning is unchanged. Returns {"grad_norm", "version", "skipped",
+        "nonfinite"} (same on every rank; "nonfinite" names the first bad quantity or is None)."""
         self._require()
         params = [p for _, p in self.named_params]
         norm = fsdp.clip_grad_norm(params, self.cfg.optim.grad_clip, self.device)
-        self.optimizer.step()
+        bad = self._nonfinite or (None if math.isfinite(norm) else "grad_norm")
+        bad = _agree(bad, self.sharded, self.device)
+        if bad is None:
+            self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
+        self._nonfinite = None
         self.version += 1
-        return {"grad_norm": norm, "version": self.version}
+        return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def runtime_info(self) -> dict[str, Any]:
@@ -221,20 +237,30 @@ class TSPActorWorker(Worker):
 
     # -- checkpoints -------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None) -> None:
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None, keep: int | None = None) -> None:
         """Write weights, optimizer state, version, RNG and the driver's ``extra`` at a step boundary
-        (call after ``optimizer_step``, when no gradient is pending)."""
+        (call after ``optimizer_step``, when no gradient is pending), atomically (see
+        ``workers/checkpoint.py``); keep the ``keep`` newest checkpoints. Refuses (on every rank)
+        to write weights or optimizer state that hold NaN/Inf."""
         self._require()
         state = self.full_state()
+        def local(t: torch.Tensor) -> torch.Tensor:  # this rank's shard (a DTensor's local part)
+            return t.to_local() if hasattr(t, "to_local") else t
+
+        bad = ckpt.non_finite({n: local(p.detach()) for n, p in self.named_params}) or ckpt.non_finite(
+            {f"{n}.{k}": local(v) for n, p in self.named_params for k, v in self.optimizer.state.get(p, {}).items()
+             if torch.is_tensor(v)})
+        if _agree(bad, self.sharded, self.device) is not None:
+            raise ckpt.CheckpointError(f"refusing to write a non-finite checkpoint to {path!r}: "
+                                       f"{bad or 'a tensor on another rank'} holds NaN/Inf")
         payload = None
         if state is not None:
             groups = [{k: v for k, v in g.items() if k != "params"} for g in self.optimizer.param_groups]
             payload = {
                 "params": state["params"], "optim": state["optim"], "param_groups": groups,
-                "version": self.version, "extra": dict(extra or {}), "lora": self.cfg.policy.lora,
+                "version": self.version, "lora": self.cfg.policy.lora,
             }
-        ckpt.write(path, self.dist_rank, payload)
-        fsdp.barrier(self.sharded)
+        ckpt.save(path, self.dist_rank, payload, dict(extra or {}), lambda: fsdp.barrier(self.sharded), keep)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
@@ -258,11 +284,25 @@ class TSPActorWorker(Worker):
                 }
         for group, saved in zip(self.optimizer.param_groups, payload["param_groups"], strict=True):
             group.update(saved)
+            # this run's hyper-parameters: equal to the checkpoint's unless the driver allowed a change
+            group["lr"], group["weight_decay"] = self.cfg.optim.lr, self.cfg.optim.weight_decay
         self.version = int(payload["version"])
         if rng is not None:
             ckpt.set_rng_state(rng)
         fsdp.barrier(self.sharded)
         return payload["extra"]
+
+
+def _agree(bad: str | None, sharded: bool, device: torch.device) -> str | None:
+    """Every rank's verdict: non-None on all ranks when any rank saw a non-finite value (the skip
+    must be collective, or the shards would drift apart). The local name, or 'another rank'."""
+    if not sharded:
+        return bad
+    import torch.distributed as dist
+
+    flag = torch.tensor([0.0 if bad is None else 1.0], device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+    return bad if bad is not None else ("another rank" if float(flag.item()) > 0 else None)
 
 
 class HybridWorker(TSPActorWorker):

@@ -27,6 +27,7 @@ on them); ``sync(version)`` is publish + every pickup, blocking (resume, tests).
 from __future__ import annotations
 
 import hashlib
+import socket
 import time
 from datetime import timedelta
 from typing import Any
@@ -56,9 +57,16 @@ class SyncGroup:
             raise ValueError(f"sync-group rank {rank} out of range for world {world}")
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
-        self.store = dist.TCPStore(host, int(port), world, is_master=(rank == 0), timeout=timeout)
+        self._listener: socket.socket | None = None
+        if rank == 0:
+            # the store listens on the pool's address only (TCPStore alone would bind every interface)
+            self._listener = bind_listener(host, int(port))
+            self.store = dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
+                                       master_listen_fd=self._listener.fileno())
+        else:
+            self.store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
         if backend == "gloo":
-            self.pg = dist.ProcessGroupGloo(self.store, rank, world, timeout)
+            self.pg = _gloo_group(self.store, rank, world, timeout, host if rank == 0 else _local_address(host))
             self.device = torch.device("cpu")
         elif backend == "nccl":
             from torch._C._distributed_c10d import ProcessGroupNCCL
@@ -113,6 +121,38 @@ class SyncGroup:
             self._recv(buf, 0)
             out[name] = buf.to("cpu")
         return out
+
+
+def bind_listener(host: str, port: int) -> socket.socket:
+    """A listening TCP socket on ``host:port`` only (handed to ``TCPStore`` as its listen fd)."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    sock.listen(128)
+    return sock
+
+
+def _local_address(peer: str) -> str:
+    """This node's address on the route to ``peer`` (what gloo binds its own sockets to)."""
+    try:
+        with socket.socket(socket.AF_INET6 if ":" in peer else socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((peer, 9))  # no packet is sent: this only picks the outgoing interface
+            return s.getsockname()[0]
+    except OSError:
+        return peer
+
+
+def _gloo_group(store: Any, rank: int, world: int, timeout: timedelta, host: str) -> Any:
+    """A gloo group whose sockets bind to ``host`` (gloo's default device binds the hostname's
+    address); falls back to the default device where this torch lacks the options API."""
+    try:
+        opts = dist.ProcessGroupGloo._Options()
+        opts._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+        opts._timeout = timeout
+        return dist.ProcessGroupGloo(store, rank, world, opts)
+    except (AttributeError, RuntimeError, TypeError):
+        return dist.ProcessGroupGloo(store, rank, world, timeout)
 
 
 def _handles(wg: Any) -> list:

@@ -1,0 +1,79 @@
+"""Reliability on real (tiny) Ray runs: the NaN guard, and a SIGTERM-stopped run resumed with
+``trainer.resume_from=auto`` past partial directories, with retention and run ids."""
+
+import json
+import os
+import signal
+
+import pytest
+import torch
+from runtime_helpers import compose_run
+
+from verl_digen.trainer.runtime import DigenTrainer, RunStopped
+from verl_digen.workers import checkpoint as ckpt
+
+
+def _fit(cfg, **kw):
+    trainer = DigenTrainer(cfg, log=kw.pop("log", lambda _: None))
+    try:
+        return trainer, trainer.fit()
+    finally:
+        trainer.shutdown()
+
+
+def test_nan_rewards_skip_the_optimizer_step_and_stop_naming_the_reward(ray_session, tmp_path):
+    lines: list[str] = []
+    cfg = compose_run("trainer.total_steps=4", "trainer.save_freq=1", "trainer.max_nonfinite_steps=2",
+                      "digen.tag.policy=never", "reward.name=latent_target", "+reward.kwargs={target: nan}",
+                      tmp_path=tmp_path)
+    with pytest.raises(RunStopped) as err:
+        _fit(cfg, log=lines.append)
+    stop = err.value
+    assert stop.exit_code == 3 and "non-finite reward" in str(stop) and "2 consecutive" in str(stop)
+    assert any(line.startswith("step 1: non-finite reward") and "skipped" in line for line in lines), lines
+    root = tmp_path / "ckpt"
+    # step 1 was skipped (weights unchanged, finite) and saved; step 2 stopped the run before its save
+    assert [s for s, _ in ckpt.complete_checkpoints(root)] == [1]
+    payload, _ = ckpt.read(root / "global_step_1", 0)
+    assert ckpt.non_finite(payload["params"]) is None and ckpt.non_finite(payload["optim"]) is None
+    assert not any(payload["optim"].values())  # AdamW never stepped: no moments, no step count
+    assert stop.checkpoint == str(root / "global_step_1")
+    timeline = json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())
+    assert timeline["complete"] is False and "non-finite reward" in timeline["stopped"]
+    assert not (root / ckpt.LOCK_FILE).exists()  # released
+
+
+def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp_path, monkeypatch):
+    common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never"]
+    report = DigenTrainer._report
+
+    def report_then_signal(self, result, step, *args):
+        report(self, result, step, *args)
+        if step == 1:
+            os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` would, in the middle of a run
+
+    monkeypatch.setattr(DigenTrainer, "_report", report_then_signal)
+    with pytest.raises(RunStopped) as err:
+        _fit(compose_run("trainer.total_steps=4", *common, tmp_path=tmp_path))
+    monkeypatch.setattr(DigenTrainer, "_report", report)
+    stop = err.value
+    root = tmp_path / "ckpt"
+    assert stop.exit_code == 128 + signal.SIGTERM and "SIGTERM after step 1" in str(stop)
+    assert stop.checkpoint == str(root / "global_step_1")  # saved on the way out (save_freq=2 would not)
+    first = ckpt.read_meta(root / "global_step_1")["extra"]
+    trace = json.loads((tmp_path / "trace" / "digen_trace.json").read_text())
+    assert trace["otherData"]["run_id"] == first["run_id"] and trace["otherData"]["complete"] == "False"
+
+    # leftovers a crash could leave: neither is ever taken for a checkpoint
+    (root / ".partial-global_step_3").mkdir()
+    (root / "global_step_9").mkdir()
+    torch.save({"params": {}}, root / "global_step_9" / ckpt.TRAINER_FILE)
+    trainer, result = _fit(compose_run("trainer.total_steps=3", "trainer.resume_from=auto", *common,
+                                       tmp_path=tmp_path))
+    assert trainer.resume_path == str(root / "global_step_1")
+    assert [r.step for r in result.reports] == [2, 3]
+    # retention: only the newest complete checkpoint is kept; it names this run and the one it continues
+    assert [s for s, _ in ckpt.complete_checkpoints(root)] == [3]
+    meta = ckpt.read_meta(root / "global_step_3")["extra"]
+    assert meta["run_id"] == result.run_id != first["run_id"] and meta["parent_run"] == first["run_id"]
+    assert meta["data_position"] == 3 * 2

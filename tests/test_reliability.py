@@ -1,0 +1,350 @@
+"""Reliability without Ray: safe checkpoint loading, atomic and owned checkpoints, the weight-sync store's
+bind address, and every class of bad input refused by ``validate`` (the table in docs/config.md, one
+case per row, checked against the table)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import socket
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from verl_digen.data import load_prompts
+from verl_digen.trainer import checks
+from verl_digen.trainer.config import ConfigError, compose, validate
+from verl_digen.workers import checkpoint as ckpt
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+# ------------------------------------------------------------------------------------ helpers
+def fake_checkpoint(root: Path, step: int, cfg=None, run_id: str = "old-run") -> Path:
+    """A complete checkpoint written by the real ``checkpoint.save`` (one rank, a two-weight payload)."""
+    path = ckpt.step_dir(root, step)
+    payload = {"params": {"w": torch.arange(2.0)}, "optim": {"w": {"step": torch.tensor(3.0),
+                                                                    "exp_avg": torch.ones(2)}},
+               "param_groups": [{"lr": 1e-3, "betas": (0.9, 0.999)}], "version": step, "lora": False}
+    extra = {"step": step, "run_id": run_id, "config": checks.fingerprint(cfg or compose([]))}
+    ckpt.save(path, 0, payload, extra, barrier=lambda: None)
+    return path
+
+
+class _Touch:
+    """Unpickling this calls ``Path.touch(marker)``: a stand-in for any code a crafted file could run."""
+
+    def __init__(self, marker: str) -> None:
+        self.marker = marker
+
+    def __reduce__(self):
+        return (Path.touch, (Path(self.marker),))
+
+
+# ------------------------------------------------------------------------------------ (1) safe loading
+def test_a_crafted_pickle_in_a_checkpoint_cannot_run_code(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    marker = tmp_path / "pwned"
+    torch.save({"params": {"w": torch.zeros(2)}, "optim": {}, "evil": _Touch(str(marker))}, path / ckpt.TRAINER_FILE)
+    # the file really is live: the unsafe loader this module used to call runs the payload
+    torch.load(path / ckpt.TRAINER_FILE, weights_only=False)
+    assert marker.exists()
+    marker.unlink()
+    with pytest.raises(ckpt.CheckpointError, match="refused without running them"):
+        ckpt.read(path, 0)
+    assert not marker.exists()
+    # the same for a crafted RNG file
+    torch.save({"torch": torch.get_rng_state(), "evil": _Touch(str(marker))}, path / ckpt.rng_file(0))
+    fake_trainer = {"params": {"w": torch.zeros(2)}, "optim": {}}
+    torch.save(fake_trainer, path / ckpt.TRAINER_FILE)
+    with pytest.raises(ckpt.CheckpointError):
+        ckpt.read(path, 0)
+    assert not marker.exists()
+
+
+def test_a_truncated_checkpoint_file_is_a_clear_error(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    data = (path / ckpt.TRAINER_FILE).read_bytes()
+    (path / ckpt.TRAINER_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ckpt.CheckpointError, match="corrupt, truncated"):
+        ckpt.read(path, 0)
+
+
+def test_rng_state_round_trips_through_tensors_and_json(tmp_path):
+    random.seed(1)
+    np.random.seed(2)
+    torch.manual_seed(3)
+    torch.save(ckpt.rng_state(), tmp_path / "rng.pt")
+    want = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+    ckpt.set_rng_state(ckpt.safe_load(tmp_path / "rng.pt"))
+    assert (random.random(), float(np.random.rand()), float(torch.rand(1))) == want
+
+
+def test_checkpoint_round_trip_keeps_tensors_and_metadata(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 4)
+    payload, rng = ckpt.read(path, 0)
+    assert torch.equal(payload["params"]["w"], torch.arange(2.0))
+    assert payload["optim"]["w"]["step"] == torch.tensor(3.0)
+    assert payload["param_groups"][0]["betas"] == (0.9, 0.999) and payload["version"] == 4
+    assert payload["extra"]["run_id"] == "old-run" and rng is not None
+
+
+# ------------------------------------------------------------------------------------ (3) atomic, owned checkpoints
+def test_partial_and_old_format_dirs_are_never_taken_for_checkpoints(tmp_path):
+    root = tmp_path / "ckpt"
+    fake_checkpoint(root, 2)
+    (root / ".partial-global_step_5").mkdir()  # a save killed mid-way
+    torch.save({"x": torch.zeros(1)}, root / ".partial-global_step_5" / ckpt.rng_file(0))
+    (root / "global_step_7").mkdir()  # old format / torn: no meta.json
+    torch.save({"x": torch.zeros(1)}, root / "global_step_7" / ckpt.TRAINER_FILE)
+    assert ckpt.latest(root) == root / "global_step_2"
+    assert "no meta.json" in ckpt.problem(root / "global_step_7")
+    assert "partial" in ckpt.problem(root / ".partial-global_step_5")
+
+
+def test_a_save_killed_before_its_rename_leaves_no_checkpoint(tmp_path, monkeypatch):
+    root = tmp_path / "ckpt"
+
+    def killed(*_a, **_k):
+        raise KeyboardInterrupt  # stands in for SIGKILL between writing the files and the rename
+
+    monkeypatch.setattr(Path, "rename", killed)
+    with pytest.raises(KeyboardInterrupt):
+        fake_checkpoint(root, 3)
+    assert not (root / "global_step_3").exists() and (root / ".partial-global_step_3").is_dir()
+    assert ckpt.latest(root) is None
+
+
+def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
+    root = tmp_path / "ckpt"
+    for step in (1, 2, 3, 10):
+        fake_checkpoint(root, step)
+    gone = ckpt.prune(root, 2)
+    assert sorted(p.name for p in gone) == ["global_step_1", "global_step_2"]
+    assert [s for s, _ in ckpt.complete_checkpoints(root)] == [3, 10]  # numeric, not lexical order
+
+
+def test_a_second_live_run_cannot_take_the_checkpoint_directory(tmp_path):
+    from verl_digen.trainer.runtime import DigenTrainer
+
+    root = tmp_path / "ckpt"
+    ckpt.acquire_lock(root, "run-a")
+    try:
+        cfg = compose(["trainer.save_freq=1", f"trainer.default_local_dir={root}", f"trainer.trace_dir={tmp_path}/t",
+                       "trainer.logger=[]"])
+        trainer = DigenTrainer(cfg, log=lambda _: None)
+        with pytest.raises(ConfigError, match="in use by run run-a"):
+            trainer.init_workers()  # refused before Ray or any worker starts
+        assert trainer.trn_wg is None
+    finally:
+        ckpt.release_lock(root, "run-a")
+    assert not (root / ckpt.LOCK_FILE).exists()
+
+
+def test_a_lock_left_by_a_dead_process_is_taken_over(tmp_path):
+    root = tmp_path / "ckpt"
+    root.mkdir()
+    dead = 2**22 + 12345  # above the default pid_max: no such process
+    (root / ckpt.LOCK_FILE).write_text(json.dumps({"run_id": "gone", "pid": dead, "host": socket.gethostname()}))
+    ckpt.acquire_lock(root, "run-b")
+    assert json.loads((root / ckpt.LOCK_FILE).read_text())["run_id"] == "run-b"
+    ckpt.release_lock(root, "run-b")
+
+
+def test_resume_auto_picks_the_latest_complete_checkpoint(tmp_path):
+    root = tmp_path / "ckpt"
+    fake_checkpoint(root, 2)
+    fake_checkpoint(root, 4)
+    (root / "global_step_6").mkdir()  # incomplete
+    cfg = compose(["trainer.resume_from=auto", f"trainer.default_local_dir={root}"])
+    assert checks.resolve_resume(cfg) == str(root / "global_step_4")
+    assert checks.resolve_resume(compose(["trainer.resume_from=auto", f"trainer.default_local_dir={tmp_path}/x"])) \
+        is None
+
+
+def test_an_allowed_resume_change_is_a_warning(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    cfg = compose([f"trainer.resume_from={path}", "actor.lr=0.001", "trainer.resume_allow_changes=[actor.lr]"])
+    warnings = validate(cfg)
+    assert any("actor.lr" in w and "allowed" in w for w in warnings)
+
+
+# ------------------------------------------------------------------------------------ (1) weight-sync store bind
+def test_the_weight_sync_group_listens_on_the_pool_address_only():
+    import psutil
+
+    from verl_digen.workers.sync import SyncGroup
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    before = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
+    got = {}
+
+    def receiver() -> None:
+        got["group"] = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=60)
+        got["w"] = got["group"].recv(5, {"w": torch.zeros(3)})["w"]
+
+    peer = threading.Thread(target=receiver)
+    peer.start()
+    source = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60)  # kept alive: its sockets stay open
+    source.send(1, 5, {"w": torch.arange(3.0)})
+    peer.join(60)
+    assert torch.equal(got["w"], torch.arange(3.0))
+    new = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN} - before
+    assert any(a.port == port for a in new), new  # the store's own listener is among them
+    assert all(a.ip == "127.0.0.1" for a in new), f"weight sync listens beyond the pool address: {new}"
+
+
+# ------------------------------------------------------------------------------------ (5) bad input before Ray
+def _file(tmp_path: Path, name: str, data: bytes) -> str:
+    p = tmp_path / name
+    p.write_bytes(data)
+    return str(p)
+
+
+def _not_a_dir(tmp_path: Path) -> str:
+    (tmp_path / "afile").write_text("x")
+    return str(tmp_path / "afile" / "ckpt")
+
+
+def _ckpt_missing_meta(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    (path / ckpt.META_FILE).unlink()
+    return str(path)
+
+
+def _ckpt_bad_meta(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    (path / ckpt.META_FILE).write_text("{not json")
+    return str(path)
+
+
+def _ckpt_partial(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    return str(path.rename(path.parent / ".partial-global_step_1"))
+
+
+def _ckpt(tmp_path: Path, *overrides: str) -> str:
+    return str(fake_checkpoint(tmp_path / "c", 1, compose(list(overrides))))
+
+
+SAVE = ["trainer.save_freq=1"]
+#: class id (the first column of docs/config.md's "Bad input" table) -> (overrides of tmp_path, key, message part)
+BAD_INPUT = {
+    "lr-nan": (lambda t: ["actor.lr=nan"], "actor.lr", "a finite number > 0"),
+    "lr-inf": (lambda t: ["actor.lr=inf"], "actor.lr", "a finite number > 0"),
+    "lr-zero": (lambda t: ["actor.lr=0"], "actor.lr", "a finite number > 0"),
+    "weight-decay-negative": (lambda t: ["actor.weight_decay=-0.1"], "actor.weight_decay", ">= 0"),
+    "grad-clip-negative": (lambda t: ["actor.grad_clip=-1"], "actor.grad_clip", "0 turns clipping off"),
+    "grad-clip-nan": (lambda t: ["actor.grad_clip=nan"], "actor.grad_clip", "a finite number >= 0"),
+    "kl-coef-nan": (lambda t: ["actor.kl_coef=nan"], "actor.kl_coef", "a finite number >= 0"),
+    "clip-ratio-zero": (lambda t: ["actor.clip_ratio=0"], "actor.clip_ratio", "a finite number > 0"),
+    "adv-eps-negative": (lambda t: ["algorithm.adv_eps=-1"], "algorithm.adv_eps", "divides by zero"),
+    "adv-clip-zero": (lambda t: ["algorithm.adv_clip=0"], "algorithm.adv_clip", "null or a finite number > 0"),
+    "shift-zero": (lambda t: ["rollout.shift=0"], "rollout.shift", "time shift"),
+    "noise-inf": (lambda t: ["rollout.noise_level=inf"], "rollout.noise_level", "stochastic"),
+    "timestep-fraction": (lambda t: ["rollout.timestep_fraction=1.5"], "rollout.timestep_fraction", "(0, 1]"),
+    "lora-alpha-negative": (lambda t: ["model.lora_rank=4", "model.lora_alpha=-8"], "model.lora_alpha", "> 0"),
+    "target-modules-empty": (lambda t: ["model.lora_rank=4", "model.target_modules=[]"], "model.target_modules",
+                             "non-empty list"),
+    "reward-weight-zero": (lambda t: ["reward.weights={latent_mean: 1.0, brightness: 0.0}"],
+                           "reward.weights.brightness", "non-zero"),
+    "pool-too-large": (lambda t: ["resources.generator.workers=1000", "rollout.micro_batch_size=2"],
+                       "resources.generator.workers", "workers in all on this machine"),
+    "pool-absurd": (lambda t: ["resources.trainer.workers=100000"], "resources.trainer.workers", "per pool"),
+    "max-checkpoints-zero": (lambda t: ["trainer.max_checkpoints=0"], "trainer.max_checkpoints", ">= 1"),
+    "on-nonfinite-unknown": (lambda t: ["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite", "skip, stop"),
+    "max-nonfinite-zero": (lambda t: ["trainer.max_nonfinite_steps=0"], "trainer.max_nonfinite_steps", ">= 1"),
+    "allow-structural-change": (lambda t: ["trainer.resume_allow_changes=[model.arch]"],
+                                "trainer.resume_allow_changes", "cannot be allowed"),
+    "trace-dir-unwritable": (lambda t: ["trainer.trace_dir=/proc/digen_trace"], "trainer.trace_dir",
+                             "a writable directory"),
+    "ckpt-dir-unwritable": (lambda t: [*SAVE, "trainer.default_local_dir=/proc/digen_ckpt"],
+                            "trainer.default_local_dir", "a writable directory"),
+    "ckpt-dir-under-a-file": (lambda t: [*SAVE, f"trainer.default_local_dir={_not_a_dir(t)}"],
+                              "trainer.default_local_dir", "is not a directory"),
+    "foreign-checkpoints": (lambda t: [*SAVE, f"trainer.default_local_dir={Path(_ckpt(t)).parent}"],
+                            "trainer.default_local_dir", "another run's checkpoints"),
+    "resume-missing": (lambda t: ["trainer.resume_from=/nonexistent/ckpt"], "trainer.resume_from",
+                       "an existing checkpoint directory"),
+    "resume-no-meta": (lambda t: [f"trainer.resume_from={_ckpt_missing_meta(t)}"], "trainer.resume_from",
+                       "has no meta.json"),
+    "resume-bad-meta": (lambda t: [f"trainer.resume_from={_ckpt_bad_meta(t)}"], "trainer.resume_from",
+                        "unreadable"),
+    "resume-partial": (lambda t: [f"trainer.resume_from={_ckpt_partial(t)}"], "trainer.resume_from",
+                       "partial checkpoint"),
+    "resume-changed-key": (lambda t: [f"trainer.resume_from={_ckpt(t)}", "actor.lr=0.001"], "actor.lr",
+                           "trainer.resume_allow_changes=[actor.lr]"),
+    "resume-changed-batch": (lambda t: [f"trainer.resume_from={_ckpt(t)}", "data.train_batch_size=8"],
+                             "data.train_batch_size", "as in the checkpoint"),
+    "resume-changed-structure": (lambda t: [f"trainer.resume_from={_ckpt(t, 'model.lora_rank=4')}"],
+                                 "model.lora_rank", "cannot be resumed across"),
+    "prompts-empty": (lambda t: [f"data.train_files={_file(t, 'p.txt', b'')}"], "data.train_files", "no prompts"),
+    "prompts-blank": (lambda t: [f"data.train_files={_file(t, 'p.txt', b'  ' + bytes([10]) * 3)}"],
+                      "data.train_files", "no prompts"),
+    "prompts-not-utf8": (lambda t: [f"data.train_files={_file(t, 'p.txt', b'a cat' + bytes([10, 0xFF, 10]))}"],
+                         "data.train_files", "p.txt:2: not UTF-8"),
+    "prompts-bad-json": (lambda t: [f"data.train_files={_file(t, 'p.jsonl', _J)}"],
+                         "data.train_files", "p.jsonl:3: not valid JSON"),
+    "prompts-no-field": (lambda t: [f"data.train_files={_file(t, 'p.jsonl', _NO_FIELD)}"],
+                         "data.train_files", "p.jsonl:1: expected an object with a 'prompt' field"),
+    "prompts-null": (lambda t: [f"data.train_files={_file(t, 'p.jsonl', _NULL)}"],
+                     "data.train_files", "p.jsonl:1: 'prompt' must be a string, got null"),
+    "prompts-suffix": (lambda t: [f"data.train_files={_file(t, 'p.csv', b'a cat')}"], "data.train_files",
+                       "expected a .txt or .jsonl"),
+}
+#: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
+_J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'
+_NO_FIELD = b'{"text": "a"}\n'
+_NULL = b'{"prompt": null}\n'
+
+
+@pytest.mark.parametrize("case", sorted(BAD_INPUT))
+def test_bad_input_is_refused_before_ray_naming_the_key(case, tmp_path, monkeypatch):
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    make, key, part = BAD_INPUT[case]
+    cfg = compose([f"trainer.trace_dir={tmp_path}/trace", f"trainer.default_local_dir={tmp_path}/ckpt",
+                   *make(tmp_path)])
+    with pytest.raises(ConfigError) as err:
+        validate(cfg)
+    assert err.value.key == key, str(err.value)
+    assert part in str(err.value) and repr(key)[1:-1] in str(err.value)
+
+
+def test_config_md_table_lists_exactly_the_tested_classes():
+    text = (ROOT / "docs" / "config.md").read_text()
+    section = text[text.index("## Bad input"):]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \|", section, flags=re.M)
+    assert len(rows) >= 25
+    assert sorted(rows) == sorted(BAD_INPUT), "docs/config.md's bad-input table and BAD_INPUT differ"
+
+
+def test_fewer_prompts_than_the_batch_is_a_warning(tmp_path):
+    files = _file(tmp_path, "p.txt", b"a cat\na dog\n")
+    warnings = validate(compose([f"data.train_files={files}", "data.train_batch_size=4",
+                                 f"trainer.trace_dir={tmp_path}/t"]))
+    assert any("only 2 prompt(s) for data.train_batch_size = 4" in w for w in warnings)
+
+
+def test_prompt_files_load_skipping_blank_lines(tmp_path):
+    assert load_prompts(_file(tmp_path, "q.jsonl", b'{"prompt": "a"}\n\n{"prompt": "b"}\n')) == ["a", "b"]
+    assert load_prompts(_file(tmp_path, "q.txt", b"a cat\n\n  \na dog\n")) == ["a cat", "a dog"]
+
+
+def test_validate_leaves_no_probe_files(tmp_path):
+    validate(compose([f"trainer.trace_dir={tmp_path}/trace", "trainer.save_freq=1",
+                      f"trainer.default_local_dir={tmp_path}/ckpt"]))
+    assert os.listdir(tmp_path) == []  # probed in the nearest existing ancestor, nothing created
+
+
+def test_main_prints_one_line_with_the_resume_command():
+    from verl_digen.main import _stopped_line
+
+    line = _stopped_line("stopped by SIGTERM after step 3", "out/ckpt/global_step_3")
+    assert "\n" not in line and line.endswith("trainer.resume_from=out/ckpt/global_step_3")
