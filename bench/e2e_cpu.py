@@ -117,8 +117,10 @@ def main() -> None:
             for mode in args.modes:
                 row = run_mode(mode, args.steps, f"{out}/round{r + 1}", args.overrides)
                 runs[mode].append(row)
+                # the host's 1-minute load: other jobs on a shared machine slow one run and not the next
                 print(f"  round {r + 1}/{args.rounds} {mode:<16} step {row['step_s']:.3f}s "
-                      f"(predicted {row['predicted_step_s']:.3f}s)", file=sys.stderr, flush=True)
+                      f"(predicted {row['predicted_step_s']:.3f}s) load {os.getloadavg()[0]:.1f}",
+                      file=sys.stderr, flush=True)
             if CROSS_SOURCE in runs:  # every mode of this round from this round's digen profile
                 source = runs[CROSS_SOURCE][r]["profile_path"]
                 for mode in args.modes:
