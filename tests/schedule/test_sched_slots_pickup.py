@@ -142,3 +142,13 @@ def test_the_executor_loop_checks_every_run():
         run(_Mislabel(cfg, costs, 1, trainer_ranks=2), SimBackend(costs))
     tl = run(_Mislabel(cfg, costs, 1, trainer_ranks=2), SimBackend(costs), check=False)
     assert any(is_tag_slot(r.worker) for r in tl.records)
+
+
+def test_free_tag_generation_at_time_zero_is_not_a_scoring_violation():
+    """A TAG slot whose generation costs nothing finishes at the instant the generators are dispatched;
+    it was not there to be scored first (this used to fail check_timeline)."""
+    m = CostModel(Pool(Hardware(generate=Affine(0, 0.014), score=Affine(0, 0.0015)), 1),
+                  Pool(Hardware(train_pass=Affine(0, 0.0015)), 1), steps_trained=6)
+    cfg = ScheduleConfig(prompts=4, group_size=4, mb_size=4, tsp_degree=6, policy="bts", steps=3)
+    r = simulate(cfg, m)
+    assert r.step_time > 0 and any(rec.kind == "tag_generate" for rec in r.timeline.records)

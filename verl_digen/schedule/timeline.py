@@ -192,17 +192,18 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
     if extra:
         _fail(f"records for unknown micro-batches: {sorted(extra)[:5]}")
     # 3. scoring priority: a generation on a generator worker must not start while something waits
-    gen_end = {(s, i): seen[("gen", s, i)][0].end for s in range(steps) for i in range(m)}
+    # (a zero-length generation dispatched at the same instant was not there to be seen)
+    gen = {(s, i): seen[("gen", s, i)][0] for s in range(steps) for i in range(m)}
     score_start = {(s, i): seen[(SCORE, s, i)][0].start for s in range(steps) for i in range(m)}
-    waiting = sorted((gen_end[k], score_start[k], k) for k in gen_end)
+    waiting = sorted((g.end, g.start, score_start[k], k) for k, g in gen.items())
     for r in recs:
         if r.kind != GENERATE:
             continue
         t = r.start
-        for ge, ss, k in waiting:
+        for ge, gs, ss, k in waiting:
             if ge > t + EPS:
                 break
-            if ss > t + EPS:
+            if ss > t + EPS and gs < t - EPS:
                 _fail(f"{r.worker} started generating step {r.step} mb {r.mb} at {t:.6g} while step {k[0]} "
                       f"mb {k[1]} waited for scoring (generated {ge:.6g}, scored {ss:.6g})")
     # 4. versions: generation uses the worker's current weights, never across a sync
