@@ -174,3 +174,178 @@ def test_tsp_loss_equals_an_independent_per_row_loss(rollout):
     got = tsp_backward(model, traj, cfg.train_config(LossConfig(clip_range=clip)), scale, degree=2)
     assert got.summary()["loss"] == pytest.approx(scale * want, rel=1e-9)
     assert got.summary()["rows"] == 9.0
+
+
+def test_train_metrics_accumulate_every_add():
+    def terms(ratio, clipped, approx, kl):
+        return LossTerms(loss=torch.tensor(0.5), ratio=torch.tensor(ratio), clipped=torch.tensor(clipped),
+                         approx_kl=torch.tensor(approx), kl=torch.tensor(kl))
+
+    m = TrainMetrics()
+    m.add(terms([1.0, 3.0], [1.0, 0.0], [0.1, 0.1], [0.2, 0.4]))
+    m.add(terms([2.0], [1.0], [0.4], [0.6]))
+    s = m.summary()
+    assert s["rows"] == 3.0 and s["loss"] == 1.0
+    assert s["ratio_mean"] == pytest.approx(2.0) and s["ratio_max"] == 3.0 and s["ratio_min"] == 1.0
+    assert s["clip_frac"] == pytest.approx(2 / 3) and s["approx_kl"] == pytest.approx(0.2)
+    assert s["kl"] == pytest.approx(0.4)
+    one = TrainMetrics()
+    one.add(terms([4.0], [0.0], [0.0], [0.0]))
+    assert one.summary()["ratio_mean"] == 4.0  # one row: divided by 1
+    merged = TrainMetrics().merge(m).merge(one).summary()
+    assert (merged["ratio_max"], merged["ratio_min"], merged["rows"]) == (4.0, 1.0, 4.0)
+
+
+def test_kl_enters_the_loss_only_with_a_coefficient():
+    lp = torch.tensor([0.1, -0.2], dtype=D)
+    old = torch.zeros(2, dtype=D)
+    adv = torch.tensor([1.0, -1.0], dtype=D)
+    plain = policy_loss(lp, old, adv, LossConfig(clip_range=0.5), scale=1.0)
+    with_coef_no_kl = policy_loss(lp, old, adv, LossConfig(clip_range=0.5, kl_coef=0.3), scale=1.0)
+    assert float(with_coef_no_kl.loss) == float(plain.loss)
+    kl = torch.tensor([1.0, 3.0], dtype=D)
+    assert float(policy_loss(lp, old, adv, LossConfig(clip_range=0.5), 1.0, kl=kl).loss) == float(plain.loss)
+    assert float(policy_loss(lp, old, adv, LossConfig(clip_range=0.5, kl_coef=0.3), 1.0, kl=kl).loss) == \
+        pytest.approx(float(plain.loss) + 1.2)
+
+
+def test_advantages_are_float64_whatever_the_reward_dtype():
+    r = torch.tensor([0.1, 0.2, 0.4, 0.4], dtype=torch.float32)
+    adv, _ = group_advantages(r, torch.tensor([0, 0, 1, 1]))
+    assert adv.dtype == D
+    # computed in float64 from the float32 inputs' values
+    assert float(adv[0]) == pytest.approx((float(r[0]) - (float(r[0]) + float(r[1])) / 2)
+                                          / (abs(float(r[1]) - float(r[0])) / 2 + 1e-4), rel=1e-12)
+    total, _ = multi_reward_advantages({"a": r}, {"a": 2.0}, torch.tensor([0, 0, 1, 1]))
+    assert total.dtype == D
+
+
+def test_advantage_input_checks():
+    ok = torch.tensor([0, 0])
+    with pytest.raises(ValueError, match="1-D"):
+        group_advantages(torch.zeros(2, 1), ok)
+    with pytest.raises(ValueError, match="1-D"):
+        group_advantages(torch.zeros(2), torch.tensor([0, 0, 0]))
+    with pytest.raises(ValueError, match="clip"):
+        group_advantages(torch.zeros(2), ok, AdvantageConfig(clip=0.0))
+    with pytest.raises(ValueError, match="eps"):
+        group_advantages(torch.zeros(2), ok, AdvantageConfig(eps=-1.0))
+    for bad in (3, 1):
+        with pytest.raises(ValueError, match="keep_extremes"):
+            group_advantages(torch.zeros(4), torch.zeros(4, dtype=torch.long), AdvantageConfig(keep_extremes=bad))
+    # keep_extremes = 2 is allowed; a group of exactly keep_extremes keeps everyone
+    _, keep = group_advantages(torch.tensor([0.0, 1.0]), ok, AdvantageConfig(keep_extremes=2))
+    assert keep.all()
+    _, keep = group_advantages(torch.tensor([0.0, 1.0, 5.0, 2.0]), torch.zeros(4, dtype=torch.long),
+                               AdvantageConfig(keep_extremes=2))
+    assert keep.tolist() == [True, False, True, False]
+
+
+def test_window_range_and_start_bounds():
+    assert StepSelection("window", k=2, window_start=0).num_trained(5) == 2
+    assert StepSelection("window", k=2, window_start=3).num_trained(5) == 2
+    with pytest.raises(ValueError, match="window_start"):
+        StepSelection("window", k=2, window_start=4).num_trained(5)
+    assert StepSelection("window", k=2, window_range=(0, 5)).num_trained(5) == 2
+    assert StepSelection("window", k=2, window_range=(3, 5)).num_trained(5) == 2  # lo = hi - k
+    for bad in ((4, 5), (0, 6), (-1, 3)):
+        with pytest.raises(ValueError, match="window_range"):
+            StepSelection("window", k=2, window_range=bad).num_trained(5)
+    assert StepSelection("first_k", k=2, window_range=(4, 5)).num_trained(5) == 2  # only windows use it
+    assert StepSelection("first_k", timestep_fraction=1.0).num_trained(7) == 7
+    with pytest.raises(ValueError, match="timestep_fraction"):
+        StepSelection("first_k", timestep_fraction=0.0).num_trained(7)
+
+
+def test_sample_seed_is_the_documented_hash():
+    import hashlib
+
+    from verl_digen.algo.seeding import sample_generator, sample_seed
+
+    key = b"1/2/3/4/sde"
+    want = int.from_bytes(hashlib.blake2b(key, digest_size=8).digest(), "little") >> 1
+    assert sample_seed(1, 2, 3, 4, "sde") == want  # part of the reproducibility contract of a resumed run
+    g = sample_generator(1, 2, 3, 4, "sde")
+    assert torch.equal(torch.randn(3, generator=g), torch.randn(3, generator=torch.Generator().manual_seed(want)))
+    seeds = {sample_seed(*args) for args in [(1, 2, 3, 4, "x"), (9, 2, 3, 4, "x"), (1, 9, 3, 4, "x"),
+                                              (1, 2, 9, 4, "x"), (1, 2, 3, 9, "x"), (1, 2, 3, 4, "y")]}
+    assert len(seeds) == 6  # every field matters
+
+
+def test_selection_is_seeded_by_every_field_and_checks_lengths():
+    sel = StepSelection("random_k", k=2)
+    base = sel.select(10, 1, 2, [3], [4])
+    others = [sel.select(10, 9, 2, [3], [4]), sel.select(10, 1, 9, [3], [4]), sel.select(10, 1, 2, [9], [4])]
+    assert any(not torch.equal(base, o) for o in others)
+    assert sum(not torch.equal(base, o) for o in others) >= 2
+    with pytest.raises(ValueError):
+        sel.select(10, 1, 2, [3, 4], [4])
+    empty = sel.select(10, 1, 2, [], [])
+    assert empty.shape == (0, 2) and empty.dtype == torch.long
+    w = StepSelection("window", k=3)
+    starts = {int(w.select(10, s, 5, [0], [0])[0, 0]) for s in range(40)}
+    assert len(starts) > 1  # the window depends on the seed
+
+
+def test_flow_sigmas_bounds_and_dtype():
+    from verl_digen.algo.sigmas import flow_sigmas
+
+    s = flow_sigmas(1, 1.0)
+    assert s.tolist() == [1.0, 0.0] and s.dtype == D
+    s32 = flow_sigmas(4, 3.0, torch.float32)
+    assert s32.dtype == torch.float32
+    t = 0.25
+    assert float(flow_sigmas(4, 3.0)[3]) == pytest.approx(3 * t / (1 + 2 * t), rel=1e-15)
+    with pytest.raises(ValueError, match="num_steps"):
+        flow_sigmas(0)
+    with pytest.raises(ValueError, match="shift"):
+        flow_sigmas(4, 0.0)
+
+
+def test_rollout_next_state_is_mean_plus_std_times_the_sde_stream(rollout):
+    from verl_digen.algo.seeding import sample_generator
+
+    model, cfg, traj = rollout
+    x_t, x1 = traj.states[:1, 0], traj.next_states[:1, 0]
+    v = model.velocity(x_t, traj.sigmas[:1, 0], traj.cond.index(slice(0, 1)), cfg.guidance_scale)
+    mean, std = _dance_reference(x_t, v, float(traj.sigmas[0, 0]), float(traj.sigmas_next[0, 0]), cfg.eta)
+    g = sample_generator(4, 2, 0, 0, "sde")  # seed 4, step 2, prompt 0, sample 0: the first draw
+    noise = torch.randn(tuple(model.latent_shape), generator=g, dtype=D)
+    torch.testing.assert_close(x1[0], (mean + std * noise)[0].detach(), rtol=1e-10, atol=1e-12)
+
+
+def test_tsp_loss_with_cfg_and_kl_to_a_reference_equals_an_independent_loss():
+    model = build_tiny_model("sd3", dtype=D, latent_size=8)
+    assert not model.guidance_distilled
+    cfg = SamplerConfig(num_steps=3, sde="dance_grpo", eta=0.8, guidance_scale=2.5,
+                        selection=StepSelection("first_k", k=2), decode=False)
+    prompts = ["a cat", "a cat"]
+    traj = sample_trajectories(model, model.encode_prompts(prompts), prompts, [0, 0], [0, 1], cfg,
+                               seed=1, step=0, version=0)
+    traj.advantages = torch.tensor([0.7, -0.7], dtype=D)
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(5)
+        for p in model.transformer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+    def reference(x, sigma, cond):
+        return ref.velocity(x, sigma, cond, cfg.guidance_scale)
+
+    clip, coef, scale = 0.05, 0.1, 0.25
+    want = 0.0
+    for i in range(2):
+        one = slice(i, i + 1)
+        for j in range(2):
+            x, nxt, sig = traj.states[one, j], traj.next_states[one, j], traj.sigmas[one, j]
+            s, s_next = float(traj.sigmas[i, j]), float(traj.sigmas_next[i, j])
+            mean, std = _dance_reference(x, model.velocity(x, sig, traj.cond.index(one), 2.5), s, s_next, cfg.eta)
+            ref_mean, _ = _dance_reference(x, ref.velocity(x, sig, traj.cond.index(one), 2.5), s, s_next, cfg.eta)
+            lp = float((-(nxt - mean) ** 2 / (2 * std**2) - math.log(std) - 0.5 * math.log(2 * math.pi)).mean())
+            ratio, a = math.exp(lp - float(traj.log_probs[i, j])), float(traj.advantages[i])
+            kl = float(((mean - ref_mean) ** 2 / (2 * std**2)).mean())
+            want += max(-a * ratio, -a * min(max(ratio, 1 - clip), 1 + clip)) + coef * kl
+    train = cfg.train_config(LossConfig(clip_range=clip, kl_coef=coef))
+    got = tsp_backward(model, traj, train, scale, degree=1, reference=reference)
+    assert got.summary()["loss"] == pytest.approx(scale * want, rel=1e-9)
+    assert got.summary()["kl"] > 0
