@@ -261,6 +261,7 @@ BAD_INPUT = {
     "max-checkpoints-zero": (lambda t: ["trainer.max_checkpoints=0"], "trainer.max_checkpoints", ">= 1"),
     "on-nonfinite-unknown": (lambda t: ["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite", "skip, stop"),
     "max-nonfinite-zero": (lambda t: ["trainer.max_nonfinite_steps=0"], "trainer.max_nonfinite_steps", ">= 1"),
+    "stall-timeout-zero": (lambda t: ["trainer.stall_timeout_s=0"], "trainer.stall_timeout_s", "null waits forever"),
     "allow-structural-change": (lambda t: ["trainer.resume_allow_changes=[model.arch]"],
                                 "trainer.resume_allow_changes", "cannot be allowed"),
     "trace-dir-unwritable": (lambda t: ["trainer.trace_dir=/proc/digen_trace"], "trainer.trace_dir",

@@ -77,3 +77,24 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     meta = ckpt.read_meta(root / "global_step_3")["extra"]
     assert meta["run_id"] == result.run_id != first["run_id"] and meta["parent_run"] == first["run_id"]
     assert meta["data_position"] == 3 * 2
+
+
+def test_a_stopped_generator_stops_the_run_naming_what_it_waited_on(ray_session, tmp_path):
+    import ray
+
+    cfg = compose_run("trainer.stall_timeout_s=4", "digen.tag.policy=never", tmp_path=tmp_path)
+    trainer = DigenTrainer(cfg, log=lambda _: None)
+    pid = None
+    try:
+        trainer.init_workers()
+        pid = ray.get(trainer.gen_wg.workers[0].runtime_info.remote())["pid"]
+        os.kill(pid, signal.SIGSTOP)  # hung, as a stopped or deadlocked process is
+        with pytest.raises(RunStopped) as err:
+            trainer.fit()
+    finally:
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        trainer.shutdown()
+    assert err.value.exit_code == 4
+    assert "no action finished for 4 s" in str(err.value) and "generate on gen0 (step 1" in str(err.value)
+    assert json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())["stopped"].startswith("stalled")

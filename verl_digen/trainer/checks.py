@@ -96,6 +96,7 @@ def numbers(cfg: Any) -> None:
         raise _error("trainer.on_nonfinite", t.on_nonfinite, f"one of {', '.join(NONFINITE_ACTIONS)}")
     if not (isinstance(t.max_nonfinite_steps, int) and t.max_nonfinite_steps >= 1):
         raise _error("trainer.max_nonfinite_steps", t.max_nonfinite_steps, "an integer >= 1")
+    _finite("trainer.stall_timeout_s", t.stall_timeout_s, 0, True, " (seconds; null waits forever)", optional=True)
     for key in t.resume_allow_changes:
         if key not in RESUME_KEYS or key in STRUCTURAL_KEYS:
             allowed = [k for k in RESUME_KEYS if k not in STRUCTURAL_KEYS]

@@ -164,6 +164,7 @@ class TrainerConfig:
     resume_allow_changes: list[str] = field(default_factory=list)  # keys that may differ from the checkpoint's
     on_nonfinite: str = "skip"  # non-finite reward / loss / grad norm: skip the optimizer step, or stop the run
     max_nonfinite_steps: int = 3  # stop (exit non-zero) after this many consecutive non-finite steps
+    stall_timeout_s: float | None = 1800.0  # stop when no action finishes for this long (a hung worker); None waits
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit

@@ -112,11 +112,38 @@ def write_json_atomic(path: str | Path, obj: Any) -> None:
 
 
 class _GuardedBackend(RayBackend):
-    """The Ray backend that also keeps each optimizer step's result (the NaN guard's verdict)."""
+    """The Ray backend that also keeps each optimizer step's result (the NaN guard's verdict), and
+    stops with ``RunStopped`` when no action finishes for ``stall_timeout_s`` (a hung or stopped
+    worker would otherwise block the driver forever, silently)."""
 
-    def __init__(self, *args: Any, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, stall_timeout_s: float | None = None, base_step: int = 0,
+                 checkpoint=lambda: None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.opt_results: dict[int, dict[str, Any]] = {}
+        self.stall_timeout_s = stall_timeout_s
+        self.base_step = base_step
+        self.checkpoint = checkpoint
+
+    def wait(self) -> tuple[list[tuple[Action, float]], float]:
+        """``RayBackend.wait`` with a bound on how long nothing may finish."""
+        while not self._ready:
+            if not self._inflight:
+                raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
+            ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=self.stall_timeout_s)
+            if not ready:
+                raise RunStopped(self._stall_message(), 4, self.checkpoint())
+            call = self._inflight.pop(ready[0])
+            call.pending.discard(ready[0])
+            if not call.pending:
+                self._ready.append(call)
+        return super().wait()
+
+    def _stall_message(self) -> str:
+        calls = {id(c): c.action for c in self._inflight.values()}.values()
+        what = ", ".join(sorted(f"{a.kind} on {a.worker} (step {self.base_step + a.step + 1}"
+                                f"{'' if a.mb is None else f', micro-batch {a.mb}'})" for a in calls))
+        return (f"stalled: no action finished for {self.stall_timeout_s:g} s (trainer.stall_timeout_s) while "
+                f"waiting on {what}: a worker is hung, stopped or too slow for the timeout")
 
     def _collect(self, call) -> None:
         super()._collect(call)
@@ -521,7 +548,8 @@ class DigenTrainer:
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
         backend = _GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
-                                  self.start_step)
+                                  self.start_step, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
+                                  base_step=self.start_step, checkpoint=lambda: self.last_checkpoint)
         result = RunResult(timeline=sched.timeline, run_id=self.run_id)
         self._partial = result
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
