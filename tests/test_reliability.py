@@ -36,6 +36,13 @@ def fake_checkpoint(root: Path, step: int, cfg=None, run_id: str = "old-run") ->
     return path
 
 
+def forge_sizes(path: Path) -> None:
+    """Record the files' current sizes in meta.json, as an attacker who controls the directory would."""
+    meta = json.loads((path / ckpt.META_FILE).read_text())
+    meta["files"] = {f.name: f.stat().st_size for f in path.iterdir() if f.name != ckpt.META_FILE}
+    (path / ckpt.META_FILE).write_text(json.dumps(meta))
+
+
 class _Touch:
     """Unpickling this calls ``Path.touch(marker)``: a stand-in for any code a crafted file could run."""
 
@@ -55,6 +62,7 @@ def test_a_crafted_pickle_in_a_checkpoint_cannot_run_code(tmp_path):
     torch.load(path / ckpt.TRAINER_FILE, weights_only=False)
     assert marker.exists()
     marker.unlink()
+    forge_sizes(path)
     with pytest.raises(ckpt.CheckpointError, match="refused without running them"):
         ckpt.read(path, 0)
     assert not marker.exists()
@@ -62,7 +70,8 @@ def test_a_crafted_pickle_in_a_checkpoint_cannot_run_code(tmp_path):
     torch.save({"torch": torch.get_rng_state(), "evil": _Touch(str(marker))}, path / ckpt.rng_file(0))
     fake_trainer = {"params": {"w": torch.zeros(2)}, "optim": {}}
     torch.save(fake_trainer, path / ckpt.TRAINER_FILE)
-    with pytest.raises(ckpt.CheckpointError):
+    forge_sizes(path)
+    with pytest.raises(ckpt.CheckpointError, match="refused without running them"):
         ckpt.read(path, 0)
     assert not marker.exists()
 
@@ -71,8 +80,11 @@ def test_a_truncated_checkpoint_file_is_a_clear_error(tmp_path):
     path = fake_checkpoint(tmp_path / "ckpt", 1)
     data = (path / ckpt.TRAINER_FILE).read_bytes()
     (path / ckpt.TRAINER_FILE).write_bytes(data[: len(data) // 2])
+    with pytest.raises(ckpt.CheckpointError, match=f"trainer.pt is {len(data) // 2} bytes, but {len(data)} were"):
+        ckpt.read(path, 0)  # found from the sizes meta.json recorded, without unpickling
+    forge_sizes(path)
     with pytest.raises(ckpt.CheckpointError, match="corrupt, truncated"):
-        ckpt.read(path, 0)
+        ckpt.read(path, 0)  # and the loader itself refuses the torn file
 
 
 def test_rng_state_round_trips_through_tensors_and_json(tmp_path):
@@ -225,6 +237,13 @@ def _ckpt_bad_meta(tmp_path: Path) -> str:
     return str(path)
 
 
+def _ckpt_truncated(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    data = (path / ckpt.TRAINER_FILE).read_bytes()
+    (path / ckpt.TRAINER_FILE).write_bytes(data[:100])
+    return str(path)
+
+
 def _ckpt_partial(tmp_path: Path) -> str:
     path = fake_checkpoint(tmp_path / "c", 1)
     return str(path.rename(path.parent / ".partial-global_step_1"))
@@ -278,6 +297,8 @@ BAD_INPUT = {
                        "has no meta.json"),
     "resume-bad-meta": (lambda t: [f"trainer.resume_from={_ckpt_bad_meta(t)}"], "trainer.resume_from",
                         "unreadable"),
+    "resume-truncated": (lambda t: [f"trainer.resume_from={_ckpt_truncated(t)}"], "trainer.resume_from",
+                         "trainer.pt is 100 bytes, but"),
     "resume-partial": (lambda t: [f"trainer.resume_from={_ckpt_partial(t)}"], "trainer.resume_from",
                        "partial checkpoint"),
     "resume-changed-key": (lambda t: [f"trainer.resume_from={_ckpt(t)}", "actor.lr=0.001"], "actor.lr",

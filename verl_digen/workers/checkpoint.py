@@ -112,6 +112,11 @@ def problem(path: str | Path) -> str | None:
         return f"its {META_FILE} is unreadable ({err})"
     if not isinstance(meta, dict) or meta.get("format") != FORMAT or not meta.get("complete"):
         return f"its {META_FILE} is not a complete verl-digen checkpoint of format {FORMAT}"
+    for name, size in (meta.get("files") or {}).items():  # a truncated or missing file, found without reading it
+        f = p / name
+        have = f.stat().st_size if f.is_file() else None
+        if have != size:
+            return f"{name} is {'missing' if have is None else f'{have} bytes, but {size} were written'}"
     return None
 
 
@@ -210,7 +215,9 @@ def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dic
         _save_file(tensors, tmp / TRAINER_FILE)
     barrier()
     if rank == 0:
-        meta = {"format": FORMAT, "complete": True, "saved_at": time.time(), **rest, "extra": dict(extra)}
+        files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
+        meta = {"format": FORMAT, "complete": True, "saved_at": time.time(), "files": files, **rest,
+                "extra": dict(extra)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
         _fsync_dir(tmp)
         if final.exists():  # the same step saved again (a resumed run): replace it whole
