@@ -272,6 +272,8 @@ BAD_INPUT = {
     "lora-alpha-negative": (lambda t: ["model.lora_rank=4", "model.lora_alpha=-8"], "model.lora_alpha", "> 0"),
     "target-modules-empty": (lambda t: ["model.lora_rank=4", "model.target_modules=[]"], "model.target_modules",
                              "non-empty list"),
+    "lora-target-unknown": (lambda t: ["model.lora_rank=4", "model.target_modules=[to_q,to_qq]"],
+                            "model.target_modules", "['to_qq'] match no module"),
     "reward-weight-zero": (lambda t: ["reward.weights={latent_mean: 1.0, brightness: 0.0}"],
                            "reward.weights.brightness", "non-zero"),
     "pool-too-large": (lambda t: ["resources.generator.workers=1000", "rollout.micro_batch_size=2"],

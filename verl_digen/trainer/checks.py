@@ -212,12 +212,37 @@ def check_resume(cfg: Any, path: str) -> list[str]:
     return warnings
 
 
+def lora_targets(cfg: Any) -> None:
+    """``model.target_modules`` must each name a module of the transformer (peft matches a name or a
+    ``.``-suffix of one). Checked where cheap: the tiny random-weight models (built here, well under a
+    second); a pretrained model's targets are checked when the workers apply LoRA."""
+    m = cfg.model
+    if m.lora_rank <= 0 or not m.target_modules or m.path is not None:
+        return
+    import torch
+
+    from verl_digen.models import build_model
+
+    with torch.random.fork_rng():
+        model = build_model(m.arch, pretrained=None, dtype=torch.float32, device="cpu", seed=m.seed,
+                            latent_size=m.latent_size, num_frames=m.num_frames)
+    names = [n for n, _ in model.transformer.named_modules() if n]
+    missing = [t for t in m.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing:
+        leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in model.transformer.named_modules()
+                         if isinstance(mod, torch.nn.Linear)})
+        raise _error("model.target_modules", list(m.target_modules),
+                     f"module-name suffixes of the {m.arch} transformer; {missing} match no module "
+                     f"(its linear layers end in: {', '.join(leaves)})")
+
+
 def files_and_resume(cfg: Any) -> list[str]:
     """Output dirs, prompt files, resume source and checkpoint ownership; returns warnings."""
     from verl_digen.data import load_prompts
 
     t = cfg.trainer
     warnings: list[str] = []
+    lora_targets(cfg)
     if t.trace_dir:
         writable("trainer.trace_dir", t.trace_dir)
     saves = t.save_freq > 0
