@@ -98,14 +98,20 @@ def _hydra_main(raw: DictConfig) -> None:
     except KeyboardInterrupt:  # Ctrl-C outside the step loop (start-up)
         print("interrupted before training started; nothing to resume", file=sys.stderr)
         raise SystemExit(130) from None
-    except Exception as err:  # a dead worker, a failed call: the traceback, then what to do next
+    except Exception as err:  # a dead worker, a failed call: what happened, then what to do next
         import traceback
 
-        traceback.print_exc()
+        import ray
+
+        if isinstance(err, ray.exceptions.RayActorError):  # a dead worker: its traceback says nothing more
+            what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
+        else:
+            traceback.print_exc()
+            what = f"{type(err).__name__}"
         from verl_digen.workers.checkpoint import latest
 
         found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
-        print(_stopped_line(f"the run failed: {type(err).__name__}", str(found) if found else None), file=sys.stderr)
+        print(_stopped_line(f"the run failed: {what}", str(found) if found else None), file=sys.stderr)
         raise SystemExit(1) from None
 
 
