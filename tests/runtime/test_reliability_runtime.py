@@ -43,8 +43,34 @@ def test_nan_rewards_skip_the_optimizer_step_and_stop_naming_the_reward(ray_sess
     assert not (root / ckpt.LOCK_FILE).exists()  # released
 
 
+def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
+    """Make every step's metrics also be computed from the whole timeline and compare (the runtime
+    reads only the recent records, so per-step driver work stays flat in a long run)."""
+    from verl_digen.trainer.metrics import window_metrics
+
+    checked: list[int] = []
+    report, extra = DigenTrainer._report, DigenTrainer._scheduled_extra
+
+    def full_report(self, result, step, start, end, records, gen, trn, *rest):
+        assert window_metrics(records, start, end, gen, trn) == window_metrics(
+            result.timeline.records, start, end, gen, trn)
+        checked.append(step)
+        report(self, result, step, start, end, records, gen, trn, *rest)
+
+    def full_extra(self, sched, step, start, step_s, records, decisions):
+        out = extra(self, sched, step, start, step_s, records, decisions)
+        assert out == extra(self, sched, step, start, step_s, sched.timeline.records, sched.decisions)
+        return out
+
+    monkeypatch.setattr(DigenTrainer, "_report", full_report)
+    monkeypatch.setattr(DigenTrainer, "_scheduled_extra", full_extra)
+    return checked
+
+
 def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp_path, monkeypatch):
-    common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never"]
+    # TCSS: the next step's stale generations are in flight when the signal stops the run
+    common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never",
+              "digen.tcss.staleness=0.5"]
     report = DigenTrainer._report
 
     def report_then_signal(self, result, step, *args):
@@ -68,8 +94,10 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     (root / ".partial-global_step_3").mkdir()
     (root / "global_step_9").mkdir()
     torch.save({"params": {}}, root / "global_step_9" / ckpt.TRAINER_FILE)
+    checked = _check_recent_records_equal_full_history(monkeypatch)
     trainer, result = _fit(compose_run("trainer.total_steps=3", "trainer.resume_from=auto", *common,
                                        tmp_path=tmp_path))
+    assert checked == [2, 3]
     assert trainer.resume_path == str(root / "global_step_1")
     assert [r.step for r in result.reports] == [2, 3]
     # retention: only the newest complete checkpoint is kept; it names this run and the one it continues

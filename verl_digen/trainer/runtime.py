@@ -555,21 +555,26 @@ class DigenTrainer:
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
         gen_names = [] if colocated else list(sched.gens)
         trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
-        last_end = 0.0
+        last_end = prev_start = 0.0
+        window = _Recent(sched.timeline.records)
+        decisions = _Recent(getattr(sched, "decisions", []))
 
         def on_complete(a: Action, end: float) -> None:
-            nonlocal last_end
+            nonlocal last_end, prev_start
             if a.kind != OPTIMIZER_STEP:
                 return
             g = self.start_step + a.step
+            # this step's records end after the previous step's window began (a stale generation starts
+            # once the version it uses exists): per-step work stays flat however long the run
+            recent = window.since(lambda r: r.end >= prev_start - 1e-9)
             extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0))}
             if not colocated:
-                extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end))
+                step_decisions = decisions.since(lambda d: d.step >= a.step - 1)
+                extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end, recent, step_decisions))
             rewards = backend.step_rewards.pop(a.step, [])
             train = backend.train_metrics.pop(a.step, TrainMetrics())
-            self._report(result, g + 1, last_end, end, sched.timeline.records, gen_names, trn_names,
-                         rewards, train, extra)
-            last_end = end
+            self._report(result, g + 1, last_end, end, recent, gen_names, trn_names, rewards, train, extra)
+            prev_start, last_end = last_end, end
             self._guard(g + 1, rewards, train, backend.opt_results.pop(a.step, {}))
             stopping = self._signals is not None and self._signals.requested is not None
             if self._should_save(g + 1, last=a.step == steps - 1) or (stopping and self.cfg.trainer.save_freq > 0):
@@ -620,9 +625,11 @@ class DigenTrainer:
                              f"(trainer.on_nonfinite={t.on_nonfinite}, trainer.max_nonfinite_steps="
                              f"{t.max_nonfinite_steps})", 3, self.last_checkpoint)
 
-    def _scheduled_extra(self, sched: StepScheduler, step: int, step_start: float, step_s: float) -> dict[str, float]:
-        """Fraction of ideal, staleness and BTS prediction of one step."""
-        recs = [r for r in sched.timeline.records if r.step == step]
+    def _scheduled_extra(self, sched: StepScheduler, step: int, step_start: float, step_s: float,
+                         records: list[Record], decisions: list) -> dict[str, float]:
+        """Fraction of ideal, staleness and BTS prediction of one step (from ``records`` and
+        ``decisions``: a suffix of the run's that holds all of this step's)."""
+        recs = [r for r in records if r.step == step]
         gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
         stale = sum(1 for r in gens if r.stale)
         # the ideal of this step's own measured costs, so the fraction compares like with like
@@ -635,10 +642,23 @@ class DigenTrainer:
             "digen/stale_fraction": stale / max(sched.M, 1),
             "digen/tag_micro_batches": float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
         }
-        predicted = [d.predicted_end for d in sched.decisions if d.step == step and d.predicted_end is not None]
+        predicted = [d.predicted_end for d in decisions if d.step == step and d.predicted_end is not None]
         if predicted:  # BTS's first plan of the step vs what the step really took
             out["digen/bts_predicted_step_s"] = predicted[0] - step_start
         return out
+
+
+class _Recent:
+    """A growing list read from a moving start: ``since(keep)`` skips (for good) leading items for
+    which ``keep`` is false and returns the rest, so a long run never rescans its whole history."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.start = items, 0
+
+    def since(self, keep) -> list:
+        while self.start < len(self.items) and not keep(self.items[self.start]):
+            self.start += 1
+        return self.items[self.start:]
 
 
 class _Progress:
