@@ -274,6 +274,8 @@ BAD_INPUT = {
                              "non-empty list"),
     "lora-target-unknown": (lambda t: ["model.lora_rank=4", "model.target_modules=[to_q,to_qq]"],
                             "model.target_modules", "['to_qq'] match no module"),
+    "model-path-missing": (lambda t: [f"model.path={t}/no-such-model"], "model.path",
+                           "an existing local diffusers pipeline directory"),
     "reward-weight-zero": (lambda t: ["reward.weights={latent_mean: 1.0, brightness: 0.0}"],
                            "reward.weights.brightness", "non-zero"),
     "pool-too-large": (lambda t: ["resources.generator.workers=1000", "rollout.micro_batch_size=2"],

@@ -242,6 +242,10 @@ def files_and_resume(cfg: Any) -> list[str]:
 
     t = cfg.trainer
     warnings: list[str] = []
+    mp = cfg.model.path
+    if mp is not None and mp.startswith(("/", "./", "../", "~")) and not Path(mp).expanduser().is_dir():
+        raise _error("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
+                     "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
     lora_targets(cfg)
     if t.trace_dir:
         writable("trainer.trace_dir", t.trace_dir)
