@@ -273,18 +273,18 @@ def test_sample_seed_is_the_documented_hash():
 
 
 def test_selection_is_seeded_by_every_field_and_checks_lengths():
-    sel = StepSelection("random_k", k=2)
-    base = sel.select(10, 1, 2, [3], [4])
-    others = [sel.select(10, 9, 2, [3], [4]), sel.select(10, 1, 9, [3], [4]), sel.select(10, 1, 2, [9], [4])]
-    assert any(not torch.equal(base, o) for o in others)
-    assert sum(not torch.equal(base, o) for o in others) >= 2
+    sel = StepSelection("random_k", k=5)
+    base = sel.select(30, 1, 2, [3], [4])
+    for other in (sel.select(30, 9, 2, [3], [4]), sel.select(30, 1, 9, [3], [4]), sel.select(30, 1, 2, [9], [4]),
+                  sel.select(30, 1, 2, [3], [9])):
+        assert not torch.equal(base, other)  # seed, step, prompt and sample each change the draw
     with pytest.raises(ValueError):
         sel.select(10, 1, 2, [3, 4], [4])
     empty = sel.select(10, 1, 2, [], [])
-    assert empty.shape == (0, 2) and empty.dtype == torch.long
+    assert empty.shape == (0, 5) and empty.dtype == torch.long
     w = StepSelection("window", k=3)
-    starts = {int(w.select(10, s, 5, [0], [0])[0, 0]) for s in range(40)}
-    assert len(starts) > 1  # the window depends on the seed
+    assert len({int(w.select(10, s, 5, [0], [0])[0, 0]) for s in range(40)}) > 1  # depends on the seed
+    assert len({int(w.select(10, 5, t, [0], [0])[0, 0]) for t in range(40)}) > 1  # and on the step
 
 
 def test_flow_sigmas_bounds_and_dtype():
@@ -294,8 +294,8 @@ def test_flow_sigmas_bounds_and_dtype():
     assert s.tolist() == [1.0, 0.0] and s.dtype == D
     s32 = flow_sigmas(4, 3.0, torch.float32)
     assert s32.dtype == torch.float32
-    t = 0.25
-    assert float(flow_sigmas(4, 3.0)[3]) == pytest.approx(3 * t / (1 + 2 * t), rel=1e-15)
+    t = 1 / 3  # not a float32 number: the shift is computed in float64
+    assert float(flow_sigmas(3, 3.0)[2]) == pytest.approx(3 * t / (1 + 2 * t), rel=1e-14)
     with pytest.raises(ValueError, match="num_steps"):
         flow_sigmas(0)
     with pytest.raises(ValueError, match="shift"):
@@ -349,3 +349,63 @@ def test_tsp_loss_with_cfg_and_kl_to_a_reference_equals_an_independent_loss():
     got = tsp_backward(model, traj, train, scale, degree=1, reference=reference)
     assert got.summary()["loss"] == pytest.approx(scale * want, rel=1e-9)
     assert got.summary()["kl"] > 0
+
+
+def test_ode_and_full_noise_transitions():
+    from verl_digen.algo.sde import check_sde, transition
+
+    x = torch.tensor([[1.0, -2.0]], dtype=D)
+    v = torch.tensor([[0.5, 0.25]], dtype=D)
+    s, s_next = torch.tensor([0.6], dtype=D), torch.tensor([0.4], dtype=D)
+    mean, std = transition("ode", x, v, s, s_next, eta=0.7)  # an ODE ignores eta
+    torch.testing.assert_close(mean, x + v * (-0.2))
+    assert std.abs().max() == 0
+    mean, std = transition("dance_grpo", x, v, s, s_next, eta=1.0)
+    ref_mean, ref_std = _dance_reference(x, v, 0.6, 0.4, 1.0)
+    torch.testing.assert_close(mean, ref_mean)
+    assert float(std.flatten()[0]) == pytest.approx(ref_std)
+    check_sde("cps", 1.0)  # eta = 1 is the edge of cps's range, allowed
+    with pytest.raises(ValueError, match="cps"):
+        check_sde("cps", 1.01)
+
+
+def test_trajectories_index_and_cat_keep_every_field(rollout):
+    _, _, traj = rollout
+    t = copy.copy(traj)
+    t.rewards = torch.tensor([1.0, 2.0, 3.0], dtype=D)
+    t.reward_components = {"a": torch.tensor([4.0, 5.0, 6.0], dtype=D)}
+    t.advantages = torch.tensor([0.1, 0.2, 0.3], dtype=D)
+    sub = t.index([2, 0])
+    assert sub.prompts == [t.prompts[2], t.prompts[0]] and sub.global_step == t.global_step
+    for name in ("prompt_ids", "sample_ids", "states", "next_states", "log_probs", "rewards", "advantages",
+                 "final_latents", "versions", "step_indices", "sigmas"):
+        assert torch.equal(getattr(sub, name), getattr(t, name)[[2, 0]]), name
+    assert torch.equal(sub.reward_components["a"], torch.tensor([6.0, 4.0], dtype=D))
+    assert sub.images is None
+    back = type(t).cat([t.index([0]), t.index([1, 2])])
+    assert back.prompts == t.prompts and back.global_step == t.global_step
+    for name in ("states", "log_probs", "rewards", "advantages", "versions"):
+        assert torch.equal(getattr(back, name), getattr(t, name)), name
+    assert torch.equal(back.reward_components["a"], t.reward_components["a"]) and back.images is None
+
+
+def test_tsp_without_a_reference_ignores_the_kl_coefficient(rollout):
+    model, cfg, traj = rollout
+    traj = copy.copy(traj)
+    traj.advantages = torch.tensor([1.0, -0.5, 2.0], dtype=D)
+    plain = tsp_backward(model, traj, cfg.train_config(LossConfig(clip_range=0.05)), 1.0)
+    with_coef = tsp_backward(model, traj, cfg.train_config(LossConfig(clip_range=0.05, kl_coef=0.3)), 1.0)
+    assert with_coef.summary()["loss"] == pytest.approx(plain.summary()["loss"], rel=1e-12)
+    model.transformer.zero_grad()
+
+
+def test_normalize_then_sum_drops_a_sample_any_reward_drops():
+    ids = torch.tensor([0, 0, 1, 1])
+    a = torch.tensor([1.0, 1.0, 0.0, 2.0], dtype=D)  # group 0 constant in a: dropped
+    b = torch.tensor([0.0, 3.0, 1.0, 1.0], dtype=D)  # group 1 constant in b: dropped
+    adv, keep = multi_reward_advantages({"a": a, "b": b}, {"a": 1.0, "b": 1.0}, ids, "normalize_then_sum",
+                                        AdvantageConfig(drop_zero_groups=True, clip=None))
+    assert keep.tolist() == [False, False, False, False] and adv.abs().max() == 0
+    adv, keep = multi_reward_advantages({"b": b, "a": a}, {"b": 1.0, "a": 1.0}, ids, "normalize_then_sum",
+                                        AdvantageConfig(drop_zero_groups=True, clip=None))
+    assert not keep.any()
