@@ -171,7 +171,12 @@ class _Signals:
         name = signal.Signals(signum).name
         if self.requested is None:
             self.requested = signum
-            self.log(f"received {name}: stopping after the current step (send it again to abandon the step)")
+            # straight to fd 2: print() here could re-enter a buffered write the main thread is in
+            try:
+                os.write(2, f"received {name}: stopping after the current step (send it again to abandon "
+                            f"the step)\n".encode())
+            except OSError:
+                pass
             return
         raise _Abandon(signum)
 
