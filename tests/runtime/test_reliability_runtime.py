@@ -70,7 +70,7 @@ def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
 def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp_path, monkeypatch):
     # TCSS: the next step's stale generations are in flight when the signal stops the run
     common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never",
-              "digen.tcss.staleness=0.5"]
+              "digen.tcss.staleness=0.5", "data.train_batch_size=4"]
     report = DigenTrainer._report
 
     def report_then_signal(self, result, step, *args):
@@ -104,7 +104,9 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     assert [s for s, _ in ckpt.complete_checkpoints(root)] == [3]
     meta = ckpt.read_meta(root / "global_step_3")["extra"]
     assert meta["run_id"] == result.run_id != first["run_id"] and meta["parent_run"] == first["run_id"]
-    assert meta["data_position"] == 3 * 2
+    assert meta["data_position"] == 3 * 4
+    # a stale micro-batch of step 3 was generated during step 2: the recent-records window covered it
+    assert result.reports[-1].metrics["digen/stale_fraction"] > 0
 
 
 def test_a_stopped_generator_stops_the_run_naming_what_it_waited_on(ray_session, tmp_path):
