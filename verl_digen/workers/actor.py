@@ -244,6 +244,7 @@ class TSPActorWorker(Worker):
         to write weights or optimizer state that hold NaN/Inf."""
         self._require()
         state = self.full_state()
+
         def local(t: torch.Tensor) -> torch.Tensor:  # this rank's shard (a DTensor's local part)
             return t.to_local() if hasattr(t, "to_local") else t
 
