@@ -43,6 +43,10 @@ def test_constant_group_with_eps_zero_has_zero_advantage_not_nan(scope):
     adv, _ = group_advantages(torch.full((3,), 2.0, dtype=D), torch.zeros(3, dtype=torch.long),
                               AdvantageConfig(eps=0.0, std_scope=scope))
     assert adv.tolist() == [0.0, 0.0, 0.0]
+    # a non-finite reward is not hidden as a zero advantage: the trainer's non-finite guard must see it
+    adv, _ = group_advantages(torch.tensor([1.0, float("nan"), 0.0, 2.0], dtype=D), torch.tensor([0, 0, 1, 1]),
+                              AdvantageConfig(eps=0.0, std_scope=scope, clip=None))
+    assert torch.isnan(adv[:2]).all()
 
 
 def test_multi_reward_modes_use_the_weights():

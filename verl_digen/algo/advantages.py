@@ -59,7 +59,8 @@ def group_advantages(
         std = r.std(unbiased=False) if cfg.std_scope == "group" else batch_std
         denom = std + cfg.eps
         # a constant group has r - mean = 0: its advantage is 0, also with eps = 0 (not 0 / 0)
-        adv[idx] = (r - r.mean()) / denom if denom > 0 else torch.zeros_like(r)
+        # (a NaN reward still gives NaN, which the trainer's guard reports; it is not silently zeroed)
+        adv[idx] = torch.zeros_like(r) if float(denom) == 0.0 else (r - r.mean()) / denom
         if cfg.drop_zero_groups and bool((r == r[0]).all()):
             keep[idx] = False
         if cfg.keep_extremes is not None and r.numel() > cfg.keep_extremes:
