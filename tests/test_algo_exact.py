@@ -391,6 +391,8 @@ def test_trajectories_index_and_cat_keep_every_field(rollout):
     for name in ("states", "log_probs", "rewards", "advantages", "versions"):
         assert torch.equal(getattr(back, name), getattr(t, name)), name
     assert torch.equal(back.reward_components["a"], t.reward_components["a"]) and back.images is None
+    alone = type(t).cat([t])  # one part (a generator that produced a whole step's share)
+    assert alone.global_step == t.global_step and torch.equal(alone.reward_components["a"], t.reward_components["a"])
 
 
 def test_tsp_without_a_reference_ignores_the_kl_coefficient(rollout):
