@@ -12,7 +12,7 @@ D = torch.float64
 
 
 def _reference_flow_grpo(x, v, s, s_next, eta, sigma_max):
-    """Flow-GRPO's transition written out per element, from the formulas in design.md."""
+    """Flow-GRPO's transition written out per element, from the paper's formulas (as in algo/sde.py's docstring)."""
     s = s.view(-1, 1, 1, 1)
     s_next = s_next.view(-1, 1, 1, 1)
     dt = s_next - s
@@ -126,6 +126,15 @@ def test_kl_is_zero_for_identical_means_and_scales_with_the_variance():
         (lambda x: sde_step("flow_grpo", x, x, torch.ones(2), torch.zeros(2), 0.5, noise=x), "per-row sigmas"),
         (lambda x: sde_step("flow_grpo", x, x, torch.ones(1), torch.zeros(1), 0.5), "exactly one of"),
         (lambda x: sde_step("cps", x, x, torch.ones(1), torch.zeros(1), 1.5, noise=x), "cps noise level"),
+        (lambda x: sde_step("cps", x, x, torch.ones(1), torch.zeros(1), 0.5, noise=x, log_prob="l2"),
+         "unknown log-prob form"),
+        (lambda x: sde_step("flow_grpo", x, x, torch.ones(1), torch.zeros(1), 0.5, noise=x,
+                            log_prob="squared_error"), "CPS convention"),
+        # ascending sigmas: the flow_grpo std would be sqrt(negative) = NaN and the log-prob a silent 0
+        (lambda x: sde_step("flow_grpo", x, x, torch.full((1,), 0.3), torch.full((1,), 0.5), 0.5, noise=x),
+         "descending sigmas"),
+        (lambda x: sde_step("dance_grpo", x, x, torch.full((1,), 0.3), torch.full((1,), 0.5), 0.5, noise=x),
+         "descending sigmas"),
     ],
 )
 def test_clear_errors(call, match):
@@ -140,3 +149,36 @@ def test_sigma_schedule():
     assert shifted[0] == 1 and shifted[-1] == 0 and (shifted[1:-1] > s[1:-1]).all()
     with pytest.raises(ValueError, match="num_steps"):
         flow_sigmas(0)
+
+
+def test_cps_squared_error_log_prob_is_the_upstream_form_and_rescales_the_log_ratio():
+    """flow_grpo / verl-omni's CPS log-prob: -(x - mean)^2 averaged. Its log-ratio between two policies
+    times 1 / (2 std^2) is the Gaussian log-ratio (the normalizer cancels)."""
+    g = torch.Generator().manual_seed(3)
+    sig = flow_sigmas(10, shift=3.0)
+    idx = torch.tensor([0, 2, 5, 8])
+    s, s_next = sig[idx], sig[idx + 1]
+    x, v, v2, prev = (torch.randn(4, 2, 3, 3, generator=g, dtype=D) for _ in range(4))
+    eta = 0.7
+    sq = sde_step("cps", x, v, s, s_next, eta, prev=prev, log_prob="squared_error")
+    mean, std = transition("cps", x, v, s, s_next, eta)
+    torch.testing.assert_close(sq.log_prob, (-((prev - mean) ** 2)).flatten(1).mean(1))
+    sq2 = sde_step("cps", x, v2, s, s_next, eta, prev=prev, log_prob="squared_error")
+    ga = sde_step("cps", x, v, s, s_next, eta, prev=prev)
+    ga2 = sde_step("cps", x, v2, s, s_next, eta, prev=prev)
+    scale = 1 / (2 * std.reshape(-1) ** 2)
+    torch.testing.assert_close(ga2.log_prob - ga.log_prob, (sq2.log_prob - sq.log_prob) * scale)
+    assert not torch.allclose(ga.log_prob, sq.log_prob)
+
+
+def test_kl_of_a_deterministic_row_is_zero_with_no_gradient():
+    """The last CPS step (sigma_next = 0) has std 0: no density, no PPO term, so no KL pull either."""
+    mean = torch.randn(2, 2, 2, 2, dtype=D, requires_grad=True)
+    ref = torch.randn(2, 2, 2, 2, dtype=D)
+    std = torch.tensor([0.5, 0.0], dtype=D).reshape(2, 1, 1, 1)
+    kl = kl_to_reference(mean, ref, std)
+    torch.testing.assert_close(kl[0], ((mean[0] - ref[0]) ** 2 / (2 * 0.25)).mean())
+    assert kl[1].item() == 0.0
+    kl.sum().backward()
+    assert torch.equal(mean.grad[1], torch.zeros_like(mean.grad[1]))
+    assert mean.grad[0].abs().sum() > 0

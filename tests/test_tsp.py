@@ -115,6 +115,21 @@ def test_recomputed_log_prob_of_on_policy_trajectory_equals_rollout(arch):
     assert torch.equal(torch.exp(lp - traj.log_probs), torch.ones_like(lp))
 
 
+@pytest.mark.parametrize("log_prob", ["gaussian", "squared_error"])
+def test_cps_log_prob_form_reaches_the_trainer(log_prob):
+    """The trainer recomputes the rollout's CPS log-probs in the form the sampler used."""
+    model = build_tiny_model("flux", dtype=torch.float64, latent_size=8)
+    cfg = SamplerConfig(num_steps=5, sde="cps", eta=0.7, selection=StepSelection("first_k", k=3),
+                        decode=False, log_prob=log_prob)
+    cond = model.encode_prompts(["a cat"]).repeat_interleave(2)
+    traj = sample_trajectories(model, cond, ["a cat"] * 2, [0, 0], [0, 1], cfg, seed=3, step=0, version=0)
+    train = cfg.train_config(LossConfig())
+    assert train.log_prob == log_prob
+    torch.testing.assert_close(recompute_log_probs(model, traj, train), traj.log_probs, rtol=1e-12, atol=1e-15)
+    if log_prob == "squared_error":  # -(x - mean)^2 is never positive; the Gaussian density here is
+        assert bool((traj.log_probs <= 0).all())
+
+
 def test_tsp_errors():
     model = build_tiny_model("flux", dtype=torch.float64, latent_size=8)
     traj, cfg = _rollout(model)

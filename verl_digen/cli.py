@@ -1,5 +1,6 @@
-"""The ``digen`` command: ``digen simulate`` (ablation table for a preset or profile) and ``digen plan``
-(best generator/trainer split for a GPU budget). Also ``python -m verl_digen.cli``.
+"""The ``digen`` command: ``digen simulate`` (ablation table for a preset or profile), ``digen plan``
+(best generator/trainer split for a GPU budget) and ``digen plot`` (Gantt and curves of a run's trace
+dir). Also ``python -m verl_digen.cli``.
 
 Subcommands are argparse subparsers registered in ``build_parser``; add new ones there.
 """
@@ -188,6 +189,18 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_plot(args: argparse.Namespace) -> int:
+    """Gantt and curves of the runs a trace dir holds (drawn from the files a run leaves)."""
+    from verl_digen.trainer.plots import plot_trace_dir
+
+    if args.gantt_steps < 0:
+        raise ValueError(f"--gantt-steps must be >= 0 (0 draws every step), got {args.gantt_steps}")
+    written = plot_trace_dir(args.trace_dir, out_dir=args.out, mode=args.mode, gantt_steps=args.gantt_steps)
+    for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="digen", description="verl-digen tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -215,6 +228,14 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--min-trainers", dest="min_trainers", type=int, default=1)
     plan.add_argument("--top", type=int, default=10)
     plan.set_defaults(func=cmd_plan)
+
+    plot = sub.add_parser("plot", help="draw the Gantt chart and the curves of a run from its trace dir")
+    plot.add_argument("trace_dir", help="a run's trainer.trace_dir (<mode>_timeline.json, <mode>_metrics.jsonl)")
+    plot.add_argument("--mode", help="only this run's files (default: every mode found)")
+    plot.add_argument("--out", help="write the PNGs here (default: the trace dir)")
+    plot.add_argument("--gantt-steps", dest="gantt_steps", type=int, default=3,
+                      help="steps shown in the Gantt, from the first (default %(default)s; 0: all)")
+    plot.set_defaults(func=cmd_plot)
     return parser
 
 

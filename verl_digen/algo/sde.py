@@ -16,8 +16,12 @@ Kinds:
   with std = s' sin(eta pi / 2), s' = sigma_next.
 - ``ode``: the deterministic Euler step x + v dt.
 
-The log-probability is the Gaussian log-density *averaged* over the non-batch dimensions, so the usual
-PPO clip ranges (1e-4 .. 1e-5) carry over from Flow-GRPO. With ``eta == 0`` (or ``ode``) a step is
+The log-probability is the Gaussian log-density *averaged* over the non-batch dimensions. For the
+``flow_grpo`` kind this is exactly flow_grpo's and verl-omni's convention, so their PPO clip ranges carry
+over unchanged. For ``cps`` both upstreams instead use ``-(x_prev - mean)^2`` averaged (no 1 / (2 std^2)
+scale, no normalizer), which makes the log-ratio 2 std^2 times the Gaussian one; ``log_prob="squared_error"``
+reproduces that convention (see docs/migrating-from-verl-omni.md), the default ``"gaussian"`` keeps a true
+density ratio whose clip range means the same at every timestep. With ``eta == 0`` (or ``ode``) a step is
 deterministic: its sample equals the mean and its log-prob is reported as 0; such steps cannot be trained.
 """
 
@@ -29,6 +33,8 @@ from dataclasses import dataclass
 import torch
 
 SDE_KINDS = ("flow_grpo", "dance_grpo", "cps", "ode")
+#: how a transition's log-prob is computed: the Gaussian log-density, or flow_grpo/verl-omni's CPS form
+LOG_PROB_KINDS = ("gaussian", "squared_error")
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 
@@ -42,10 +48,15 @@ class SDEStep:
     std: torch.Tensor  # per-row standard deviation of the transition, broadcastable to ``mean``
 
 
-def check_sde(kind: str, eta: float) -> None:
-    """Raise a clear error for an unknown SDE kind or a negative noise level."""
+def check_sde(kind: str, eta: float, log_prob: str = "gaussian") -> None:
+    """Raise a clear error for an unknown SDE kind or log-prob form, or a negative noise level."""
     if kind not in SDE_KINDS:
         raise ValueError(f"unknown SDE kind {kind!r}; expected one of {', '.join(SDE_KINDS)}")
+    if log_prob not in LOG_PROB_KINDS:
+        raise ValueError(f"unknown log-prob form {log_prob!r}; expected one of {', '.join(LOG_PROB_KINDS)}")
+    if log_prob == "squared_error" and kind != "cps":
+        raise ValueError(f"log_prob='squared_error' is the CPS convention of flow_grpo / verl-omni; "
+                         f"sde kind {kind!r} uses the Gaussian log-density there too")
     if not (eta >= 0.0 and math.isfinite(eta)):
         raise ValueError(f"noise level eta must be a finite number >= 0, got {eta!r}")
     if kind == "cps" and eta > 1.0:
@@ -77,6 +88,9 @@ def transition(
         raise ValueError(f"latents {tuple(x.shape)} and velocity {tuple(v.shape)} must have one shape")
     s = _rows(sigma, x)
     s_next = _rows(sigma_next, x)
+    if bool((s_next > s).any()):
+        raise ValueError("a reverse step needs sigma_next <= sigma on every row (descending sigmas); got "
+                         f"sigma {s.flatten().tolist()} -> sigma_next {s_next.flatten().tolist()}")
     dt = s_next - s
     if kind == "ode" or eta == 0.0:
         return x + v * dt, torch.zeros_like(s)
@@ -107,6 +121,12 @@ def gaussian_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tenso
     return torch.where(std.reshape(-1) > 0, lp, torch.zeros_like(lp))
 
 
+def squared_error_log_prob(sample: torch.Tensor, mean: torch.Tensor, std: torch.Tensor) -> torch.Tensor:
+    """flow_grpo / verl-omni's CPS log-prob: -(sample - mean)^2 averaged; 0 for deterministic rows."""
+    lp = (-((sample - mean) ** 2)).mean(dim=tuple(range(1, sample.dim())))
+    return torch.where(std.reshape(-1) > 0, lp, torch.zeros_like(lp))
+
+
 def sde_step(
     kind: str,
     x: torch.Tensor,
@@ -117,14 +137,17 @@ def sde_step(
     noise: torch.Tensor | None = None,
     prev: torch.Tensor | None = None,
     sigma_max: float | torch.Tensor | None = None,
+    log_prob: str = "gaussian",
 ) -> SDEStep:
     """Sample x_prev (from ``noise``, a standard normal draw) or score a given ``prev``.
 
     Exactly one of ``noise`` and ``prev`` is given: the rollout passes noise, the trainer passes the
-    stored next state to recompute its log-prob under the current policy.
+    stored next state to recompute its log-prob under the current policy. ``log_prob`` picks the form
+    (``LOG_PROB_KINDS``); rollout and trainer must use the same one.
     """
     if (noise is None) == (prev is None):
         raise ValueError("pass exactly one of noise= (to sample) or prev= (to score a stored sample)")
+    check_sde(kind, eta, log_prob)
     mean, std = transition(kind, x, v, sigma, sigma_next, eta, sigma_max)
     if prev is None:
         if noise.shape != x.shape:
@@ -133,13 +156,19 @@ def sde_step(
     elif prev.shape != x.shape:
         raise ValueError(f"prev {tuple(prev.shape)} must match latents {tuple(x.shape)}")
     # The sample is data, not a function of the parameters: gradients flow through the mean only.
-    return SDEStep(prev=prev, log_prob=gaussian_log_prob(prev.detach(), mean, std), mean=mean, std=std)
+    score = squared_error_log_prob if log_prob == "squared_error" else gaussian_log_prob
+    return SDEStep(prev=prev, log_prob=score(prev.detach(), mean, std), mean=mean, std=std)
 
 
 def kl_to_reference(
     mean: torch.Tensor, ref_mean: torch.Tensor, std: torch.Tensor
 ) -> torch.Tensor:
-    """KL(pi || pi_ref) per row for two Gaussians of equal std: |mu - mu_ref|^2 / (2 std^2), averaged."""
-    safe = torch.where(std > 0, std, torch.ones_like(std))
-    kl = (mean - ref_mean) ** 2 / (2 * safe**2)
+    """KL(pi || pi_ref) per row for two Gaussians of equal std: |mu - mu_ref|^2 / (2 std^2), averaged.
+
+    A deterministic row (std 0: the last CPS step, where sigma_next = 0) has no density and no PPO term,
+    so it contributes no KL either (0, with no gradient).
+    """
+    stochastic = std > 0
+    safe = torch.where(stochastic, std, torch.ones_like(std))
+    kl = torch.where(stochastic, (mean - ref_mean) ** 2 / (2 * safe**2), torch.zeros_like(mean))
     return kl.mean(dim=tuple(range(1, mean.dim())))

@@ -33,6 +33,7 @@ class TrainStepConfig:
     sigma_max: float  # the schedule's second sigma (flow_grpo's substitute at sigma == 1)
     guidance_scale: float = 1.0
     loss: LossConfig = LossConfig()
+    log_prob: str = "gaussian"  # the sampler's log-prob form (``sde.LOG_PROB_KINDS``)
 
 
 @dataclass
@@ -47,8 +48,18 @@ class TrainMetrics:
     clipped: float = 0.0
     approx_kl: float = 0.0
     kl: float = 0.0
+    # the same sums split by TCSS staleness (rows sampled by an older policy version than the one
+    # trained), so a drift of the importance ratio on stale rows is visible; rows of unknown version
+    # (``add`` without ``stale``) count in neither
+    stale_rows: int = 0
+    stale_ratio_sum: float = 0.0
+    stale_clipped: float = 0.0
+    fresh_rows: int = 0
+    fresh_ratio_sum: float = 0.0
+    fresh_clipped: float = 0.0
 
-    def add(self, terms: LossTerms) -> None:
+    def add(self, terms: LossTerms, stale: torch.Tensor | None = None) -> None:
+        """Add a set of rows; ``stale`` (bool per row) splits them into stale and fresh rows."""
         n = terms.ratio.numel()
         self.rows += n
         self.loss += float(terms.loss.detach())
@@ -59,10 +70,22 @@ class TrainMetrics:
         self.approx_kl += float(terms.approx_kl.sum())
         if terms.kl is not None:
             self.kl += float(terms.kl.sum())
+        if stale is not None:
+            if stale.shape != terms.ratio.shape:
+                raise ValueError(f"stale mask {tuple(stale.shape)} must match the rows {tuple(terms.ratio.shape)}")
+            stale = stale.to(device=terms.ratio.device, dtype=torch.bool)
+            fresh = ~stale
+            self.stale_rows += int(stale.sum())
+            self.stale_ratio_sum += float(terms.ratio[stale].sum())
+            self.stale_clipped += float(terms.clipped[stale].sum())
+            self.fresh_rows += int(fresh.sum())
+            self.fresh_ratio_sum += float(terms.ratio[fresh].sum())
+            self.fresh_clipped += float(terms.clipped[fresh].sum())
 
     def merge(self, other: TrainMetrics) -> TrainMetrics:
         """Fold another micro-batch's sums into these (returns self)."""
-        for name in ("rows", "loss", "ratio_sum", "clipped", "approx_kl", "kl"):
+        for name in ("rows", "loss", "ratio_sum", "clipped", "approx_kl", "kl", "stale_rows", "stale_ratio_sum",
+                     "stale_clipped", "fresh_rows", "fresh_ratio_sum", "fresh_clipped"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
         self.ratio_max = max(self.ratio_max, other.ratio_max)
         self.ratio_min = min(self.ratio_min, other.ratio_min)
@@ -79,6 +102,10 @@ class TrainMetrics:
             "approx_kl": self.approx_kl / n,
             "kl": self.kl / n,
             "rows": float(self.rows),
+            # only for the kinds of rows the step had (a sync step has no stale rows)
+            **{f"{k}_{p}": v for p in ("stale", "fresh") if getattr(self, f"{p}_rows")
+               for k, v in (("ratio_mean", getattr(self, f"{p}_ratio_sum") / getattr(self, f"{p}_rows")),
+                            ("clip_frac", getattr(self, f"{p}_clipped") / getattr(self, f"{p}_rows")))},
         }
 
 
@@ -97,7 +124,8 @@ def _rows_loss(
 ) -> LossTerms:
     """Loss of a flat set of rows, each at its own timestep."""
     v = model.velocity(x, sigma, cond, cfg.guidance_scale)
-    step = sde_step(cfg.sde, x, v, sigma, sigma_next, cfg.eta, prev=x_next, sigma_max=cfg.sigma_max)
+    step = sde_step(cfg.sde, x, v, sigma, sigma_next, cfg.eta, prev=x_next, sigma_max=cfg.sigma_max,
+                    log_prob=cfg.log_prob)
     kl = None
     if reference is not None and cfg.loss.kl_coef > 0:
         with torch.no_grad():
@@ -121,16 +149,20 @@ def tsp_backward(
     scale: float,
     degree: int | None = None,
     reference: ReferenceFn | None = None,
+    version: int | None = None,
 ) -> TrainMetrics:
     """Accumulate the gradient of a micro-batch's loss with TSP; returns its metrics.
 
     ``degree`` is the number of trained steps per pass (rows per pass = B * degree); ``None`` means all
-    K steps in one pass. ``scale`` is 1 / (rows of the whole global step).
+    K steps in one pass. ``scale`` is 1 / (rows of the whole global step). ``version``: the policy
+    version being trained; given, the metrics split rows into stale (sampled by an older version:
+    TCSS) and fresh ones.
     """
     _check_batch(traj, degree)
     b, k = traj.step_indices.shape
     degree = k if degree is None else min(degree, k)
     latent = traj.states.shape[2:]
+    stale = None if version is None else traj.versions.reshape(-1) < version
     metrics = TrainMetrics()
     for c in range(0, k, degree):
         d = min(degree, k - c)
@@ -149,7 +181,7 @@ def tsp_backward(
             reference,
         )
         terms.loss.backward()
-        metrics.add(terms)
+        metrics.add(terms, None if stale is None else stale.repeat_interleave(d))
     return metrics
 
 
@@ -193,6 +225,6 @@ def recompute_log_probs(model: DiffusionModel, traj: Trajectories, cfg: TrainSte
     v = model.velocity(x, sigma, traj.cond.repeat_interleave(k), cfg.guidance_scale)
     step = sde_step(
         cfg.sde, x, v, sigma, traj.sigmas_next.reshape(-1), cfg.eta,
-        prev=traj.next_states.reshape(b * k, *latent), sigma_max=cfg.sigma_max,
+        prev=traj.next_states.reshape(b * k, *latent), sigma_max=cfg.sigma_max, log_prob=cfg.log_prob,
     )
     return step.log_prob.reshape(b, k)

@@ -444,9 +444,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             raise _refuse(f"{ARR}.rollout.algo.sde_type", sde, f"one of {', '.join(SDE_TYPES)}")
         out["rollout.sde_type"] = SDE_TYPES[sde]
         if sde == "cps":
-            notes.append(f"{ARR}.rollout.algo.sde_type=cps: verl-omni's CPS log-prob is -(x - mean)^2 without the "
-                         "Gaussian 1 / (2 std^2) scale; verl-digen uses the Gaussian log-density, so the same "
-                         "clip_ratio clips a different importance ratio")
+            out["rollout.cps_log_prob"] = "squared_error"
+            notes.append(f"{ARR}.rollout.algo.sde_type=cps: kept verl-omni's CPS log-prob, -(x - mean)^2 without "
+                         "the Gaussian 1 / (2 std^2) scale (rollout.cps_log_prob=squared_error), so clip_ratio "
+                         "clips the same ratio; verl-digen's default is the Gaussian density")
     window = get(f"{ARR}.rollout.algo.sde_window_size")
     lo_hi = get(f"{ARR}.rollout.algo.sde_window_range")
     if window is not None:

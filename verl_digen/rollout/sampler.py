@@ -33,10 +33,11 @@ class SamplerConfig:
     selection: StepSelection = field(default_factory=lambda: StepSelection("first_k", k=9))
     shared_group_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     decode: bool = True
+    log_prob: str = "gaussian"  # or "squared_error": flow_grpo / verl-omni's CPS log-prob (sde="cps" only)
 
     def validate(self) -> int:
         """Check the settings; return the number of trained steps K."""
-        check_sde(self.sde, self.eta)
+        check_sde(self.sde, self.eta, self.log_prob)
         if self.sde == "ode" or self.eta == 0:
             raise ValueError(
                 f"sde={self.sde!r} with eta={self.eta} samples deterministically: there is no log-prob "
@@ -53,7 +54,7 @@ class SamplerConfig:
         """The settings the trainer needs to recompute this sampler's log-probs."""
         return TrainStepConfig(
             sde=self.sde, eta=self.eta, sigma_max=float(self.sigmas(torch.float64)[1]),
-            guidance_scale=self.guidance_scale, loss=loss,
+            guidance_scale=self.guidance_scale, loss=loss, log_prob=self.log_prob,
         )
 
     def sde_mask(self, seed: int, step: int) -> torch.Tensor:
@@ -116,7 +117,7 @@ def sample_trajectories(
         # Every sample draws its noise at every step, so its stream never depends on the schedule.
         noise = torch.stack([torch.randn(shape, generator=g, dtype=dtype) for g in noise_gens]).to(device)
         eta = cfg.eta if bool(sde_on[i]) else 0.0
-        out = sde_step(cfg.sde, x, v, s, s_next, eta, noise=noise, sigma_max=sigma_max)
+        out = sde_step(cfg.sde, x, v, s, s_next, eta, noise=noise, sigma_max=sigma_max, log_prob=cfg.log_prob)
         states.append(x)
         next_states.append(out.prev)
         log_probs.append(out.log_prob)

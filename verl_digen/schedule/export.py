@@ -10,16 +10,22 @@ from pathlib import Path
 
 from .timeline import TRAINER, Timeline
 
+#: one colour per action kind (a colour-blind-safe palette; no two kinds share one)
 COLORS = {
     "generate": "#4C72B0",
     "tag_generate": "#64B5CD",
     "score": "#DD8452",
     "update": "#55A868",
-    "switch_to_gen": "#BBBBBB",
-    "switch_to_train": "#BBBBBB",
+    "switch_to_gen": "#937860",
+    "switch_to_train": "#DA8BC3",
     "optimizer_step": "#C44E52",
+    "publish": "#CCB974",
     "weight_sync": "#8172B2",
 }
+#: hatch of a stale (TCSS) generation: the bar keeps its kind's colour
+STALE_HATCH = "//"
+STALE_LABEL = "stale (TCSS, one version old)"
+STEP_LABEL = "step end (optimizer step done)"
 
 
 def _label(r) -> str:
@@ -55,35 +61,104 @@ def save_chrome_trace(timeline: Timeline, path: str | Path, title: str = "verl-d
     Path(path).write_text(json.dumps(chrome_trace(timeline, title)))
 
 
-def save_gantt_png(timeline: Timeline, path: str | Path, title: str = "", max_steps: int | None = None) -> None:
-    """One row per worker, one bar per action, colored by kind; stale generations hatched."""
-    import matplotlib
+def gantt_legend(timeline: Timeline, max_steps: int | None = None) -> list[tuple[str, str | None, str | None]]:
+    """The legend of :func:`save_gantt_png` as (label, colour, hatch) rows: each action kind present,
+    then stale work and the step-end marker when there are any (tested without drawing)."""
+    recs, ends = _shown(timeline, max_steps)
+    rows: list[tuple[str, str | None, str | None]] = [(k, COLORS[k], None) for k in COLORS
+                                                      if any(r.kind == k for r in recs)]
+    rows += [(k, "#999999", None) for k in sorted({r.kind for r in recs} - set(COLORS))]
+    if any(r.stale for r in recs):
+        rows.append((STALE_LABEL, None, STALE_HATCH))
+    if ends:
+        rows.append((STEP_LABEL, None, None))
+    return rows
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from matplotlib.patches import Patch
 
+def _shown(timeline: Timeline, max_steps: int | None) -> tuple[list, list[float]]:
+    """The records and step ends drawn: the first ``max_steps`` steps (all when None)."""
     recs = timeline.records
     ends = timeline.step_ends()
     if max_steps is not None and len(ends) > max_steps:  # cut at the end of the last shown step
         cut = ends[max_steps - 1]
         recs = [r for r in recs if r.start < cut - 1e-12]
+        ends = ends[:max_steps]
+    return recs, ends
+
+
+def gantt_figure(timeline: Timeline, title: str = "", max_steps: int | None = None):
+    """One row per worker, one bar per action coloured by kind, stale generations hatched, a dashed
+    line at each step's end; the legend sits right of the axes, clear of the time axis."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    recs, ends = _shown(timeline, max_steps)
     workers = list(timeline.workers)
-    fig, ax = plt.subplots(figsize=(14, 0.45 * len(workers) + 1.5))
+    fig, ax = plt.subplots(figsize=(14, 0.45 * len(workers) + 1.8))
     for y, w in enumerate(reversed(workers)):
         for r in recs:
             if r.worker != w or r.end <= r.start:
                 continue
             ax.barh(y, r.end - r.start, left=r.start, height=0.8, color=COLORS.get(r.kind, "#999999"),
-                    edgecolor="white", linewidth=0.4, hatch="//" if r.stale else None)
+                    edgecolor="white", linewidth=0.4, hatch=STALE_HATCH if r.stale else None)
+    first = min((r.step for r in recs), default=0)
+    for i, end in enumerate(ends):
+        ax.axvline(end, color="black", linestyle="--", linewidth=0.9)
+        ax.text(end, len(workers) - 0.45, f" step {first + i + 1}", fontsize=7, va="bottom", ha="right")
     ax.set_yticks(range(len(workers)))
     ax.set_yticklabels([f"{w} (pool)" if w == TRAINER else w for w in reversed(workers)])
+    ax.set_ylim(-0.6, len(workers) - 0.1)
     ax.set_xlabel("time (s)")
     if title:
-        ax.set_title(title)
-    kinds = [k for k in COLORS if any(r.kind == k for r in recs)]
-    ax.legend(handles=[Patch(color=COLORS[k], label=k) for k in kinds], loc="upper center",
-              bbox_to_anchor=(0.5, -0.15), ncol=len(kinds), fontsize=8, frameon=False)
+        ax.set_title(title, pad=14)
+    handles = []
+    for label, color, hatch in gantt_legend(timeline, max_steps):
+        if label == STEP_LABEL:
+            handles.append(Line2D([], [], color="black", linestyle="--", linewidth=0.9, label=label))
+        elif hatch:
+            handles.append(Patch(facecolor="white", edgecolor="black", hatch=hatch, label=label))
+        else:
+            handles.append(Patch(color=color, label=label))
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False,
+              borderaxespad=0.0)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    return fig
+
+
+def save_gantt_png(timeline: Timeline, path: str | Path, title: str = "", max_steps: int | None = None) -> None:
+    """:func:`gantt_figure` written as a PNG (the legend kept inside the image)."""
+    import matplotlib.pyplot as plt
+
+    fig = gantt_figure(timeline, title, max_steps)
+    fig.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(fig)
+
+
+def timeline_from_file(path: str | Path) -> Timeline:
+    """The ``Timeline`` a run wrote to ``<mode>_timeline.json`` (or streamed to ``<mode>_timeline.jsonl``);
+    workers in the run's order when the file names them, else generators, trainer, TAG slots."""
+    from .timeline import Record
+
+    text = Path(path).read_text()
+    if str(path).endswith(".jsonl"):  # the stream a run appends per step: a header line, then records
+        lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")
+                 and line.rstrip().endswith("}")]
+        head = next((x["header"] for x in lines if "header" in x), {})
+        data = {**head, "records": [x for x in lines if "header" not in x]}
+    else:
+        data = json.loads(text)
+    recs = [Record(**r) for r in data.get("records", [])]
+    workers = data.get("workers") or sorted({r.worker for r in recs}, key=_worker_order)
+    steps = len({r.step for r in recs})
+    return Timeline(list(workers), 0, steps, data.get("mode", "digen"), recs,
+                    staleness=float(data.get("staleness", 0.0)))
+
+
+def _worker_order(w: str) -> tuple[int, int, str]:
+    digits = "".join(c for c in w if c.isdigit())
+    rank = 0 if w.startswith("gen") else 1 if w == TRAINER else 2
+    return rank, int(digits) if digits else 0, w

@@ -52,7 +52,7 @@ from verl_digen.schedule.executor import run
 from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
-from verl_digen.trainer import checks
+from verl_digen.trainer import checks, run_log
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
@@ -243,6 +243,8 @@ class DigenTrainer:
         self.trn_wg: RayWorkerGroup | None = None
         self.sync: WeightSync | None = None
         self.tracking = None
+        self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps)
+        self._history: run_log.MetricsLog | None = None
         self._pools: list[PlacedResourcePool] = []
 
     # ---------------------------------------------------------------------------------- setup
@@ -362,7 +364,18 @@ class DigenTrainer:
             t = self.cfg.trainer
             self.tracking = Tracking(t.project_name, t.experiment_name, default_backend=list(t.logger),
                                      config=OmegaConf.to_container(OmegaConf.structured(self.cfg)))
+            run_log.install_console(self.tracking, self._console)  # rounded, grouped, clear of the bar
         return self.tracking
+
+    def _start_outputs(self) -> None:
+        """Before the first timed step: start the loggers (wandb / tensorboard start-up would otherwise
+        land in a step's time), save the resolved config and open the per-step metrics file."""
+        self._tracking()
+        trace_dir = self.cfg.trainer.trace_dir
+        if trace_dir:
+            run_log.save_resolved_config(self.cfg, trace_dir)
+            self._history = run_log.MetricsLog(run_log.metrics_path(trace_dir, self.cfg.trainer.mode),
+                                               keep_through=self.start_step, run_id=self.run_id)
 
     def _save(self, step: int) -> str:
         """An atomic, owned checkpoint of ``step`` (see workers/checkpoint.py); old ones beyond
@@ -371,9 +384,12 @@ class DigenTrainer:
         path = str(ckpt.step_dir(t.default_local_dir, step))
         extra = {"step": step, "data_position": self.data_offset + step * self.cfg.data.train_batch_size,
                  "run_id": self.run_id, "parent_run": getattr(self, "parent_run", None),
-                 "config": checks.fingerprint(self.cfg)}
+                 "config": checks.fingerprint(self.cfg),
+                 ckpt.CONFIG_YAML_KEY: run_log.resolved_config_yaml(self.cfg)}
+        t0 = time.perf_counter()
         ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints) for w in self.trn_wg.workers])
         self.last_checkpoint = path
+        self._console.write(f"step {step}: saved checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
         return path
 
     def _should_save(self, step: int, last: bool) -> bool:
@@ -416,6 +432,7 @@ class DigenTrainer:
             self.log(f"nothing to do: checkpoint is at step {self.start_step} >= total_steps")
             return RunResult(final_step=self.start_step, run_id=self.run_id, checkpoint=self.last_checkpoint)
         self._check_signal()
+        self._start_outputs()
         result = self._run(steps)
         result.final_step = self.start_step + steps
         try:
@@ -512,7 +529,8 @@ class DigenTrainer:
         write_json_atomic(result.trace_path, trace)
         write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
                           {"mode": mode, **about, "staleness": result.timeline.staleness,
-                           "records": result.timeline.to_dicts()})
+                           "workers": list(result.timeline.workers), "records": result.timeline.to_dicts()})
+        self._write_curves(trace_dir, mode)
         if stopped is not None:
             return
         if violation is not None:
@@ -521,6 +539,20 @@ class DigenTrainer:
         result.profile_path = str(Path(trace_dir) / f"{mode}_profile.json")
         model, workload = measured_profile(self.cfg, result.timeline, probes)
         dump_profile(model, result.profile_path, name=f"measured {mode} run", workload=workload)
+
+    def _write_curves(self, trace_dir: str, mode: str) -> None:
+        """``<mode>_curves.png`` from the metrics file (a plotting failure never fails the run)."""
+        path = run_log.metrics_path(trace_dir, mode)
+        if self._history is None or not path.exists():
+            return
+        try:
+            from verl_digen.trainer.plots import save_curves_png
+
+            rows = run_log.read_metrics(path)
+            if rows:
+                save_curves_png(rows, Path(trace_dir, f"{mode}_curves.png"), title=f"verl-digen {mode}")
+        except Exception as err:  # noqa: BLE001 - the curves are a convenience
+            self.log(f"warning: could not draw {mode}_curves.png: {type(err).__name__}: {err}")
 
     def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
                 gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,
@@ -538,6 +570,8 @@ class DigenTrainer:
         }
         result.reports.append(StepReport(step, metrics))
         self._tracking().log(data=metrics, step=step)
+        if self._history is not None:
+            self._history.append(step, metrics)
 
     def _scheduler(self, steps: int):
         cfg = self.cfg
@@ -558,6 +592,7 @@ class DigenTrainer:
         result = RunResult(timeline=sched.timeline, run_id=self.run_id)
         self._partial = result
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
+        self._console.write = progress.write  # metric and checkpoint lines above the bar
         gen_names = [] if colocated else list(sched.gens)
         trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
         last_end = prev_start = 0.0
@@ -593,6 +628,7 @@ class DigenTrainer:
             run(sched, backend, on_complete, check=False)
         finally:
             progress.close()
+            self._console.write = self.log
         self.scheduler = sched
         return result
 
@@ -671,6 +707,7 @@ class _Progress:
 
     def __init__(self, total: int, enabled: bool, log) -> None:
         self.bar = None
+        self.log = log
         if enabled:
             from tqdm import tqdm
 
@@ -680,6 +717,13 @@ class _Progress:
         if self.bar is not None:
             self.bar.update(1)
             self.bar.set_postfix(reward=f"{metrics['reward/mean']:+.4f}", step_s=f"{metrics['timing/step_s']:.2f}")
+
+    def write(self, text: str) -> None:
+        """A line (or block) printed above the bar, which is redrawn below it."""
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            self.log(text)
 
     def close(self) -> None:
         if self.bar is not None:

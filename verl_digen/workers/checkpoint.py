@@ -6,6 +6,7 @@ Layout of ``<root>/global_step_<N>/`` (a *complete* checkpoint):
   per-parameter tensors;
 - ``rng_rank<r>.pt`` (every rank): that rank's RNG streams as tensors, plus the Python / numpy
   scalars as one JSON string;
+- ``config.yaml`` (rank 0, when the driver passes it): the resolved run config, for people;
 - ``meta.json`` (rank 0, written last): everything else as JSON -- format, run id, step, policy
   version, data position, LoRA flag, optimizer hyper-parameters and the config fingerprint a resume
   is checked against.
@@ -39,6 +40,10 @@ META_FILE = "meta.json"
 STEP_PREFIX = "global_step_"
 PARTIAL_PREFIX = ".partial-"
 LOCK_FILE = ".digen-run.lock"
+#: the resolved run config, as YAML, next to the weights (for people; a resume checks ``extra["config"]``)
+CONFIG_FILE = "config.yaml"
+#: the key of ``extra`` whose text rank 0 writes to ``CONFIG_FILE`` instead of meta.json
+CONFIG_YAML_KEY = "config_yaml"
 
 
 class CheckpointError(RuntimeError):
@@ -215,6 +220,10 @@ def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dic
         _save_file(tensors, tmp / TRAINER_FILE)
     barrier()
     if rank == 0:
+        extra = dict(extra)
+        config_yaml = extra.pop(CONFIG_YAML_KEY, None)
+        if config_yaml is not None:  # listed in ``files`` below like the tensors, so a truncated one is seen
+            (tmp / CONFIG_FILE).write_text(str(config_yaml))
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         meta = {"format": FORMAT, "complete": True, "saved_at": time.time(), "files": files, **rest,
                 "extra": dict(extra)}
