@@ -125,8 +125,9 @@ class TSPActorWorker(Worker):
         if self._nonfinite is None and advantages is not None and not all(map(math.isfinite, advantages.values())):
             self._nonfinite = "reward"  # advantages are finite unless a reward of the groups was not
         mine = P.to_device(mine, self.device)
+        # rows sampled by an older version than this trainer's (TCSS) are reported apart
         metrics = tsp_backward(self.model, mine, self.train_cfg, scale, degree=self.cfg.tsp_degree,
-                               reference=self._reference())
+                               reference=self._reference(), version=self.version)
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
