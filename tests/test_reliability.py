@@ -323,7 +323,7 @@ BAD_INPUT = {
     "prompts-null": (lambda t: [f"data.train_files={_file(t, 'p.jsonl', _NULL)}"],
                      "data.train_files", "p.jsonl:1: 'prompt' must be a string, got null"),
     "prompts-suffix": (lambda t: [f"data.train_files={_file(t, 'p.csv', b'a cat')}"], "data.train_files",
-                       "expected a .txt or .jsonl"),
+                       "expected a .txt, .jsonl or .parquet"),
 }
 #: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
 _J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import Any
 
-SUFFIXES = (".txt", ".jsonl")
+SUFFIXES = (".txt", ".jsonl", ".parquet")
+#: verl's default prompt column (``data.prompt_key``)
+DEFAULT_PROMPT_KEY = "prompt"
 
 
 class PromptDataset:
@@ -28,9 +31,10 @@ class PromptDataset:
         return cls([f"{styles[i % len(styles)]} of {subjects[i % len(subjects)]}, variant {i}" for i in range(n)])
 
     @classmethod
-    def from_file(cls, path: str | Path) -> PromptDataset:
-        """One prompt per line (.txt), or JSON lines with a ``prompt`` field (.jsonl); see ``load_prompts``."""
-        return cls(load_prompts(path))
+    def from_file(cls, path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> PromptDataset:
+        """One prompt per line (.txt), JSON lines or a parquet table with a ``prompt_key`` field
+        (.jsonl, .parquet); see ``load_prompts``."""
+        return cls(load_prompts(path, prompt_key))
 
     def batch(self, position: int, size: int) -> tuple[list[int], list[str]]:
         """``size`` prompts starting at stream ``position``; ids are dataset indices."""
@@ -40,16 +44,73 @@ class PromptDataset:
         return ids, [self.prompts[i] for i in ids]
 
 
-def load_prompts(path: str | Path) -> list[str]:
-    """Read and check a prompt file up front: ``.txt`` (one prompt per non-blank line) or ``.jsonl``
-    (an object with a string ``prompt`` per non-blank line). Errors are ``ValueError``s that start
-    with ``<file>:<line>:`` (the line in the file, blank lines counted), so a bad line is found at
-    once instead of as a raw traceback after the workers started."""
+def prompt_text(value: Any) -> str | None:
+    """The prompt of one ``prompt_key`` value: a string, or verl's chat form (a list of
+    ``{"role", "content"}`` messages: the last user message's content); None when neither."""
+    if isinstance(value, str):
+        return value
+    if hasattr(value, "tolist"):  # a numpy array of messages (pandas / pyarrow list columns)
+        value = value.tolist()
+    if isinstance(value, (list, tuple)) and value and all(isinstance(m, dict) for m in value):
+        users = [m for m in value if m.get("role", "user") == "user"]
+        content = users[-1].get("content") if users else None
+        return content if isinstance(content, str) else None
+    return None
+
+
+def _row_prompt(where: str, row: Any, key: str) -> str:
+    """Check one record (a JSON line or a parquet row) and return its prompt."""
+    if not isinstance(row, dict) or key not in row:
+        keys = sorted(row) if isinstance(row, dict) else type(row).__name__
+        raise ValueError(f"{where}: expected an object with a {key!r} field (got {keys}; set data.prompt_key "
+                         "to the prompt's field)")
+    prompt = prompt_text(row[key])
+    if prompt is None:
+        raise ValueError(f"{where}: {key!r} must be a string, got {json.dumps(row[key], default=str)[:200]} "
+                         "(or verl's chat form: a list of messages with a string 'content')")
+    if not prompt.strip():
+        raise ValueError(f"{where}: {key!r} is empty")
+    return prompt
+
+
+def _parquet_prompts(path: Path, key: str) -> list[str]:
+    """The ``key`` column of a parquet file (verl's dataset format); errors name the row (0-based)."""
+    try:
+        import pyarrow.parquet as pq
+    except ImportError:  # pragma: no cover - pyarrow comes with verl
+        raise ValueError(f"{path}: reading .parquet prompt files needs pyarrow (pip install pyarrow)") from None
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as err:  # ArrowInvalid for a file that is not parquet
+        raise ValueError(f"{path}: not a readable parquet file ({type(err).__name__}: {err})") from None
+    columns = pf.schema_arrow.names
+    if key not in columns:
+        raise ValueError(f"{path}: no column {key!r} (columns: {', '.join(columns)}); set data.prompt_key "
+                         "to the prompt column")
+    values = pf.read(columns=[key]).column(key).to_pylist()
+    return [_row_prompt(f"{path}: row {i}", {key: v}, key) for i, v in enumerate(values)]
+
+
+def load_prompts(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> list[str]:
+    """Read and check a prompt file up front: ``.txt`` (one prompt per non-blank line), ``.jsonl``
+    (an object per non-blank line whose ``prompt_key`` field is the prompt) or ``.parquet`` (verl's
+    format: the ``prompt_key`` column, a string or verl's chat-message list per row). Errors are
+    ``ValueError``s that start with ``<file>:<line>:`` (the line in the file, blank lines counted)
+    or ``<file>: row <i>:`` for parquet, so a bad record is found at once instead of as a raw
+    traceback after the workers started."""
     path = Path(path)
     if not path.is_file():
         raise ValueError(f"{path}: no such file")
     if path.suffix not in SUFFIXES:
-        raise ValueError(f"{path}: expected a .txt or .jsonl prompt file, not {path.suffix or 'no suffix'!r}")
+        raise ValueError(f"{path}: expected a .txt, .jsonl or .parquet prompt file, not "
+                         f"{path.suffix or 'no suffix'!r}")
+    if not isinstance(prompt_key, str) or not prompt_key:
+        raise ValueError(f"data.prompt_key must be a non-empty column name, got {prompt_key!r}")
+    if path.suffix == ".parquet":
+        prompts = _parquet_prompts(path, prompt_key)
+        if not prompts:
+            raise ValueError(f"{path}: no prompts (the table has no rows)")
+        return prompts
     data = path.read_bytes()
     try:
         text = data.decode("utf-8")
@@ -67,15 +128,7 @@ def load_prompts(path: str | Path) -> list[str]:
             row = json.loads(ln)
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}:{no}: not valid JSON ({err.msg} at column {err.colno})") from None
-        if not isinstance(row, dict) or "prompt" not in row:
-            keys = sorted(row) if isinstance(row, dict) else type(row).__name__
-            raise ValueError(f"{path}:{no}: expected an object with a 'prompt' field (got {keys})")
-        prompt = row["prompt"]
-        if not isinstance(prompt, str):
-            raise ValueError(f"{path}:{no}: 'prompt' must be a string, got {json.dumps(prompt)}")
-        if not prompt.strip():
-            raise ValueError(f"{path}:{no}: 'prompt' is empty")
-        prompts.append(prompt)
+        prompts.append(_row_prompt(f"{path}:{no}", row, prompt_key))
     if not prompts:
         raise ValueError(f"{path}: no prompts (the file is empty or has only blank lines)")
     return prompts

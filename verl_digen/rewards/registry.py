@@ -7,6 +7,7 @@ from numbers import Real
 from typing import Any
 
 from .base import Reward
+from .custom import CustomReward
 from .external import HPSv2, ImageRewardScore, PickScore
 from .neural import RandomCNN
 from .ocr import OcrReward
@@ -29,7 +30,15 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "hpsv2": HPSv2,
     "imagereward": ImageRewardScore,
     "ocr": OcrReward,
+    "custom": CustomReward,  # custom_reward_function.path / .name (rewards/custom.py)
+    "vlm_judge": lambda **kw: _vlm_judge(**kw),  # transformers imported only when used
 }
+
+
+def _vlm_judge(**kwargs: Any) -> Reward:
+    from .vlm_judge import VLMJudge
+
+    return VLMJudge(**kwargs)
 
 
 def register_reward(name: str, factory: Callable[..., Reward], overwrite: bool = False) -> None:

@@ -255,7 +255,7 @@ def files_and_resume(cfg: Any) -> list[str]:
     prompts = cfg.data.synthetic_prompts
     if cfg.data.train_files is not None:
         try:
-            prompts = len(load_prompts(cfg.data.train_files))
+            prompts = len(load_prompts(cfg.data.train_files, cfg.data.prompt_key))
         except ValueError as err:
             raise _error("data.train_files", cfg.data.train_files, f"a readable prompt file ({err})") from None
     if prompts < cfg.data.train_batch_size:

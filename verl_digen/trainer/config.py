@@ -52,9 +52,11 @@ class ModelConfig:
 
 @dataclass
 class DataConfig:
-    train_files: str | None = None  # .txt (one prompt per line) or .jsonl with a 'prompt' field
+    train_files: str | None = None  # .txt (one prompt per line), .jsonl or .parquet (a prompt_key field)
     train_batch_size: int = 4  # prompts per global step
     synthetic_prompts: int = 64  # built-in prompts when train_files is None
+    prompt_key: str = "prompt"  # the prompt field / column of .jsonl and .parquet files (verl's name)
+    val_files: str | None = None  # validation prompts (same formats); scored every trainer.test_freq steps
 
 
 @dataclass
@@ -98,6 +100,13 @@ class RewardConfig:
     name: str = "latent_mean"
     weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
     kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: str | None = None  # a Python file defining the reward function (verl's custom_reward_function)
+    name: str = "compute_score"  # the function in that file: fn(images, prompts, **reward_kwargs) -> scores
+    reward_kwargs: dict[str, Any] | None = None  # keyword arguments passed to every call
 
 
 @dataclass
@@ -168,6 +177,8 @@ class TrainerConfig:
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
+    test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
+    export_on_save: bool = False  # also write a deployable export (docs/user-guide.md) next to each checkpoint
 
 
 @dataclass
@@ -178,6 +189,7 @@ class RunConfig:
     actor: ActorConfig = field(default_factory=ActorConfig)
     algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
     reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     digen: DigenConfig = field(default_factory=DigenConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
@@ -214,6 +226,9 @@ class RunConfig:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
+        from verl_digen.rewards.custom import with_custom_reward
+
+        reward = with_custom_reward(reward, self.custom_reward_function)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
@@ -316,7 +331,7 @@ def validate(cfg: RunConfig) -> list[str]:
                               f"one of {', '.join(sorted(REWARDS))}")
     _positive("data.train_batch_size", cfg.data.train_batch_size)
     if cfg.data.train_files is not None and not os.path.isfile(cfg.data.train_files):
-        raise ConfigError("data.train_files", cfg.data.train_files, "an existing .txt or .jsonl prompt file")
+        raise ConfigError("data.train_files", cfg.data.train_files, "an existing .txt, .jsonl or .parquet prompt file")
     _positive("rollout.n", r.n)
     if r.n < 2:
         raise ConfigError("rollout.n", r.n, "a group size >= 2 (GRPO advantages compare samples of a prompt)")
@@ -391,7 +406,10 @@ def validate(cfg: RunConfig) -> list[str]:
             raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                               f"a size whose updates ({per_update} samples each with digen.update={d.update}) "
                               f"split evenly over resources.trainer.workers = {trn} (each rank trains an equal share)")
-    return checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
+    warnings = checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
+    from verl_digen.trainer import user_inputs
+
+    return warnings + user_inputs.check(cfg)  # validation prompts, custom reward function, VLM judge
 
 
 def load(cfg: DictConfig | dict) -> RunConfig:

@@ -235,7 +235,7 @@ class DigenTrainer:
         self._partial: RunResult | None = None
         self.worker_cfg = cfg.worker_config()
         self.k = cfg.trained_steps()
-        self.dataset = (PromptDataset.from_file(cfg.data.train_files) if cfg.data.train_files
+        self.dataset = (PromptDataset.from_file(cfg.data.train_files, cfg.data.prompt_key) if cfg.data.train_files
                         else PromptDataset.synthetic(cfg.data.synthetic_prompts))
         self.use_gpu = cfg.trainer.device == "cuda"
         self.start_step = 0

@@ -1,0 +1,127 @@
+"""verl's ``custom_reward_function.path`` / ``.name``: a user's batched reward function, checked before
+Ray, built where the generator builds its reward (``build_reward(worker_config().reward)``) and scored
+through ``score_trajectories`` like every other reward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from verl_digen.algo.trajectory import Trajectories
+from verl_digen.rewards import MultiReward, build_reward
+from verl_digen.trainer.config import ConfigError, compose, validate
+from verl_digen.workers.policy import score_trajectories
+
+REWARD_FILE = '''
+import torch
+
+def compute_score(images, prompts, scale=1.0):
+    """mean pixel x scale + the prompt's length / 100 (prompts[i] goes with images[i])"""
+    return [scale * float(im.mean()) + len(p) / 100 for im, p in zip(images, prompts)]
+
+def not_batched(image):
+    return 0.0
+
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture
+def reward_file(tmp_path):
+    f = tmp_path / "my_reward.py"
+    f.write_text(REWARD_FILE)
+    return f
+
+
+def _cfg(tmp_path, *overrides):
+    return compose([f"trainer.trace_dir={tmp_path}/trace", f"trainer.default_local_dir={tmp_path}/ckpt", *overrides])
+
+
+def _expected(images, prompts, scale=1.0):
+    return torch.tensor([scale * float(im.mean()) + len(p) / 100 for im, p in zip(images, prompts)],
+                        dtype=torch.float64)
+
+
+def test_custom_function_is_the_reward_generators_build(tmp_path, reward_file):
+    cfg = _cfg(tmp_path, f"custom_reward_function.path={reward_file}",
+               "+custom_reward_function.reward_kwargs={scale: 2.0}")
+    assert validate(cfg) == []
+    reward = build_reward(cfg.worker_config().reward)  # what GeneratorWorker.init_model does
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    prompts = ["a", "bb", "ccc"]
+    out = reward(images, prompts)
+    assert out.dtype == torch.float64 and torch.equal(out, _expected(images, prompts, 2.0))
+    # the generator's scoring path: rewards and the 'custom' component filled, images dropped
+    traj = Trajectories.__new__(Trajectories)
+    traj.images, traj.prompts, traj.final_latents = images, prompts, torch.zeros(3, 4)
+    scored = score_trajectories(reward, traj)
+    assert torch.equal(scored.rewards, _expected(images, prompts, 2.0)) and set(scored.reward_components) == {"custom"}
+    assert scored.images is None
+
+
+def test_custom_function_as_one_weighted_component(tmp_path, reward_file):
+    cfg = _cfg(tmp_path, f"custom_reward_function.path={reward_file}",
+               "reward.weights={custom: 0.5, brightness: 1.0}")
+    assert validate(cfg) == []
+    reward = build_reward(cfg.worker_config().reward)
+    assert isinstance(reward, MultiReward) and set(reward.rewards) == {"custom", "brightness"}
+    images, prompts = torch.rand(2, 3, 8, 8), ["x", "yy"]
+    parts = reward.components(images, prompts)
+    assert torch.equal(parts["custom"], _expected(images, prompts))
+    assert torch.allclose(reward(images, prompts), 0.5 * parts["custom"] + parts["brightness"])
+
+
+def test_video_is_scored_frame_by_frame():
+    import tempfile
+    from pathlib import Path
+
+    from verl_digen.rewards.custom import CustomReward
+
+    with tempfile.TemporaryDirectory() as d:
+        f = Path(d) / "r.py"
+        f.write_text("def compute_score(images, prompts):\n    return images.mean(dim=(1, 2, 3))\n")
+        video = torch.rand(2, 3, 4, 6, 6)
+        out = CustomReward(str(f))(video, ["a", "b"])
+    assert torch.allclose(out, video.mean(dim=(1, 3, 4)).mean(dim=1).double())
+
+
+def test_wrong_output_is_a_clear_error(tmp_path):
+    from verl_digen.rewards.custom import CustomReward
+
+    f = tmp_path / "r.py"
+    f.write_text("def compute_score(images, prompts):\n    return [1.0]\n")
+    with pytest.raises(RuntimeError, match=r"returned shape \(1,\) for 2 images"):
+        CustomReward(str(f))(torch.rand(2, 3, 4, 4), ["a", "b"])
+
+
+BAD = {
+    "missing-file": (lambda t, f: [f"custom_reward_function.path={t}/nope.py"], "custom_reward_function.path",
+                     "no such file"),
+    "not-python": (lambda t, f: [f"custom_reward_function.path={(t / 'r.txt').write_text('x') and t / 'r.txt'}"],
+                   "custom_reward_function.path", "expected a .py file"),
+    "import-fails": (lambda t, f: [f"custom_reward_function.path={(t / 'b.py').write_text('import nope_x') and t / 'b.py'}"],  # noqa: E501
+                     "custom_reward_function.path", "importing it failed (ModuleNotFoundError"),
+    "no-function": (lambda t, f: [f"custom_reward_function.path={f}", "custom_reward_function.name=compute"],
+                    "custom_reward_function.name", "has no function 'compute' (custom_reward_function.name; "
+                    "functions defined there: compute_score, not_batched)"),
+    "not-callable": (lambda t, f: [f"custom_reward_function.path={f}", "custom_reward_function.name=NOT_A_FUNCTION"],
+                     "custom_reward_function.path", "is a int, not a function"),
+    "wrong-signature": (lambda t, f: [f"custom_reward_function.path={f}", "custom_reward_function.name=not_batched"],
+                        "custom_reward_function.path", "cannot be called as not_batched(images, prompts)"),
+    "unknown-kwarg": (lambda t, f: [f"custom_reward_function.path={f}", "+custom_reward_function.reward_kwargs={k: 1}"],
+                      "custom_reward_function.path", "cannot be called as compute_score(images, prompts, k=...)"),
+    "weights-without-custom": (lambda t, f: [f"custom_reward_function.path={f}", "reward.weights={brightness: 1.0}"],
+                               "reward.weights", "an entry 'custom'"),
+    "other-reward-name": (lambda t, f: [f"custom_reward_function.path={f}", "reward.name=brightness"],
+                          "reward.name", "reward.weights={custom: 1.0, brightness: w}"),
+    "custom-without-path": (lambda t, f: ["reward.name=custom"], "custom_reward_function.path", "names 'custom'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD))
+def test_bad_custom_reward_is_refused_before_ray(case, tmp_path, reward_file):
+    make, key, part = BAD[case]
+    with pytest.raises(ConfigError) as err:
+        validate(_cfg(tmp_path, *make(tmp_path, reward_file)))
+    assert err.value.key == key, str(err.value)
+    assert part in str(err.value)
