@@ -64,7 +64,9 @@ def test_metrics_file_appends_per_step_and_a_resume_keeps_only_the_steps_before_
     assert [r["step"] for r in run_log.read_metrics(path)] == [1, 2, 3]
     # resumed from the step-2 checkpoint: step 3 is redone, so its old line goes
     resumed = run_log.MetricsLog(path, keep_through=2, run_id="b")
+    assert [r["step"] for r in run_log.read_metrics(path)] == [1, 2]
     resumed.append(3, {"reward/mean": 9.0})
+    assert len(path.read_text().splitlines()) == 3  # no duplicate line, no half line left behind
     rows = run_log.read_metrics(path)
     assert [(r["step"], r["run_id"]) for r in rows] == [(1, "a"), (2, "a"), (3, "b")]
     run_log.MetricsLog(path, keep_through=0)  # a fresh run starts the file anew
