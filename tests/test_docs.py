@@ -193,17 +193,17 @@ def test_config_md_verl_omni_column_matches_the_mapping():
 
 
 # ------------------------------------------------------------------------------------ (b) metrics.md
-METRIC = re.compile(r"^(?:timing|perf|pool|time|reward|actor|digen)/[a-z0-9_]+$")
+METRIC = re.compile(r"^(?:timing|perf|pool|time|reward|actor|digen|fault)/[a-z0-9_]+$")
 
 
 def logged_metric_names() -> set[str]:
     """Every metric name the runtime can log, from its source (literal keys, TIME_KEYS, actor/*)."""
     from verl_digen.algo.tsp import TrainMetrics
-    from verl_digen.trainer import metrics, runtime
+    from verl_digen.trainer import faults, metrics, runtime
     from verl_digen.trainer.metrics import TIME_KEYS
 
     names = set(TIME_KEYS.values())
-    for module in (runtime, metrics):
+    for module in (runtime, metrics, faults):
         src = Path(module.__file__).read_text()
         # literal keys of dicts ("key": value) and subscript assignments (out["key"] = value)
         names |= set(re.findall(r'["\']([a-z_]+/[a-z0-9_]+)["\'](?:\s*:|\]\s*=[^=])', src))

@@ -99,20 +99,32 @@ def _hydra_main(raw: DictConfig) -> None:
         print("interrupted before training started; nothing to resume", file=sys.stderr)
         raise SystemExit(130) from None
     except Exception as err:  # a dead worker, a failed call: what happened, then what to do next
-        import traceback
-
         import ray
 
-        if isinstance(err, ray.exceptions.RayActorError):  # a dead worker: its traceback says nothing more
-            what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
-        else:
-            traceback.print_exc()
-            what = f"{type(err).__name__}"
-        from verl_digen.workers.checkpoint import latest
+        if not isinstance(err, ray.exceptions.RayActorError):  # a dead worker: its traceback says nothing more
+            import traceback
 
-        found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
-        print(_stopped_line(f"the run failed: {what}", str(found) if found else None), file=sys.stderr)
+            traceback.print_exc()
+        print(failure_line(err, cfg), file=sys.stderr)
         raise SystemExit(1) from None
+
+
+def failure_line(err: BaseException, cfg: RunConfig, argv: list[str] | None = None) -> str:
+    """The last line of a failed run (a dead trainer rank, a generator out of restarts, a failed call):
+    what happened, and the exact command to resume from the latest complete checkpoint."""
+    import ray
+
+    from verl_digen.workers.checkpoint import latest
+
+    if isinstance(err, ray.exceptions.RayActorError):
+        what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
+    else:
+        what = f"{type(err).__name__}"
+    found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
+    reason = f"the run failed: {what}"
+    if found:
+        return f"{reason}; resume with: {resume_command(str(found), argv)}"
+    return _stopped_line(reason, None)
 
 
 def dry_run(cfg: RunConfig) -> str:

@@ -97,6 +97,13 @@ def numbers(cfg: Any) -> None:
     if not (isinstance(t.max_nonfinite_steps, int) and t.max_nonfinite_steps >= 1):
         raise _error("trainer.max_nonfinite_steps", t.max_nonfinite_steps, "an integer >= 1")
     _finite("trainer.stall_timeout_s", t.stall_timeout_s, 0, True, " (seconds; null waits forever)", optional=True)
+    if not (isinstance(t.generator_max_restarts, int) and not isinstance(t.generator_max_restarts, bool)
+            and t.generator_max_restarts >= 0):
+        raise _error("trainer.generator_max_restarts", t.generator_max_restarts,
+                     "an integer >= 0 (0: a dead generator ends the run)")
+    _finite("trainer.action_timeout_factor", t.action_timeout_factor, 1, False,
+            " (x the action's estimated seconds; null: no per-action timeout)", optional=True)
+    _finite("trainer.action_timeout_min_s", t.action_timeout_min_s, 0, True, " (seconds)")
     for key in t.resume_allow_changes:
         if key not in RESUME_KEYS or key in STRUCTURAL_KEYS:
             allowed = [k for k in RESUME_KEYS if k not in STRUCTURAL_KEYS]

@@ -174,6 +174,9 @@ class TrainerConfig:
     on_nonfinite: str = "skip"  # non-finite reward / loss / grad norm: skip the optimizer step, or stop the run
     max_nonfinite_steps: int = 3  # stop (exit non-zero) after this many consecutive non-finite steps
     stall_timeout_s: float | None = 1800.0  # stop when no action finishes for this long (a hung worker); None waits
+    generator_max_restarts: int = 3  # Ray restarts per generator actor; its in-flight actions are retried on it
+    action_timeout_factor: float | None = 10.0  # a generator action over this x its estimate is hung; None: off
+    action_timeout_min_s: float = 300.0  # ... but never before this many seconds (cold starts, loaded hosts)
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit

@@ -9,6 +9,12 @@ driver handles rewards, advantages and metadata only. ``driver_bytes`` counts wh
 Digen/separate actions run on one generator actor (``genI``), on the trainer ranks as one unit
 (``trainer``: verl's ``execute_all_async`` fan-out) or on one rank alone (TAG slot ``tagJ``). Colocated
 phases occupy every rank; their data is split contiguously over the ranks.
+
+Generator actions (generate, score, an object-store weight pickup) survive their actor's death: the
+backend notices it from a small receipt (the driver never fetches the trajectories), restores the
+restarted actor and re-issues the same action (``trainer/faults.py``); an action running past its
+per-action timeout gets its actor killed and restarted the same way. ``fault/retries`` and
+``fault/restarts`` count them per step.
 """
 
 from __future__ import annotations
@@ -36,6 +42,7 @@ from verl_digen.schedule.costs import (
     WEIGHT_SYNC,
 )
 from verl_digen.schedule.timeline import worker_index
+from verl_digen.trainer.faults import FaultPolicy, GeneratorState, await_restarted, is_worker_death
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
 
@@ -43,13 +50,29 @@ Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
 Advantages = Callable[[dict, int, list[int]], dict[tuple[int, int], float]]
 
 
+Submit = Callable[[], tuple[list[ray.ObjectRef], list[ray.ObjectRef], list[ray.ObjectRef]]]
+
+
 class _Call:
     """The refs of one action; it completes when all of them are ready. ``keep``: refs to hold on to
-    (scored trajectories) without fetching them."""
+    (scored trajectories) without fetching them. A retriable (generator) action also has ``check``:
+    small refs fetched when it completes, so a dead actor shows before anything consumes its output;
+    ``submit`` re-issues it (refs, keep, check) on the restarted actor; ``deadline``: when it is taken
+    for hung (``time.monotonic()``; None: never)."""
 
-    def __init__(self, action: Action, refs: list[ray.ObjectRef], keep: list[ray.ObjectRef] | None = None) -> None:
-        self.action, self.refs, self.keep = action, refs, keep or []
-        self.pending = set(refs)
+    def __init__(self, action: Action, refs: list[ray.ObjectRef], keep: list[ray.ObjectRef] | None = None,
+                 check: list[ray.ObjectRef] | None = None, submit: Submit | None = None,
+                 deadline: float | None = None) -> None:
+        self.action, self.submit, self.incarnation = action, submit, 0
+        self.set(refs, keep, check, deadline)
+
+    def set(self, refs: list[ray.ObjectRef], keep: list[ray.ObjectRef] | None, check: list[ray.ObjectRef] | None,
+            deadline: float | None, after: list[ray.ObjectRef] | None = None) -> None:
+        """(Re)arm the call; ``after``: refs that ran before it on the same actor (a restore), checked too."""
+        self.refs, self.keep, self.check = refs, keep or [], check or []
+        self.pending = set(refs) | set(self.check)
+        self.after = after or []
+        self.deadline = deadline
 
 
 class RayBackend:
@@ -58,10 +81,13 @@ class RayBackend:
     ``rows(step, samples)`` maps the scheduler's (prompt-in-step, sample) pairs of global step
     ``step`` to (prompt id, sample) rows and their texts; ``advantages(rewards, step, prompt_ids)``
     computes the rows' advantages from complete groups. ``base`` is the first global step.
+    ``faults``: how generator faults are handled; ``estimate(action)``: the scheduler's estimate of an
+    action's seconds, from which its timeout is derived.
     """
 
     def __init__(self, gen_wg: RayWorkerGroup | None, trn_wg: RayWorkerGroup, sync: WeightSync | None, rows: Rows,
-                 advantages: Advantages, scale: float, base: int = 0) -> None:
+                 advantages: Advantages, scale: float, base: int = 0, faults: FaultPolicy | None = None,
+                 estimate: Callable[[Action], float] | None = None) -> None:
         self.gen_wg, self.trn_wg, self.sync = gen_wg, trn_wg, sync
         self.gens = gen_wg.workers if gen_wg is not None else []
         self.trainers = trn_wg.workers
@@ -75,6 +101,21 @@ class RayBackend:
         self.step_rewards: dict[int, list[float]] = defaultdict(list)
         self.train_metrics: dict[int, TrainMetrics] = defaultdict(TrainMetrics)
         self.driver_bytes: dict[int, int] = defaultdict(int)
+        self.faults = faults or FaultPolicy()
+        self.estimate = estimate
+        # generators start at the first global step's version (a resume installs it before the run)
+        self.gen_state = GeneratorState(held=[base] * len(self.gens))
+        self._restoring: dict[int, list[ray.ObjectRef]] = {}
+        if self._keeps_weights() and sync.published is not None:
+            self.gen_state.published(*sync.published)
+
+    def _keeps_weights(self) -> bool:
+        """Published weights are kept while a generator may need them back (object store, restarts on)."""
+        return self.sync is not None and self.sync.backend == "object_store" and self.faults.max_restarts > 0
+
+    def fault_metrics(self, step: int) -> dict[str, float]:
+        """``fault/retries`` and ``fault/restarts`` of local step ``step`` (reported once)."""
+        return self.gen_state.metrics(step)
 
     # -- Backend protocol ------------------------------------------------------------------------
     def now(self) -> float:
@@ -84,10 +125,15 @@ class RayBackend:
         g = self.base + a.step
         w = a.worker
         keep: list[ray.ObjectRef] = []
-        if a.kind == GENERATE and w.startswith("gen"):
-            rows, texts = self.rows(g, a.samples)
-            refs = [self.gens[worker_index(w)].generate.remote(g, self.base + a.version, rows, texts)]
-        elif a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
+        submit = self._generator_submit(a) if w.startswith("gen") else None
+        if submit is not None:
+            refs, keep, check = submit()
+            call = _Call(a, refs, keep, check, submit, self._deadline(a))
+            call.incarnation = self.gen_state.incarnation[worker_index(w)]
+            for ref in call.pending:
+                self._inflight[ref] = call
+            return
+        if a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
             rows, texts = self.rows(g, a.samples)
             n = len(self.trainers)
             shares = [contiguous_share(len(rows), r, n, "colocated generate") for r in range(n)]
@@ -112,6 +158,8 @@ class RayBackend:
             refs = self.trn_wg.execute_all_async(a.kind)
         elif a.kind == PUBLISH:
             refs = self.sync.publish(self.base + a.version)
+            if self._keeps_weights():
+                self.gen_state.published(self.base + a.version, refs[0])
         elif a.kind == WEIGHT_SYNC:
             refs = self.sync.pickup(worker_index(w), self.base + a.version)
         else:
@@ -120,15 +168,126 @@ class RayBackend:
         for ref in refs:
             self._inflight[ref] = call
 
+    def _generator_submit(self, a: Action) -> Submit | None:
+        """The re-issuable submission of a generator action (None: not retriable, e.g. a collective
+        pickup, whose group a restarted actor cannot rejoin)."""
+        g, i = self.base + a.step, worker_index(a.worker)
+        gen = self.gens[i]
+        if a.kind == GENERATE:
+            rows, texts = self.rows(g, a.samples)
+
+            def submit():
+                traj, receipt = gen.generate_receipt.options(num_returns=2).remote(g, self.base + a.version, rows,
+                                                                                    texts)
+                return [traj], [], [receipt]
+            return submit
+        if a.kind == SCORE:
+            (part,) = self.generated.pop((a.step, a.mb))
+
+            def submit():
+                scored, ids = gen.score_rows.options(num_returns=2).remote(part)
+                return [ids], [scored], [ids]
+            return submit
+        if a.kind == WEIGHT_SYNC and self.sync.backend == "object_store":
+            v = self.base + a.version
+            first = [True]
+
+            def submit():
+                if first[0]:
+                    first[0] = False
+                    refs = self.sync.pickup(i, v)
+                else:
+                    refs = [gen.load_weights.remote(v, self.gen_state.weights[v])]
+                return refs, [], refs
+            return submit
+        return None
+
+    def _deadline(self, a: Action) -> float | None:
+        if self.estimate is None:
+            return None
+        limit = self.faults.timeout(self.estimate(a))
+        return None if limit is None else time.monotonic() + limit
+
+    def _pump(self, timeout: float | None) -> bool:
+        """Wait until one in-flight ref is ready (False: none within ``timeout`` s; None: no bound) and
+        handle it; kills the actor of a generator action past its deadline on the way."""
+        if not self._inflight:
+            raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
+        t_end = None if timeout is None else time.monotonic() + timeout
+        while True:
+            now = time.monotonic()
+            limits = [] if t_end is None else [t_end - now]
+            deadlines = [c.deadline for c in self._calls() if c.deadline is not None]
+            if deadlines:
+                limits.append(min(deadlines) - now)
+            ready, _ = ray.wait(list(self._inflight), num_returns=1,
+                                timeout=max(0.0, min(limits)) if limits else None)
+            if ready:
+                self._arrive(ready[0])
+                return True
+            self._expire(time.monotonic())
+            if t_end is not None and time.monotonic() >= t_end:
+                return False
+
+    def _calls(self) -> list[_Call]:
+        return list({id(c): c for c in self._inflight.values()}.values())
+
+    def _arrive(self, ref: ray.ObjectRef) -> None:
+        call = self._inflight.pop(ref)
+        call.pending.discard(ref)
+        if call.pending:
+            return
+        if call.submit is not None:
+            try:
+                ray.get(call.after + call.check)  # small: receipts, ids, versions
+            except Exception as err:
+                if not is_worker_death(err):
+                    raise
+                self._retry(call, err)
+                return
+        self._ready.append(call)
+
+    def _expire(self, now: float) -> None:
+        for call in self._calls():
+            if call.deadline is not None and now >= call.deadline:
+                call.deadline = None
+                a = call.action
+                self.faults.log(f"{a.kind} on {a.worker} (step {self.base + a.step + 1}"
+                                f"{'' if a.mb is None else f', micro-batch {a.mb}'}) ran past its timeout "
+                                f"(trainer.action_timeout_factor x the estimate, at least "
+                                f"trainer.action_timeout_min_s): killing {a.worker} for a restart")
+                ray.kill(self.gens[worker_index(a.worker)], no_restart=False)
+
+    def _retry(self, call: _Call, err: BaseException) -> None:
+        """Re-issue ``call`` on its generator's restarted actor; the first failure seen of an actor's
+        life restores it first (model, then the weights of the version it held)."""
+        a, st = call.action, self.gen_state
+        i = worker_index(a.worker)
+        if call.incarnation == st.incarnation[i]:
+            if st.restarts[i] >= self.faults.max_restarts:
+                self.faults.log(f"generator {a.worker} died ({type(err).__name__}) with no restart left "
+                                f"({st.restarts[i]} of trainer.generator_max_restarts={self.faults.max_restarts})")
+                raise err
+            st.restarts[i] += 1
+            st.incarnation[i] += 1
+            st.restarts_per_step[a.step] += 1
+            await_restarted(self.gens[i], self.faults.restart_wait_s)  # the driver waits for the new process
+            self._restoring[i] = st.restore(self.gens[i], i)
+            self.faults.log(f"generator {a.worker} died ({type(err).__name__}) during {a.kind} of step "
+                            f"{self.base + a.step + 1}: restarting it ({st.restarts[i]}/{self.faults.max_restarts}) "
+                            f"with policy version {st.held[i]} and retrying its actions")
+        st.retries_per_step[a.step] += 1
+        refs, keep, check = call.submit()
+        # no per-action deadline for a retry: its restore loads the model first (minutes on a real one);
+        # trainer.stall_timeout_s still bounds it
+        call.set(refs, keep, check, None, after=self._restoring[i])
+        call.incarnation = st.incarnation[i]
+        for ref in call.pending:
+            self._inflight[ref] = call
+
     def wait(self) -> tuple[list[tuple[Action, float]], float]:
         while not self._ready:
-            if not self._inflight:
-                raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
-            ready, _ = ray.wait(list(self._inflight), num_returns=1)
-            call = self._inflight.pop(ready[0])
-            call.pending.discard(ready[0])
-            if not call.pending:
-                self._ready.append(call)
+            self._pump(None)
         t = self.now()
         done = []
         for call in self._ready:
@@ -163,6 +322,7 @@ class RayBackend:
             self._fetch(a.version, refs)
         elif a.kind == WEIGHT_SYNC:
             self._fetch(a.version, call.refs)  # versions; surfaces worker errors
+            self.gen_state.picked_up(worker_index(a.worker), self.base + a.version)
         elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN):
             self._fetch(a.step, call.refs)  # small (seconds, versions); surfaces worker errors
 

@@ -54,10 +54,12 @@ from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
 from verl_digen.trainer import checks, run_log
 from verl_digen.trainer.config import RunConfig, validate
+from verl_digen.trainer.faults import fault_policy
 from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
 from verl_digen.trainer.ray_backend import RayBackend
+from verl_digen.trainer.trace_stream import RecordStream
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
@@ -127,15 +129,8 @@ class _GuardedBackend(RayBackend):
     def wait(self) -> tuple[list[tuple[Action, float]], float]:
         """``RayBackend.wait`` with a bound on how long nothing may finish."""
         while not self._ready:
-            if not self._inflight:
-                raise RuntimeError("scheduler is waiting on nothing: no action in flight and not done")
-            ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=self.stall_timeout_s)
-            if not ready:
+            if not self._pump(self.stall_timeout_s):
                 raise RunStopped(self._stall_message(), 4, self.checkpoint())
-            call = self._inflight.pop(ready[0])
-            call.pending.discard(ready[0])
-            if not call.pending:
-                self._ready.append(call)
         return super().wait()
 
     def _stall_message(self) -> str:
@@ -249,13 +244,15 @@ class DigenTrainer:
 
     # ---------------------------------------------------------------------------------- setup
     def _group(self, cls, workers: int, prefix: str, node_resource: str | None,
-               threads: int = 1) -> RayWorkerGroup:
+               threads: int = 1, restarts: int = 0) -> RayWorkerGroup:
         prefix = f"{prefix}_{uuid.uuid4().hex[:6]}_"  # several runs may share one Ray session
         pool = PlacedResourcePool(workers, self.use_gpu, prefix, node_resource)
         self._pools.append(pool)
         actor_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg)
         if threads > 1:  # a second thread serves weight pickups while the first trains
             actor_cls.update_options({"max_concurrency": threads})
+        if restarts:  # Ray restarts a dead actor; the backend restores and retries it (trainer/faults.py)
+            actor_cls.update_options({"max_restarts": restarts})
         wg = RayWorkerGroup(pool, actor_cls, name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
         wg.init_model()
         return wg
@@ -287,7 +284,7 @@ class DigenTrainer:
             # the probe's TAG cycle needs the hybrid trainer even when the policy never switches
             tag = self.cfg.schedule_config().policy != "never" or self.probe
             self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
-                                      res.generator.node_resource)
+                                      res.generator.node_resource, restarts=fault_policy(self.cfg).max_restarts)
             threads = 2 if self.cfg.digen.sync.backend == "collective" else 1
             self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
                                       res.trainer.node_resource, threads)
@@ -588,7 +585,9 @@ class DigenTrainer:
         colocated = isinstance(sched, ColocatedScheduler)
         backend = _GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
                                   self.start_step, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
-                                  base_step=self.start_step, checkpoint=lambda: self.last_checkpoint)
+                                  base_step=self.start_step, checkpoint=lambda: self.last_checkpoint,
+                                  faults=fault_policy(self.cfg, self.log),
+                                  estimate=None if colocated else (lambda a: sched.costs.duration(a.kind)))
         result = RunResult(timeline=sched.timeline, run_id=self.run_id)
         self._partial = result
         progress = _Progress(steps, self.cfg.trainer.progress, self.log)
@@ -598,6 +597,10 @@ class DigenTrainer:
         last_end = prev_start = 0.0
         window = _Recent(sched.timeline.records)
         decisions = _Recent(getattr(sched, "decisions", []))
+        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it)
+        stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), sched.timeline.records,
+                               {"run_id": self.run_id, "mode": t.mode, "first_step": self.start_step})
+                  if t.trace_dir else None)
 
         def on_complete(a: Action, end: float) -> None:
             nonlocal last_end, prev_start
@@ -607,7 +610,7 @@ class DigenTrainer:
             # this step's records end after the previous step's window began (a stale generation starts
             # once the version it uses exists): per-step work stays flat however long the run
             recent = window.since(lambda r: r.end >= prev_start - 1e-9)
-            extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0))}
+            extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0)), **backend.fault_metrics(a.step)}
             if not colocated:
                 step_decisions = decisions.since(lambda d: d.step >= a.step - 1)
                 extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end, recent, step_decisions))
@@ -620,6 +623,8 @@ class DigenTrainer:
             if self._should_save(g + 1, last=a.step == steps - 1) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)
             result.checkpoint = self.last_checkpoint
+            if stream is not None:
+                stream.flush()
             progress.update(g + 1, result.reports[-1].metrics)
             if stopping and a.step < steps - 1:
                 self._check_signal(after=g + 1)
@@ -627,6 +632,8 @@ class DigenTrainer:
         try:
             run(sched, backend, on_complete, check=False)
         finally:
+            if stream is not None:
+                stream.close()
             progress.close()
             self._console.write = self.log
         self.scheduler = sched

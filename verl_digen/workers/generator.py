@@ -74,6 +74,13 @@ class GeneratorWorker(Worker):
         return P.generate_rows(self.model, self.cfg, step, version, rows, prompts)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def generate_receipt(self, step: int, version: int, rows: list[tuple[int, int]],
+                         prompts: list[str]) -> tuple[Trajectories, int]:
+        """``generate`` plus a receipt (its row count), for ``num_returns=2``: the driver fetches only the
+        receipt, which tells a finished call from a dead worker without moving the trajectories."""
+        return self.generate(step, version, rows, prompts), len(rows)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score(self, traj: Trajectories) -> Trajectories:
         """Rewards (float64 (B,)) and reward components filled in; images dropped."""
         self._require_model()

@@ -1,0 +1,138 @@
+"""Faults on real (tiny) Ray runs: a generator killed mid-generation and another stopped mid-generation
+cost retries on their restarted actors with the planned samples exactly once; a dead trainer rank ends
+the run with the trace so far and the command to resume. The first run also checks the driver's
+per-step window of timeline records (trainer/runtime.py ``_Recent``)."""
+
+import json
+import os
+import signal
+
+import pytest
+from runtime_helpers import compose_run
+
+from verl_digen.schedule.costs import GENERATE, SCORE, UPDATE
+from verl_digen.trainer.ray_backend import RayBackend
+from verl_digen.trainer.runtime import DigenTrainer
+from verl_digen.trainer.trace_stream import read_stream
+
+
+def _pid(actor) -> int:
+    import ray
+
+    return ray.get(actor.runtime_info.remote())["pid"]
+
+
+def _check_window(seen: dict, result, step: int, start: float, records: list, base: int) -> None:
+    """The records a step's metrics read: a suffix of the timeline holding every record of the step and
+    everything that overlaps it, nothing that ended before the previous step began, and (from the third
+    step) not the whole history."""
+    full = result.timeline.records
+    assert records == full[len(full) - len(records):], "not a suffix of the timeline"
+    local = step - 1 - base
+    ids = {id(r) for r in records}
+    assert all(id(r) in ids for r in full if r.step == local or r.end >= start), "a record of the step is missing"
+    prev_start = seen.get("start", 0.0)
+    assert all(r.end >= prev_start - 1e-9 for r in records), "a record from an older step leaked in"
+    if local >= 2:
+        assert len(records) < len(full), "the whole history was rescanned"
+    seen["start"] = start
+
+
+def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ray_session, tmp_path, monkeypatch):
+    import ray
+
+    cfg = compose_run("trainer.total_steps=3", "resources.generator.workers=2", "digen.tag.policy=never",
+                      "trainer.action_timeout_factor=1.0", "trainer.action_timeout_min_s=5",
+                      "trainer.stall_timeout_s=120", tmp_path=tmp_path)
+    lines: list[str] = []
+    trainer = DigenTrainer(cfg, log=lines.append)
+    scored: dict[int, list[tuple[int, int]]] = {}
+    faults = {(GENERATE, "gen0", 1): signal.SIGKILL,  # dies mid-generation of step 2 (weights v1 to restore)
+              (GENERATE, "gen1", 2): signal.SIGSTOP}  # hangs mid-generation of step 3: the timeout restarts it
+    launch, collect, report = RayBackend.launch, RayBackend._collect, DigenTrainer._report
+
+    def launch_then_fault(self, a):
+        launch(self, a)
+        sig = faults.pop((a.kind, a.worker, a.step), None)
+        if sig is not None:
+            os.kill(pids[a.worker], sig)
+
+    def collect_scores(self, call):
+        collect(self, call)
+        if call.action.kind == SCORE:
+            for rows in ray.get(call.refs):
+                scored.setdefault(self.base + call.action.step + 1, []).extend(
+                    zip(rows["prompt_ids"], rows["sample_ids"], strict=True))
+
+    trained: dict[int, int] = {}
+    seen: dict = {}
+
+    def report_checked(self, result, step, start, end, records, gen, trn, rewards, train, extra):
+        _check_window(seen, result, step, start, records, self.start_step)
+        trained[step] = train.rows
+        report(self, result, step, start, end, records, gen, trn, rewards, train, extra)
+
+    monkeypatch.setattr(RayBackend, "launch", launch_then_fault)
+    monkeypatch.setattr(RayBackend, "_collect", collect_scores)
+    monkeypatch.setattr(DigenTrainer, "_report", report_checked)
+    try:
+        trainer.init_workers()
+        pids = {f"gen{i}": _pid(w) for i, w in enumerate(trainer.gen_wg.workers)}
+        result = trainer.fit()
+        after = [_pid(w) for w in trainer.gen_wg.workers]  # both answer again: restarted, new processes
+    finally:
+        trainer.shutdown()
+    assert not faults, f"faults never injected: {faults}"
+    assert [r.step for r in result.reports] == [1, 2, 3]
+    for step in (1, 2, 3):  # exactly the planned (prompt id, sample) rows, each once
+        ids, _ = trainer._prompts_of(step - 1)
+        planned = [(p, s) for p in ids for s in range(cfg.rollout.n)]
+        assert sorted(scored[step]) == sorted(planned), (step, scored[step])
+        assert trained[step] == cfg.batch * trainer.k  # every row trained once
+    m = [r.metrics for r in result.reports]
+    assert m[1]["fault/retries"] >= 1 and m[1]["fault/restarts"] >= 1
+    assert m[2]["fault/retries"] >= 1 and m[2]["fault/restarts"] >= 1
+    assert after[0] != pids["gen0"] and after[1] != pids["gen1"]
+    assert any(line.startswith("generator gen0 died") and "policy version 1" in line for line in lines), lines
+    assert any("generate on gen1 (step 3, micro-batch" in line and "ran past its timeout" in line for line in lines)
+    # the timeline streamed to disk holds every record of the run
+    header, records = read_stream(tmp_path / "trace" / "digen_timeline.jsonl")
+    assert header["run_id"] == result.run_id and len(records) == len(result.timeline.records)
+    assert sum(1 for r in records if r["kind"] == UPDATE) == sum(1 for r in result.timeline.records
+                                                                  if r.kind == UPDATE)
+
+
+def test_a_dead_trainer_rank_stops_with_the_trace_and_the_resume_command(ray_session, tmp_path, monkeypatch):
+    from verl_digen.main import failure_line
+
+    cfg = compose_run("trainer.total_steps=3", "trainer.save_freq=1", "digen.tag.policy=never", tmp_path=tmp_path)
+    trainer = DigenTrainer(cfg, log=lambda _: None)
+    launch = RayBackend.launch
+    killed = []
+
+    def launch_then_kill(self, a):
+        launch(self, a)
+        if a.kind == UPDATE and a.step == 1 and not killed:
+            killed.append(os.kill(pid, signal.SIGKILL))
+
+    monkeypatch.setattr(RayBackend, "launch", launch_then_kill)
+    try:
+        trainer.init_workers()
+        pid = _pid(trainer.trn_wg.workers[0])
+        with pytest.raises(Exception) as err:
+            trainer.fit()
+    finally:
+        trainer.shutdown()
+    import ray
+
+    assert isinstance(err.value, ray.exceptions.RayActorError), err.value
+    timeline = json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())
+    assert timeline["complete"] is False and timeline["stopped"] == f"failed: {type(err.value).__name__}"
+    assert max(r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step") == 0
+    _, streamed = read_stream(tmp_path / "trace" / "digen_timeline.jsonl")
+    assert any(r["kind"] == "optimizer_step" and r["step"] == 0 for r in streamed)
+    line = failure_line(err.value, cfg, argv=["trainer.total_steps=3", "trainer.save_freq=1"])
+    ckpt = tmp_path / "ckpt" / "global_step_1"
+    assert line.startswith(f"the run failed: a worker died ({type(err.value).__name__}: ")
+    assert line.endswith(f"; resume with: python -m verl_digen.main trainer.total_steps=3 trainer.save_freq=1 "
+                         f"trainer.resume_from={ckpt}")
