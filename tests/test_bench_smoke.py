@@ -49,3 +49,26 @@ def test_e2e_bench_predicts_every_mode_from_the_digen_profile():
     assert all(r["step_s"] > 0 and r["predicted_step_s"] > 0 and r["cross_predicted_step_s"] > 0 for r in rows)
     # the digen row's cross prediction is its own profile's prediction
     assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"]
+
+
+def test_tcss_learning_bench_summarizes_and_plots_saved_curves(tmp_path):
+    """The study's analysis from a saved curves file (the runs themselves take half an hour): rows are
+    measured against the same seed's sync run, and the figure is written."""
+    def run(staleness, seed, curve):
+        n = len(curve)
+        return {"reward": "latent_target", "staleness": staleness, "seed": seed, "steps": n, "curve": curve,
+                "step_times": [0.5] * n, "stale": [0.0] + [0.25 if staleness else 0.0] * (n - 1)}
+
+    runs = [run(0.0, 0, [0.0, 0.2, 0.4, 0.6, 0.8, 1.0, 1.0, 1.0]),
+            run(0.5, 0, [0.0, 0.0, 0.0, 0.3, 0.6, 0.9, 0.9, 0.9])]
+    curves = tmp_path / "runs.jsonl"
+    curves.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    png = tmp_path / "tcss.png"
+    rows = _last_json(["bench/tcss_learning.py", "--from", str(curves), "--plot", str(png), "--json"])
+    sync, stale = rows
+    assert sync["final_reward"] == 1.0 and stale["final_reward"] == pytest.approx(0.9)
+    # 3-step trailing means: sync reaches 0.5 (half its gain) at step 5 (0.6), the stale run at step 6
+    assert (sync["steps_to_half"], stale["steps_to_half"]) == (5, 6)
+    assert sync["time_to_sync_final_s"] == 4.0 and stale["time_to_sync_final_s"] is None  # never reaches 1.0
+    assert (sync["stale_fraction"], stale["stale_fraction"]) == (0.0, 0.25)
+    assert png.stat().st_size > 0

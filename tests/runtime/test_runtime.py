@@ -85,6 +85,10 @@ def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     assert [r.step for r in result.reports] == [1, 2, 3]
     for m in metrics:
         assert m["digen/stale_fraction"] <= 0.5
+        # the ratio split by staleness: stale keys exactly in steps that trained stale micro-batches, and
+        # fresh rows are trained by the policy that sampled them (ratio 1 up to rounding, never clipped)
+        assert ("actor/ratio_mean_stale" in m) == (m["digen/stale_fraction"] > 0) == ("actor/clip_frac_stale" in m)
+        assert m["actor/ratio_mean_fresh"] == pytest.approx(1.0, abs=1e-4) and m["actor/clip_frac_fresh"] == 0.0
         assert 0 <= m["pool/trainer_busy"] <= 1 and 0 <= m["pool/generator_busy"] <= 1
         assert m["timing/step_s"] > 0 and m["perf/samples_per_worker_s"] > 0
     # the trace opens in Perfetto (Chrome trace JSON) and the profile loads into the simulator
