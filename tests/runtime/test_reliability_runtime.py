@@ -107,6 +107,9 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     assert meta["data_position"] == 3 * 4
     # a stale micro-batch of step 3 was generated during step 2: the recent-records window covered it
     assert result.reports[-1].metrics["digen/stale_fraction"] > 0
+    # ... and trained in step 3 by version 2: its rows are reported as stale
+    last = result.reports[-1].metrics
+    assert last["actor/ratio_mean_stale"] > 0 and 0 <= last["actor/clip_frac_stale"] <= 1
 
 
 def test_a_stopped_generator_stops_the_run_naming_what_it_waited_on(ray_session, tmp_path):
