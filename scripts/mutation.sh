@@ -14,10 +14,19 @@ case "$scope" in
   all) sources=$'verl_digen/algo/\n    verl_digen/schedule/' ;;
   *) echo "usage: $0 [algo|schedule|all]" >&2; exit 2 ;;
 esac
-rm -rf "$work" && mkdir -p "$work"
+# MUTATION_RESUME=1 keeps $work/mutants: mutmut keeps a verdict while the mutated function's source hash is
+# unchanged, so a stopped run continues where it was and an edited function is re-tested.
+if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
+  find "$work" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
+else
+  rm -rf "$work" && mkdir -p "$work"
+fi
 git ls-files --cached --others --exclude-standard | grep -E '^(verl_digen|tests|recipes)/|^setup.py$' \
   | tar -cf - -T - | tar -xf - -C "$work"
-# The fast tests that exercise these packages (no Ray, no subprocess benchmarks).
+# The fast tests that exercise these packages (no Ray, no subprocess benchmarks). Not mutated (docs/testing.md):
+# export.py (trace file writing); presets.py (the published-figure presets and the arithmetic deriving stage
+# times from them, held against published step times by the calibration tests, not by exact values); and the
+# constant tables marked `# pragma: no mutate block` (calibration's published figures and testbeds).
 cat > "$work/setup.cfg" <<CFG
 [mutmut]
 source_paths=
@@ -27,6 +36,7 @@ also_copy=
     recipes/
 do_not_mutate=
     verl_digen/schedule/export.py
+    verl_digen/schedule/presets.py
 mutate_only_covered_lines=true
 pytest_add_cli_args_test_selection=
     tests/test_algo_exact.py
@@ -41,6 +51,15 @@ start=$(date +%s)
 mutmut run --max-children "${MUTATION_JOBS:-2}" > mutmut.log 2>&1 || true
 echo "mutation run took $(( $(date +%s) - start )) s (log: $work/mutmut.log)"
 mutmut results --all true > results.txt 2>/dev/null || mutmut results > results.txt
+# A resumed run keeps the old "survived" verdicts; MUTATION_RERUN_SURVIVORS=1 re-tests them against the
+# current tests (mutmut re-runs named mutants even when they have a verdict).
+if [ "${MUTATION_RERUN_SURVIVORS:-0}" = 1 ]; then
+  mapfile -t names < <(sed -nE 's/^\s*(\S+): survived$/\1/p' results.txt)
+  if [ "${#names[@]}" -gt 0 ]; then
+    printf '%s\n' "${names[@]}" | xargs -n 200 mutmut run --max-children "${MUTATION_JOBS:-2}" >> mutmut.log 2>&1 || true
+    mutmut results --all true > results.txt 2>/dev/null || mutmut results > results.txt
+  fi
+fi
 python - <<'PY'
 import collections, re
 counts = collections.defaultdict(collections.Counter)

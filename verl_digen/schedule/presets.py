@@ -220,7 +220,7 @@ VIDEO_WAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=
 VIDEO_HUNYUAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25)
 
 
-def _specs() -> dict[str, PresetSpec]:
+def _specs() -> dict[str, PresetSpec]:  # pragma: no mutate block (constant table)
     out: dict[str, PresetSpec] = {}
 
     def add(name: str, desc: str, model: DiT, s: Setting, gg: Testbed, tg: Testbed, g: int, r: int,

@@ -1,0 +1,80 @@
+"""Exact values for scheduler pieces that the behavioural tests reach only through comparisons.
+
+Written for survivors of the schedule mutation run (docs/testing.md): BTS's fresh state field by field,
+the bounds with a publish over two steps (hand-computed) and with free generation, the GAP size
+helpers at their edges, worker loads, the TAG policies at their thresholds, TCSS's stale budget where
+float rounding lands just below an integer, and the JSON/dict key names other tools read.
+"""
+
+import pytest
+
+from verl_digen.schedule.bounds import step_bounds
+from verl_digen.schedule.bts import IDLE, BtsPolicy, ModelState
+from verl_digen.schedule.calibration import _row
+from verl_digen.schedule.config import DIGEN, SEPARATE, ScheduleConfig
+from verl_digen.schedule.costs import StageCosts
+from verl_digen.schedule.gap import BATCH, batch_partition, default_gap_mb_size, gap_partition, spread_mb_size
+from verl_digen.schedule.policies import Adaptive, BubbleContext, Never, Static
+
+
+def test_fresh_state_field_by_field():
+    s = ModelState.fresh(4, 3, stale_budget=2, slots=2, lagging=1)
+    assert (s.t, s.f, s.ge, s.gk, s.gi) == (0.0, 0, [0.0] * 3, [IDLE] * 3, [-1] * 3)
+    assert (s.sq, s.sqn, s.scored, s.uq, s.upd_left, s.mode) == ([], 0, {}, 0, 4, 0)
+    assert (s.stale_left, s.next_left, s.lag, s.slots) == (2, 4, [True, False, False], 2)
+    plain = ModelState.fresh(4, 2)
+    assert (plain.stale_left, plain.next_left, plain.lag, plain.slots) == (0, 0, [False, False], 1)
+
+
+def test_bounds_hand_computed_with_a_publish_between_two_steps():
+    c = StageCosts(generate=1.0, tag_generate=2.0, score=0.5, update=0.25, optimizer_step=0.5, publish=1.0)
+    b = step_bounds(c, micro_batches=2, gen_workers=1, steps=2)
+    # trainer work per step: 2 x 0.25 + 0.5 + 1 x (2 - 1) / 2 = 1.5; the area balances at x = 0.625 TAG mbs
+    assert b.as_dict() == {"area": 2.75, "bottleneck": 2.25, "critical_path": 2.125, "ideal": 2.75}
+
+
+def test_bounds_with_free_generation():
+    b = step_bounds(StageCosts(generate=0.0, tag_generate=0.0, score=1.0, update=0.5), 2, 2)
+    # generators score 2 mbs on 2 workers (1 s), then one update (0.5): 1.5; trainer: first score + 2 updates
+    assert (b.area, b.bottleneck, b.critical_path) == (1.5, 2.0, 1.5)
+
+
+def test_gap_size_helpers_at_their_edges():
+    assert default_gap_mb_size(4, 1) == 4 and default_gap_mb_size(8, 3) == 2
+    assert spread_mb_size(1, 4, 1) == 4 and spread_mb_size(2, 4, 3) == 2
+    assert gap_partition(3, 2, 2, mb_size=1).worker_loads() == [3, 3]
+    assert gap_partition(1, 4, 3, mb_size=1).worker_loads() == [2, 1, 1]
+    assert batch_partition(2, 2, 1).kind == BATCH
+
+
+def _ctx(micro_batches=10, undispatched=3, tags=0, free_slots=3):
+    costs = StageCosts(generate=1.0, tag_generate=1.0, score=0.1, update=0.1)
+    return BubbleContext(step=0, now=0.0, micro_batches=micro_batches, undispatched=undispatched, tags=tags,
+                         bubble=1, costs=costs, costs_version=0, unit_size=1, update_size=1, gen_workers=1,
+                         snapshot=lambda: None, free_slots=free_slots)
+
+
+def test_policies_at_their_thresholds():
+    assert Never().decide(_ctx()) == 0 and str(Never()) == "never" and str(BtsPolicy()) == "bts"
+    assert Static(2).decide(_ctx(tags=1)) == 1
+    assert Static(2).decide(_ctx(tags=2)) == 0
+    # exactly at the threshold (0.3 x 10 = 3 undispatched) it still lends; one below, it waits
+    assert Adaptive(0.3).decide(_ctx(undispatched=3)) == 3
+    assert Adaptive(0.3).decide(_ctx(undispatched=2)) == 0
+    assert Adaptive(0.0).ratio == 0.0 and Adaptive(1.0).ratio == 1.0
+    with pytest.raises(ValueError, match="adaptive ratio"):
+        Adaptive(1.5)
+
+
+def test_update_size_and_stale_budget():
+    sep = ScheduleConfig(prompts=4, group_size=2, mb_size=2, mode=SEPARATE)
+    assert sep.update_size(1) == 4
+    assert ScheduleConfig(prompts=4, group_size=2, mb_size=2, mode=SEPARATE, update="micro_batch").update_size(1) == 1
+    # 0.29 x 100 is 28.999999999999996 in floating point: the budget is still 29
+    tcss = ScheduleConfig(prompts=25, group_size=4, mb_size=1, mode=DIGEN, staleness=0.29)
+    assert tcss.stale_budget() == 29
+
+
+def test_calibration_row_keys():
+    assert _row("f", 2.0, 3.0, "fit", "n") == {"figure": "f", "published": 2.0, "model": 3.0, "error": 0.5,
+                                               "role": "fit", "note": "n"}
