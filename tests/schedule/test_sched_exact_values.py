@@ -78,3 +78,17 @@ def test_update_size_and_stale_budget():
 def test_calibration_row_keys():
     assert _row("f", 2.0, 3.0, "fit", "n") == {"figure": "f", "published": 2.0, "model": 3.0, "error": 0.5,
                                                "role": "fit", "note": "n"}
+
+
+def test_static_policy_counts_its_tag_micro_batches_across_bubbles():
+    # slow generators, one TAG slot: the trainer has many bubbles per step, static:2 may fill only two
+    from verl_digen.schedule.costs import uniform_stage_costs
+    from verl_digen.schedule.scheduler import StepScheduler
+    from verl_digen.schedule.simulator import execute
+
+    costs = uniform_stage_costs(4.0, 0.1, score=0.1, tag_generate=1.0)
+    cfg = ScheduleConfig(prompts=8, group_size=2, mb_size=1, steps=2, policy="static:2")
+    sched = StepScheduler(cfg, costs, 2)
+    tl = execute(sched, costs)
+    tags = [r.step for r in tl.records if r.kind == "tag_generate"]
+    assert tags.count(0) == 2 and tags.count(1) == 2, tags
