@@ -21,7 +21,7 @@ from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.policies import parse_policy
-from verl_digen.workers.config import OptimConfig, PolicyConfig, WorkerConfig
+from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
 SYNC_BACKENDS = ("object_store", "collective")
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
@@ -84,6 +84,13 @@ class ActorConfig:
     grad_clip: float = 1.0
     clip_ratio: float = 0.2
     kl_coef: float = 0.0
+    # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
+    param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype
+    reduce_dtype: str | None = None  # gradient reduction dtype; null = the master dtype
+    master_dtype: str | None = None  # stored params, grads, AdamW state; null = model.dtype (float32: fp32 master)
+    activation_checkpointing: bool = False  # recompute each transformer block in the backward
+    param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and the optimizer step on the host)
+    optimizer_offload: bool = False  # AdamW state on the host between optimizer steps
 
 
 @dataclass
@@ -113,6 +120,7 @@ class CustomRewardConfig:
 class PoolConfig:
     workers: int = 1
     node_resource: str | None = None  # a Ray custom resource the pool's nodes advertise (GPU type)
+    gpu_memory_gb: float | None = None  # memory of one GPU of the pool: the dry run's memory plan checks it
 
 
 @dataclass
@@ -240,6 +248,9 @@ class RunConfig:
             sampler=self.sampler(),
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
+            memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
+                                     master_dtype=a.master_dtype, activation_checkpointing=a.activation_checkpointing,
+                                     param_offload=a.param_offload, optimizer_offload=a.optimizer_offload),
             reward=reward,
             tsp_degree=self.digen.tsp.degree,
             seed=self.trainer.seed,

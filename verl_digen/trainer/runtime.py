@@ -611,6 +611,9 @@ class DigenTrainer:
             # once the version it uses exists): per-step work stays flat however long the run
             recent = window.since(lambda r: r.end >= prev_start - 1e-9)
             extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0)), **backend.fault_metrics(a.step)}
+            opt = backend.opt_results.pop(a.step, {})
+            if "grad_norm" in opt:  # the global norm before clipping (TSPActorWorker.optimizer_step)
+                extra["actor/grad_norm"] = float(opt["grad_norm"])
             if not colocated:
                 step_decisions = decisions.since(lambda d: d.step >= a.step - 1)
                 extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end, recent, step_decisions))
@@ -618,7 +621,7 @@ class DigenTrainer:
             train = backend.train_metrics.pop(a.step, TrainMetrics())
             self._report(result, g + 1, last_end, end, recent, gen_names, trn_names, rewards, train, extra)
             prev_start, last_end = last_end, end
-            self._guard(g + 1, rewards, train, backend.opt_results.pop(a.step, {}))
+            self._guard(g + 1, rewards, train, opt)
             stopping = self._signals is not None and self._signals.requested is not None
             if self._should_save(g + 1, last=a.step == steps - 1) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)

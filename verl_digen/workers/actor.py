@@ -10,6 +10,7 @@ generators pick it up on their own). ``tag_generate`` is the exception: one rank
 
 from __future__ import annotations
 
+import contextlib
 import math
 import time
 from typing import Any
@@ -22,8 +23,8 @@ from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters
 from verl_digen.rewards import build_reward
+from verl_digen.workers import actor_memory, fsdp
 from verl_digen.workers import checkpoint as ckpt
-from verl_digen.workers import fsdp
 from verl_digen.workers import policy as P
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
@@ -56,19 +57,16 @@ class TSPActorWorker(Worker):
     # -- setup -------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Process group, trainable policy (FSDP2 when the pool has >1 rank), AdamW, KL reference."""
+        """Process group, trainable policy (FSDP2 when the pool has >1 rank, or when mixed precision
+        or parameter offload asks for FSDP2's policies), AdamW, KL reference (``actor_memory``)."""
         cfg = self.cfg
         self.device = P.worker_device(cfg)
-        self.dist_rank, self.dist_world = fsdp.init_distributed(self.device)
-        self.sharded = self.dist_world > 1
+        force = cfg.memory.needs_fsdp(cfg.policy.dtype)
+        self.dist_rank, self.dist_world = fsdp.init_distributed(self.device, force=force)
+        self.sharded = self.dist_world > 1 or force
         torch.manual_seed(cfg.seed)
-        self.model = P.build_policy(cfg, self.device)
-        self.ref_model = None
-        if cfg.loss.kl_coef > 0 and not cfg.policy.lora:
-            self.ref_model = P.freeze(P.build_policy(cfg, self.device))  # frozen initial policy
-        if self.sharded:
-            fsdp.shard_transformer(self.model.transformer, self.dist_world, self.device)
-        self.model.transformer.train()
+        self.model = actor_memory.trainer_policy(cfg, self.device, self.dist_world, self.sharded)
+        self.ref_model = actor_memory.reference_policy(cfg, self.device, self.dist_world, self.sharded)
         self.named_params = [(n, p) for n, p in self.model.transformer.named_parameters() if p.requires_grad]
         if not self.named_params:
             raise RuntimeError("the policy has no trainable parameters")
@@ -148,11 +146,40 @@ class TSPActorWorker(Worker):
         bad = self._nonfinite or (None if math.isfinite(norm) else "grad_norm")
         bad = _agree(bad, self.sharded, self.device)
         if bad is None:
-            self.optimizer.step()
+            with self._optimizer_resident():
+                self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite = None
         self.version += 1
         return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
+
+    @contextlib.contextmanager
+    def _optimizer_resident(self):
+        """``actor.optimizer_offload`` on a GPU pool: AdamW state is on the GPU only inside this block
+        (the optimizer step, checkpoint reads and writes), in host memory the rest of the step."""
+        offload = self.cfg.memory.optimizer_offload and self.device.type != "cpu"
+        if offload:
+            from verl.utils.fsdp_utils import load_fsdp_optimizer
+
+            load_fsdp_optimizer(self.optimizer, self.device)
+        try:
+            yield
+        finally:
+            if offload:
+                from verl.utils.fsdp_utils import offload_fsdp_optimizer
+
+                offload_fsdp_optimizer(self.optimizer)
+                torch.cuda.synchronize()
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def memory_report(self) -> dict[str, Any]:
+        """Bytes this rank holds per kind (weights, grads, optimizer, reference, generation copy) and,
+        on a GPU, the allocator's peak: what the dry run's memory plan estimates."""
+        self._require(mode="any")
+        out = actor_memory.memory_report(self.model, self.optimizer, self.ref_model, getattr(self, "_gen_model", None))
+        if self.device.type == "cuda":
+            out["max_allocated"] = torch.cuda.max_memory_allocated(self.device)
+        return out
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def runtime_info(self) -> dict[str, Any]:
@@ -225,6 +252,10 @@ class TSPActorWorker(Worker):
         """Gathered CPU copies of trainable params, accumulated grads and optimizer state (keyed by
         parameter name) plus the version, on rank 0; ``None`` elsewhere. For bit-identity tests."""
         self._require()
+        with self._optimizer_resident():
+            return self._full_state()
+
+    def _full_state(self) -> dict[str, Any] | None:
         params, grads, optim = {}, {}, {}
         for name, p in self.named_params:
             params[name] = fsdp.full_tensor(p)
@@ -291,6 +322,10 @@ class TSPActorWorker(Worker):
         self.version = int(payload["version"])
         if rng is not None:
             ckpt.set_rng_state(rng)
+        if self.cfg.memory.optimizer_offload and self.device.type != "cpu":
+            from verl.utils.fsdp_utils import offload_fsdp_optimizer
+
+            offload_fsdp_optimizer(self.optimizer)  # restored next to the params; host until the next step
         fsdp.barrier(self.sharded)
         return payload["extra"]
 
@@ -388,7 +423,7 @@ class HybridWorker(TSPActorWorker):
                 p.grad = g.to(self.device) if on_gpu else g
             if name in self._optim_stash:
                 self.optimizer.state[p] = self._optim_stash.pop(name)
-        if on_gpu:
+        if on_gpu and not self.cfg.memory.optimizer_offload:  # offloaded: stays on the host until the step
             from verl.utils.fsdp_utils import load_fsdp_optimizer
 
             load_fsdp_optimizer(self.optimizer, self.device)

@@ -44,6 +44,46 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
+#: the dtypes the trainer can store or compute in (config spelling -> what ``models.parse_dtype`` takes)
+PRECISIONS = ("float64", "float32", "bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class ActorMemoryConfig:
+    """Memory and precision of the trainer's policy (verl's FSDP ``mixed_precision`` / offload knobs).
+
+    ``model.dtype`` stays the dtype every forward of the run computes in (generators, TAG, reference).
+    The trainer *stores* its parameters, gradients and AdamW state in ``master_dtype`` and *computes*
+    in ``param_dtype`` (FSDP2 casts the gathered parameters); gradients are reduced in
+    ``reduce_dtype``. ``None`` keeps today's behaviour: one dtype for all (``model.dtype``)."""
+
+    param_dtype: str | None = None  # trainer compute dtype; None = model.dtype
+    reduce_dtype: str | None = None  # gradient reduce-scatter dtype; None = the master dtype
+    master_dtype: str | None = None  # stored params / grads / optimizer state; None = model.dtype
+    activation_checkpointing: bool = False  # recompute each transformer block's forward in the backward
+    param_offload: bool = False  # FSDP2 CPUOffloadPolicy: sharded params, grads and optimizer step on the host
+    optimizer_offload: bool = False  # AdamW state in host memory except during the optimizer step
+
+    def compute(self, model_dtype: str) -> str:
+        return self.param_dtype or model_dtype
+
+    def master(self, model_dtype: str) -> str:
+        return self.master_dtype or model_dtype
+
+    def reduce(self, model_dtype: str) -> str:
+        return self.reduce_dtype or self.master(model_dtype)
+
+    def mixed(self, model_dtype: str) -> bool:
+        """Whether FSDP2 casts: the trainer computes or reduces in another dtype than it stores."""
+        m = self.master(model_dtype)
+        return self.compute(model_dtype) != m or self.reduce(model_dtype) != m
+
+    def needs_fsdp(self, model_dtype: str) -> bool:
+        """Mixed precision and parameter offload are FSDP2 policies: a one-rank trainer pool then runs
+        FSDP2 over a one-rank process group instead of a plain module."""
+        return self.mixed(model_dtype) or self.param_offload
+
+
 @dataclass(frozen=True)
 class WorkerConfig:
     """Everything every worker builds from; picklable, identical on every worker."""
@@ -52,6 +92,7 @@ class WorkerConfig:
     sampler: SamplerConfig = field(default_factory=SamplerConfig)
     loss: LossConfig = field(default_factory=LossConfig)
     optim: OptimConfig = field(default_factory=OptimConfig)
+    memory: ActorMemoryConfig = field(default_factory=ActorMemoryConfig)  # trainer precision / offload / recompute
     reward: Any = DEFAULT_LEARNABLE_REWARD  # a registry name, {name: weight}, or {"name": .., **kwargs}
     tsp_degree: int | None = None  # trained steps per pass; None = all K in one pass
     seed: int = 0  # sampling seed (placement-invariant streams)

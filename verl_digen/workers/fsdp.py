@@ -9,36 +9,81 @@ from __future__ import annotations
 
 import os
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.utils._pytree import tree_map
 
 
-def init_distributed(device: torch.device, timeout_s: float = 600.0) -> tuple[int, int]:
+def init_distributed(device: torch.device, timeout_s: float = 600.0, force: bool = False) -> tuple[int, int]:
     """Join the trainer pool's default process group from the env verl's worker group sets
-    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); backend from verl's platform (gloo on CPU)."""
+    (RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT); backend from verl's platform (gloo on CPU).
+    ``force``: a one-rank pool gets a one-rank group too (in-process store, no port), so FSDP2's
+    mixed-precision and offload policies apply to it (``ActorMemoryConfig.needs_fsdp``)."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
-    if world > 1 and not dist.is_initialized():
+    if (world > 1 or force) and not dist.is_initialized():
         from verl.utils.device import get_nccl_backend
 
         backend = "gloo" if device.type == "cpu" else get_nccl_backend()
-        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s))
+        kwargs = {"store": dist.HashStore()} if world == 1 else {}
+        dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+                                **kwargs)
     return rank, world
 
 
-def shard_transformer(transformer: nn.Module, world: int, device: torch.device) -> None:
+def _clone_views(module: nn.Module, args: Any, output: Any) -> Any:
+    """Forward hook: outputs that are views become their own tensors (see ``shard_transformer``)."""
+    if not torch.is_grad_enabled():
+        return None
+    return tree_map(lambda t: t.clone() if isinstance(t, torch.Tensor) and t._base is not None and t.requires_grad
+                    else t, output)
+
+
+def enable_activation_checkpointing(transformer: nn.Module) -> None:
+    """Recompute every transformer block's forward in the backward (diffusers' per-block
+    ``torch.utils.checkpoint``, non-reentrant): a block keeps only its inputs for the backward. Runs
+    before ``fully_shard``, so FSDP2's hooks sit inside the checkpointed call and a recompute
+    re-gathers the block's parameters; generation (no grad) is unaffected."""
+    if not getattr(transformer, "_supports_gradient_checkpointing", False):
+        raise ValueError(f"{type(transformer).__name__} does not support per-block activation checkpointing; "
+                         "set actor.activation_checkpointing=false")
+    transformer.enable_gradient_checkpointing()
+
+
+def shard_transformer(transformer: nn.Module, world: int, device: torch.device, *,
+                      param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
+                      offload: bool = False) -> None:
     """FSDP2 ``fully_shard`` across the trainer pool (per transformer block through verl's
     ``apply_fsdp2`` when the class names its blocks, else the whole module), with gradients *summed*
     over ranks: the loss is already scaled by 1 / (rows of the global step), so averaging would
-    divide the step's gradient by the pool size."""
+    divide the step's gradient by the pool size.
+
+    ``param_dtype`` / ``reduce_dtype``: FSDP2's ``MixedPrecisionPolicy`` (the module keeps its own,
+    master, dtype; the gathered parameters are cast for compute; gradients reduced in
+    ``reduce_dtype`` and kept in the master dtype). ``offload``: FSDP2's ``CPUOffloadPolicy``.
+
+    Blocks whose outputs are views of one tensor (diffusers' ``FluxSingleTransformerBlock`` returns
+    two slices of its concatenated stream; the root returns ``proj_out``'s 3-D Linear output, a view
+    of the 2-D matmul) get a forward hook, registered before FSDP2's, that clones
+    such outputs: FSDP2 hangs its pre-backward hook (the all-gather of the block's parameters for the
+    backward) on the outputs, and an in-place op on a view would drop it (docs/architecture.md)."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.fsdp import FSDPModule, fully_shard
+    from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, fully_shard
 
     mesh = init_device_mesh(device.type, (world,), mesh_dim_names=("fsdp",))
-    kwargs = {"mesh": mesh, "reshard_after_forward": True}
-    if getattr(transformer, "_no_split_modules", None):
+    kwargs: dict[str, Any] = {"mesh": mesh, "reshard_after_forward": True}
+    if param_dtype is not None or reduce_dtype is not None:
+        kwargs["mp_policy"] = MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+    if offload:
+        kwargs["offload_policy"] = CPUOffloadPolicy(pin_memory=device.type == "cuda")
+    blocks = set(getattr(transformer, "_no_split_modules", None) or ())
+    for module in transformer.modules():
+        if type(module).__name__ in blocks or module is transformer:  # the root's output is a Linear's view
+            module.register_forward_hook(_clone_views)
+    if blocks:
         from verl.utils.fsdp_utils import apply_fsdp2
 
         apply_fsdp2(transformer, kwargs, {})
@@ -55,6 +100,8 @@ def shard_transformer(transformer: nn.Module, world: int, device: torch.device) 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:
     """A detached full CPU copy (an all-gather for a sharded DTensor: every rank must call it)."""
     if isinstance(t, DTensor):
+        if t.device.type != t.device_mesh.device_type:  # an offloaded shard: gather on the mesh's device
+            t = t.to(t.device_mesh.device_type)
         t = t.full_tensor()
     return t.detach().to("cpu", copy=True)
 
@@ -65,7 +112,8 @@ def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     every rank holds the full tensor), else a copy on ``ref``'s device."""
     full = full.to(device=ref.device, dtype=ref.dtype)
     if isinstance(ref, DTensor):
-        return distribute_tensor(full, ref.device_mesh, ref.placements, src_data_rank=None)
+        out = distribute_tensor(full, ref.device_mesh, ref.placements, src_data_rank=None)
+        return out if out.device == ref.device else out.to(ref.device)  # offloaded params stay on the host
     return full.clone()
 
 
@@ -122,3 +170,14 @@ def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.de
 def barrier(sharded: bool) -> None:
     if sharded:
         dist.barrier()
+
+
+def local_bytes(tensors) -> int:
+    """Bytes this rank holds of ``tensors`` (a DTensor counts its local shard only)."""
+    total = 0
+    for t in tensors:
+        if t is None:
+            continue
+        local = t.to_local() if isinstance(t, DTensor) else t
+        total += local.numel() * local.element_size()
+    return total

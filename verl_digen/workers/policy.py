@@ -60,12 +60,13 @@ def worker_device(cfg: WorkerConfig) -> torch.device:
     raise ValueError(f"unknown WorkerConfig.device {cfg.device!r}; expected 'cpu' or 'cuda'")
 
 
-def build_policy(cfg: WorkerConfig, device: torch.device | str = "cpu") -> DiffusionModel:
+def build_policy(cfg: WorkerConfig, device: torch.device | str = "cpu", dtype: str | None = None) -> DiffusionModel:
     """The policy every worker starts from: same config -> bit-identical weights on every worker
-    (tiny models are seeded by ``cfg.policy.seed``; LoRA starts with B = 0, i.e. the base model)."""
+    (tiny models are seeded by ``cfg.policy.seed``; LoRA starts with B = 0, i.e. the base model).
+    ``dtype`` overrides ``cfg.policy.dtype`` (the trainer's fp32 master copy of a bf16 run)."""
     p = cfg.policy
     model = build_model(
-        p.arch, pretrained=p.pretrained, dtype=parse_dtype(p.dtype), device=device, seed=p.seed,
+        p.arch, pretrained=p.pretrained, dtype=parse_dtype(dtype or p.dtype), device=device, seed=p.seed,
         latent_size=p.latent_size, num_frames=p.num_frames,
     )
     if p.lora:
