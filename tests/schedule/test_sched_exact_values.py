@@ -92,3 +92,35 @@ def test_static_policy_counts_its_tag_micro_batches_across_bubbles():
     tl = execute(sched, costs)
     tags = [r.step for r in tl.records if r.kind == "tag_generate"]
     assert tags.count(0) == 2 and tags.count(1) == 2, tags
+
+
+def test_profile_defaults_key_names_and_error_locations(tmp_path):
+    import json
+
+    import yaml
+
+    from verl_digen.schedule.costs import Affine
+    from verl_digen.schedule.profile_io import _SCALARS, FORMAT, VERSION, dump_profile, model_from_dict, model_to_dict
+
+    minimal = {"generator": {"workers": 2, "hardware": {"generate": {"per_unit": 2.0}}}, "trainer": {"workers": 1}}
+    m, wl = model_from_dict(minimal)
+    assert wl is None and (m.steps_trained, m.keep_fraction) == (1, 1.0)
+    assert all(getattr(m, k) == 0.0 for k in _SCALARS)
+    assert m.generator.hardware.name == "gpu" and m.generator.hardware.generate == Affine(0.0, 2.0, 0.0)
+    assert m.trainer.hardware.train_pass == Affine()
+    d = model_to_dict(m, "n")
+    assert list(d)[:3] == ["format", "version", "name"]
+    assert (d["format"], d["version"], d["name"]) == (FORMAT, VERSION, "n")
+    assert d["keep_fraction"] == 1.0 and model_from_dict(d)[0] == m
+    for bad, match in (({**minimal, "format": "other"}, "not a verl-digen profile"),
+                       ({**minimal, "version": VERSION + 1}, "newer"),
+                       ({**minimal, "trainer": {"workers": 1, "hardware": {"score": {"slope": 1}}}},
+                        r"trainer\.hardware\.score: unknown keys"),
+                       ({**minimal, "baselines": {"bogus": 1.0}}, "baselines: expected"),
+                       ({**minimal, "workload": {"bogus": 1}}, "workload: unknown keys")):
+        with pytest.raises(ValueError, match=match):
+            model_from_dict(bad)
+    dump_profile(m, tmp_path / "p.json", "n")
+    assert (tmp_path / "p.json").read_text() == json.dumps(d, indent=2) + "\n"
+    dump_profile(m, tmp_path / "p.yaml", "n")
+    assert list(yaml.safe_load((tmp_path / "p.yaml").read_text()))[:3] == ["format", "version", "name"]
