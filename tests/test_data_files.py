@@ -23,9 +23,10 @@ def _cfg(tmp_path, *overrides):
 def test_parquet_prompt_column_strings_and_chat_messages(tmp_path):
     plain = _parquet(tmp_path / "p.parquet", prompt=["a cat", "a dog"], other=[1, 2])
     assert load_prompts(plain) == ["a cat", "a dog"]
-    chat = [[{"role": "system", "content": "be nice"}, {"role": "user", "content": "a red car"}],
+    chat = [[{"role": "system", "content": "be nice"}, {"role": "user", "content": "a red car"},
+             {"role": "assistant", "content": "ok"}],  # the last *user* message is the prompt
             [{"role": "user", "content": "a lake"}]]
-    verl = _parquet(tmp_path / "verl.parquet", question=chat, data_source=["x", "y"])
+    verl = _parquet(tmp_path / "verl.parquet", data_source=["x", "y"], question=chat)  # not the first column
     assert load_prompts(verl, "question") == ["a red car", "a lake"]
     assert PromptDataset.from_file(verl, "question").batch(1, 2) == ([1, 0], ["a lake", "a red car"])
 
