@@ -72,3 +72,9 @@ def test_tcss_learning_bench_summarizes_and_plots_saved_curves(tmp_path):
     assert sync["time_to_sync_final_s"] == 4.0 and stale["time_to_sync_final_s"] is None  # never reaches 1.0
     assert (sync["stale_fraction"], stale["stale_fraction"]) == (0.0, 0.25)
     assert png.stat().st_size > 0
+
+
+def test_soak_bench_simulated_run_emits_its_row():
+    (row,) = _last_json(["bench/soak.py", "--json", "--skip-real", "--sim-steps", "40"])
+    assert row["run"] == "sim" and row["steps"] == 40 and set(row["rss_mb"]) == {"driver"}
+    assert row["driver_ms_per_step"] > 0 and row["driver_ms_growth"] > 0 and row["rss_growth"] > 0

@@ -1,0 +1,180 @@
+"""Soak: does the driver's per-step time and the memory of every process stay flat over a long run?
+
+Two runs of the default tiny config (docs/benchmarks.md, "Soak"):
+
+- ``sim``: the scheduler on the simulator's virtual clock (no Ray), with the runtime's per-step driver
+  work on every optimizer step: the recent-records window, the step's metrics and BTS figures, and the
+  timeline streamed to a .jsonl file. ``driver_ms`` is the wall time of each step's loop (all of it is
+  driver work here).
+- ``real``: the tiny Ray run (``trainer.total_steps=N``, progress off). ``driver_ms`` is the driver's
+  busy time per step: its wall time outside ``ray.wait`` (launching actions, collecting results,
+  metrics, logging, the streamed timeline). ``rss_mb`` is sampled every step for the driver and each
+  worker (psutil on the workers' pids).
+
+One JSON row per run: ``steps``, ``driver_ms_per_step`` (mean), ``rss_mb`` (last sample per process),
+and the growth ratios last-10% / first-10% of the steps (medians of each tenth, so one cold first step
+does not flatter the ratio): ``driver_ms_growth`` and ``rss_growth`` (the largest over the processes;
+``rss_growth_by_process`` has each). Target: every growth <= 1.2.
+
+    python bench/soak.py --json                     # 5,000 simulated + 1,000 real steps (the real run is slow)
+    python bench/soak.py --json --steps 200 --sim-steps 1000
+    python bench/soak.py --json --skip-real
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+os.environ.setdefault("VERL_PLATFORM", "cpu")
+
+import psutil  # noqa: E402
+
+from verl_digen.schedule.costs import OPTIMIZER_STEP, StageCosts  # noqa: E402
+from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
+from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
+from verl_digen.schedule.timeline import TRAINER  # noqa: E402
+from verl_digen.trainer.config import compose  # noqa: E402
+from verl_digen.trainer.metrics import window_metrics  # noqa: E402
+from verl_digen.trainer.runtime import DigenTrainer, _Recent  # noqa: E402
+from verl_digen.trainer.trace_stream import RecordStream  # noqa: E402
+
+MB = 1024 * 1024
+#: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
+#: all-zero prior costs would put every record at t = 0, which no real run does)
+SIM_COSTS = StageCosts(generate=0.20, tag_generate=0.25, score=0.02, update=0.30, switch_to_gen=0.05,
+                       switch_to_train=0.05, optimizer_step=0.02, weight_sync=0.01, publish=0.02)
+
+
+def _tenths(values: list[float]) -> tuple[float, float]:
+    """Medians of the first and the last tenth (at least one value each)."""
+    k = max(1, len(values) // 10)
+    return statistics.median(values[:k]), statistics.median(values[-k:])
+
+
+def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float) -> dict:
+    first, last = _tenths(driver_ms)
+    growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
+    return {
+        "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
+        "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
+        "rss_mb": {name: v[-1] / MB for name, v in rss.items()},
+        "rss_growth": max(growth.values()), "rss_growth_by_process": growth, "wall_s": wall_s,
+    }
+
+
+def soak_sim(steps: int, out_dir: str) -> dict:
+    """The scheduler + simulator with the runtime's per-step driver work (see the module docstring)."""
+    cfg = compose(["trainer.progress=false", "trainer.logger=[]"])
+    costs = SIM_COSTS
+    sched = StepScheduler(cfg.schedule_config(steps=steps), costs, gen_workers=cfg.resources.generator.workers,
+                          trainer_ranks=cfg.resources.trainer.workers)
+    gen_names, trn_names = list(sched.gens), [TRAINER, *sched.slots]
+    window, decisions = _Recent(sched.timeline.records), _Recent(sched.decisions)
+    stream = RecordStream(Path(out_dir, "sim_timeline.jsonl"), sched.timeline.records, {"mode": "sim"})
+    proc = psutil.Process()
+    driver_ms: list[float] = []
+    rss: list[float] = []
+    state = {"last_end": 0.0, "prev_start": 0.0, "t": time.perf_counter()}
+
+    def on_complete(a, end: float) -> None:
+        if a.kind != OPTIMIZER_STEP:
+            return
+        recent = window.since(lambda r: r.end >= state["prev_start"] - 1e-9)
+        step_dec = decisions.since(lambda d: d.step >= a.step - 1)
+        window_metrics(recent, state["last_end"], end, gen_names, trn_names)
+        DigenTrainer._scheduled_extra(None, sched, a.step, state["last_end"], end - state["last_end"], recent,
+                                      step_dec)
+        stream.flush()
+        state["prev_start"], state["last_end"] = state["last_end"], end
+        now = time.perf_counter()
+        driver_ms.append(1e3 * (now - state["t"]))
+        rss.append(float(proc.memory_info().rss))
+        state["t"] = now
+
+    t0 = time.perf_counter()
+    run(sched, SimBackend(costs, noise=0.1, seed=0), on_complete, check=False)
+    stream.close()
+    return _row("sim", steps, driver_ms, {"driver": rss}, time.perf_counter() - t0)
+
+
+def soak_real(steps: int, out_dir: str) -> dict:
+    """The tiny Ray run; driver busy time = wall time outside ``ray.wait``, per step."""
+    import ray
+
+    cfg = compose([f"trainer.total_steps={steps}", "trainer.progress=false", "trainer.logger=[]",
+                   f"trainer.trace_dir={out_dir}/trace", f"trainer.default_local_dir={out_dir}/ckpt"])
+    blocked = [0.0]
+    real_wait = ray.wait
+
+    def timed_wait(*args, **kwargs):
+        t = time.perf_counter()
+        try:
+            return real_wait(*args, **kwargs)
+        finally:
+            blocked[0] += time.perf_counter() - t
+
+    trainer = DigenTrainer(cfg, log=lambda _: None)
+    driver_ms: list[float] = []
+    rss: dict[str, list[float]] = {}
+    procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
+    report = DigenTrainer._report
+    mark = {"t": 0.0, "blocked": 0.0}
+
+    def sampled_report(self, result, step, *args):
+        report(self, result, step, *args)
+        now = time.perf_counter()
+        driver_ms.append(1e3 * ((now - mark["t"]) - (blocked[0] - mark["blocked"])))
+        mark["t"], mark["blocked"] = now, blocked[0]
+        for name, p in procs.items():
+            rss.setdefault(name, []).append(float(p.memory_info().rss))
+
+    DigenTrainer._report = sampled_report
+    ray.wait = timed_wait
+    try:
+        trainer.init_workers()
+        for name, wg in (("gen", trainer.gen_wg), ("trainer", trainer.trn_wg)):
+            for i, w in enumerate(wg.workers if wg is not None else []):
+                procs[f"{name}{i}"] = psutil.Process(ray.get(w.runtime_info.remote())["pid"])
+        t0 = mark["t"] = time.perf_counter()
+        trainer.fit()
+        wall = time.perf_counter() - t0
+    finally:
+        ray.wait = real_wait
+        DigenTrainer._report = report
+        trainer.shutdown()
+    return _row("real", steps, driver_ms, rss, wall)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--json", action="store_true", help="print the rows as one JSON list on the last line")
+    ap.add_argument("--steps", type=int, default=1000, help="steps of the real (Ray) run")
+    ap.add_argument("--sim-steps", type=int, default=5000, help="steps of the simulated run")
+    ap.add_argument("--skip-real", action="store_true", help="only the simulated run (no Ray)")
+    args = ap.parse_args()
+    if args.steps < 10 or args.sim_steps < 10:
+        sys.exit(f"--steps and --sim-steps must be >= 10 (a tenth of the run is compared), got "
+                 f"{args.steps} and {args.sim_steps}")
+    rows = []
+    with tempfile.TemporaryDirectory(prefix="digen-soak-") as out:
+        rows.append(soak_sim(args.sim_steps, out))
+        if not args.skip_real:
+            rows.append(soak_real(args.steps, out))
+    for r in rows:
+        rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb"].items())
+        print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
+              f"(first tenth {r['driver_ms_first10']:.2f}, last {r['driver_ms_last10']:.2f}, growth "
+              f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; {r['wall_s']:.0f} s")
+    if args.json:
+        print(json.dumps(rows))
+
+
+if __name__ == "__main__":
+    main()
