@@ -201,6 +201,20 @@ def cmd_plot(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_export(args: argparse.Namespace) -> int:
+    """``digen export <checkpoint> <dir>``: a diffusers transformer (full fine-tune) or a PEFT adapter (LoRA)."""
+    from verl_digen.export import export_checkpoint
+    from verl_digen.workers.checkpoint import CheckpointError
+
+    try:
+        info = export_checkpoint(args.checkpoint, args.out)
+    except CheckpointError as err:
+        raise ValueError(str(err)) from None
+    where = info.get("adapter") or info.get("transformer")
+    print(f"exported step {info['step']} of {args.checkpoint} ({info['kind']}, {info['transformer_class']}) -> {where}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="digen", description="verl-digen tools")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -228,6 +242,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--min-trainers", dest="min_trainers", type=int, default=1)
     plan.add_argument("--top", type=int, default=10)
     plan.set_defaults(func=cmd_plan)
+
+    exp = sub.add_parser("export", help="a deployable export of a checkpoint: diffusers transformer or PEFT adapter")
+    exp.add_argument("checkpoint", help="a complete checkpoint directory (.../global_step_<N>)")
+    exp.add_argument("out", help="output directory")
+    exp.set_defaults(func=cmd_export)
 
     plot = sub.add_parser("plot", help="draw the Gantt chart and the curves of a run from its trace dir")
     plot.add_argument("trace_dir", help="a run's trainer.trace_dir (<mode>_timeline.json, <mode>_metrics.jsonl)")

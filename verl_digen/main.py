@@ -131,9 +131,13 @@ def dry_run(cfg: RunConfig) -> str:
     """The resolved config and the resource plan, without starting Ray."""
     from omegaconf import OmegaConf
 
+    from verl_digen.trainer.memory import memory_plan
     from verl_digen.trainer.plan import resource_plan
 
-    return OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + resource_plan(cfg).render()
+    mem = memory_plan(cfg)
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + resource_plan(cfg).render() + "\n"
+    return text + (mem.render() if mem is not None else
+                   "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
 
 
 def main() -> None:

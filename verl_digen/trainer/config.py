@@ -189,7 +189,6 @@ class TrainerConfig:
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
     test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
-    export_on_save: bool = False  # also write a deployable export (docs/user-guide.md) next to each checkpoint
 
 
 @dataclass
@@ -420,6 +419,10 @@ def validate(cfg: RunConfig) -> list[str]:
             raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                               f"a size whose updates ({per_update} samples each with digen.update={d.update}) "
                               f"split evenly over resources.trainer.workers = {trn} (each rank trains an equal share)")
+    from verl_digen.trainer import memory
+
+    memory.check_keys(cfg)
+    memory.check_fits(cfg)  # the memory plan against resources.<pool>.gpu_memory_gb (when declared)
     warnings = checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
     from verl_digen.trainer import user_inputs
 
