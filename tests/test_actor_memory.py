@@ -268,3 +268,27 @@ def test_fp32_master_tracks_fp32_closer_than_plain_bf16(two_ranks):
     # remains in both; plain bf16 also rounds most updates away)
     e_master, e_bf16 = dist_to(master, fp32) / moved, dist_to(bf16, fp32) / moved
     assert e_master < 0.6 * e_bf16, (e_master, e_bf16)
+
+
+def test_param_offload_one_rank_fsdp_gives_the_plain_gradient(tmp_path):
+    """``actor.param_offload`` needs FSDP2 even on one rank (``needs_fsdp``): a one-rank group with
+    CPUOffloadPolicy gives the plain module's gradient (float64)."""
+    cfg = tiny_cfg(param_offload=True)
+    assert cfg.memory.needs_fsdp(cfg.policy.dtype)
+    traj = batch(cfg)
+    dist.init_process_group("gloo", init_method=f"file://{tmp_path / 'init'}", rank=0, world_size=1)
+    try:
+        model = actor_memory.trainer_policy(cfg, torch.device("cpu"), 1, sharded=True)
+        assert any(type(p).__name__ == "DTensor" for p in model.transformer.parameters())
+        policy = model.transformer._get_fsdp_state()._fsdp_param_group.offload_policy  # torch-private, 2.x
+        assert type(policy).__name__ == "CPUOffloadPolicy"
+        backward(model, cfg, traj)
+        got = grads(model)
+    finally:
+        dist.destroy_process_group()
+    plain = actor_memory.trainer_policy(tiny_cfg(), torch.device("cpu"), 1, sharded=False)
+    backward(plain, cfg, traj)
+    want = grads(plain)
+    assert got.keys() == want.keys() and want
+    for name in want:
+        torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-12, msg=name)
