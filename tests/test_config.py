@@ -60,6 +60,8 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("digen.tsp.degree=9", "digen.tsp.degree"),
         ("model.lora_rank=-1", "model.lora_rank"),
         ("rollout.sde_type=ddim", "rollout.sde_type"),
+        ("rollout.cps_log_prob=l2", "rollout.cps_log_prob"),
+        ("rollout.sde_type=cps trainer.device=cuda rollout.backend=vllm", "rollout.cps_log_prob"),
         ("rollout.train_steps=7", "rollout.train_steps"),
         ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
         ("data.train_files=/nonexistent/prompts.txt", "data.train_files"),

@@ -15,7 +15,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from verl_digen.algo.advantages import STD_SCOPES, AdvantageConfig
 from verl_digen.algo.loss import LossConfig
-from verl_digen.algo.sde import SDE_KINDS
+from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
 from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
@@ -66,6 +66,7 @@ class RolloutConfig:
     num_steps: int = 6
     noise_level: float = 0.7
     sde_type: str = "flow_grpo"
+    cps_log_prob: str = "gaussian"  # sde_type=cps: gaussian density, or squared_error (flow_grpo / verl-omni)
     guidance_scale: float = 1.0
     shift: float = 1.0
     selection: str = "first_k"
@@ -223,7 +224,8 @@ class RunConfig:
         r = self.rollout
         return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=r.sde_type, eta=r.noise_level,
                              guidance_scale=r.guidance_scale, selection=self.step_selection(),
-                             shared_group_noise=r.shared_group_noise, decode=True)
+                             shared_group_noise=r.shared_group_noise, decode=True,
+                             log_prob=r.cps_log_prob if r.sde_type == "cps" else "gaussian")
 
     def trained_steps(self) -> int:
         return self.sampler().validate()
@@ -353,6 +355,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
                           f"a divisor of the step batch data.train_batch_size x rollout.n = {cfg.batch}")
     _choice("rollout.sde_type", r.sde_type, SDE_KINDS)
+    _choice("rollout.cps_log_prob", r.cps_log_prob, LOG_PROB_KINDS)
     _choice("rollout.selection", r.selection, SELECTION_KINDS)
     if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):
         raise ConfigError("rollout.noise_level", r.noise_level, "a number > 0 (training needs stochastic steps)")
@@ -362,6 +365,9 @@ def validate(cfg: RunConfig) -> list[str]:
     _choice("rollout.backend", r.backend, ROLLOUT_BACKENDS)
     if r.backend == "vllm" and t.device != "cuda":
         raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
+    if r.backend == "vllm" and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
+        raise ConfigError("rollout.cps_log_prob", r.cps_log_prob,
+                          "squared_error with rollout.backend=vllm (vLLM-Omni records CPS log-probs in that form)")
     if cfg.reward.weights and cfg.reward.kwargs:
         raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
     wr = r.window_range

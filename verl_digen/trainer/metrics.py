@@ -19,7 +19,6 @@ from verl_digen.schedule.costs import (
     CostModel,
     Hardware,
     Pool,
-    StageCosts,
 )
 from verl_digen.schedule.profile_io import Workload, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline, is_tag_slot
@@ -73,16 +72,6 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     for key in set(TIME_KEYS.values()):
         out[key] = times.get(key, 0.0)
     return out
-
-
-def step_stage_costs(records: list[Record], fallback: StageCosts) -> StageCosts:
-    """Mean measured duration of each action kind among ``records`` (one step's), the fallback for
-    kinds that did not run."""
-    seen: dict[str, list[float]] = defaultdict(list)
-    for r in records:
-        seen[r.kind].append(r.duration)
-    base = fallback.as_dict()
-    return StageCosts(**{k: (sum(seen[k]) / len(seen[k]) if seen.get(k) else v) for k, v in base.items()})
 
 
 def same_hardware(cfg: RunConfig) -> bool:

@@ -35,8 +35,9 @@ from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 from verl_digen.algo.advantages import group_advantages
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.data import PromptDataset
-from verl_digen.schedule import ScheduleConfig, StepScheduler, step_bounds
+from verl_digen.schedule import ScheduleConfig, StepScheduler
 from verl_digen.schedule.actions import Action
+from verl_digen.schedule.bounds import window_bounds
 from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
@@ -55,7 +56,7 @@ from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineErro
 from verl_digen.trainer import checks, run_log
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.faults import fault_policy
-from verl_digen.trainer.metrics import measured_profile, step_stage_costs, window_metrics
+from verl_digen.trainer.metrics import measured_profile, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
 from verl_digen.trainer.ray_backend import RayBackend
@@ -683,10 +684,9 @@ class DigenTrainer:
         recs = [r for r in records if r.step == step]
         gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
         stale = sum(1 for r in gens if r.stale)
-        # the ideal of this step's own measured costs, so the fraction compares like with like
-        costs = step_stage_costs(recs, sched.costs)
-        bounds = step_bounds(costs, sched.M, sched.G, unit_size=sched.unit_size, update_size=sched.update_size,
-                             trainer_ranks=sched.R)
+        # the ideal of the work this step's window held, at this step's measured costs (<= the step)
+        bounds = window_bounds(records, step, step_start, sched.costs, sched.M, sched.G,
+                               unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R)
         out = {
             "perf/fraction_of_ideal": bounds.ideal / step_s if step_s > 0 else 0.0,
             "perf/ideal_step_s": bounds.ideal,
