@@ -101,7 +101,8 @@ def test_from_verl_omni_config_maps_a_recipe():
     assert flat == {
         "data.train_batch_size": 8, "rollout.n": 8, "rollout.micro_batch_size": 16,
         "rollout.num_steps": 10, "rollout.noise_level": 0.8, "rollout.sde_type": "cps",
-        "rollout.cps_log_prob": "squared_error", "rollout.selection": "window", "rollout.train_steps": 3, "rollout.timestep_fraction": None,
+        "rollout.cps_log_prob": "squared_error", "rollout.selection": "window", "rollout.train_steps": 3,
+        "rollout.timestep_fraction": None,
         "rollout.window_range": [0, 5], "rollout.guidance_scale": 1.0,
         "actor.clip_ratio": 1e-5, "algorithm.adv_clip": 5.0, "actor.kl_coef": 0.0, "algorithm.adv_std": "batch",
         "actor.lr": 1e-4, "actor.weight_decay": 1e-4, "actor.grad_clip": 1.0,
