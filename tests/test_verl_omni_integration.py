@@ -248,6 +248,12 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
     assert (cfg.rollout.guidance_scale, cfg.rollout.shift, cfg.digen.tsp.degree) == (4.5, 3.0, 3)
     assert (cfg.reward.name, cfg.trainer.mode, cfg.trainer.logger) == ("jpeg_compressibility", "separate", ["console"])
     assert cfg.trainer.device == "cuda"  # verl-omni's `gpu`, converted; the same-named key does not override it
+    # verl-omni's validation set (a parquet dataset of its own layout) and test_freq do not carry over
+    val = _runnable(tmp_path)
+    val["data"] = {**val["data"], "val_files": "/nonexistent/test.parquet"}
+    val["trainer"] = {**val["trainer"], "test_freq": 5}
+    cfg = vo.to_run_config(val, log=lambda _: None)
+    assert (cfg.data.val_files, cfg.trainer.test_freq) == (None, -1)
 
     with pytest.raises(ConfigError, match="resources"):  # the pool split has no verl-omni counterpart
         vo.to_run_config({k: v for k, v in good.items() if k != "resources"}, log=lambda _: None)

@@ -303,6 +303,9 @@ ENTRY_KEYS = ("ray_kwargs", "transfer_queue", "trainer.use_v1", "trainer.v1.trai
               f"{ARR}.rollout.agent.agent_loop_manager_class")
 # top-level sections that exist only in verl-digen's schema (verl-omni has none of these names)
 DIGEN_ONLY_SECTIONS = ("model", "rollout", "actor", "resources", "digen")
+#: same-named keys whose verl-omni values do not carry over: its validation set is a parquet dataset of
+#: its own layout, scored by its own reward stack (verl-digen has no validation pass yet)
+NOT_CARRIED = frozenset({"data.val_files", "trainer.test_freq"})
 
 
 def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
@@ -750,7 +753,8 @@ def _native_sections(raw: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[st
             continue
         ours = {f.name for f in fields(getattr(defaults, section.name))}
         shared = section.name not in DIGEN_ONLY_SECTIONS
-        keep = {k: v for k, v in value.items() if k in ours and not (shared and f"{section.name}.{k}" in flat)}
+        keep = {k: v for k, v in value.items() if k in ours and f"{section.name}.{k}" not in NOT_CARRIED
+                and not (shared and f"{section.name}.{k}" in flat)}
         if keep:
             native[section.name] = keep
     return native
