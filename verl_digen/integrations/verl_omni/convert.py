@@ -1,40 +1,18 @@
-"""verl-omni integration: ``digen`` as a trainer mode of verl-omni's v1 diffusion trainer.
+"""verl-omni config -> verl-digen ``RunConfig``: the key mapping, conversion notes, and the verl-omni keys
+that are not converted (docs/migrating-from-verl-omni.md has the table).
 
-verl-omni's ``python -m verl_omni.trainer.main_diffusion_v1 trainer.use_v1=true
-trainer.v1.trainer_mode=<mode>`` looks ``<mode>`` up in ``DIFFUSION_TRAINER_REGISTRY``
-(``verl_omni/trainer/diffusion/v1/trainer_base.py``, filled by ``register_diffusion_trainer(name)``).
-Its TaskRunner then calls ``cls(config=config)``, ``.init()``, ``.get_llm_client()``,
-``.get_reward_handles()`` and ``.fit(agent_loop_manager)``. ``DigenVerlOmniTrainer`` provides that
-surface and runs verl-digen's own runtime on the converted config.
-
-Registration is lazy, because verl loads ``verl.plugins`` entry points on every ``import verl``, in every
-Ray worker too, and importing verl-omni is heavy and has side effects. ``install()`` (called by
-``verl_digen.plugin``) costs one ``find_spec`` when verl-omni is absent. When it is present, it registers
-``digen`` as soon as verl-omni's ``trainer.diffusion.v1`` package has been imported, and it adds
-verl-digen's Hydra configs to the search path. ``register()`` does the same eagerly.
-
-This module imports only the standard library at import time.
+Imports only the standard library at import time (OmegaConf and verl-digen's config load lazily).
 """
 
 from __future__ import annotations
 
-import importlib
-import importlib.abc
 import importlib.util
 import logging
 import os
-import sys
 from collections.abc import Callable, Mapping
-from types import ModuleType
 from typing import Any
 
 logger = logging.getLogger(__name__)
-
-TRAINER_MODE = "digen"
-# verl-omni's v1 diffusion trainer package; its __init__ re-exports the registry from trainer_base.py.
-REGISTRY_PACKAGE = "verl_omni.trainer.diffusion.v1"
-REGISTRY_MODULE = "verl_omni.trainer.diffusion.v1.trainer_base"
-NULL_AGENT_LOOP_MANAGER = f"{__name__}.NullAgentLoopManager"
 
 # verl-omni's rollout.algo.sde_type -> verl-digen's rollout.sde_type (same SDE step, same noise_level role)
 SDE_TYPES = {"sde": "flow_grpo", "cps": "cps", "dance_sde": "dance_grpo"}
@@ -43,250 +21,7 @@ ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen mode
     ("qwen-image", "qwen_image"), ("qwen_image", "qwen_image"), ("flux", "flux"),
     ("stable-diffusion-3", "sd3"), ("sd3", "sd3"), ("hunyuan", "hunyuan_video"), ("wan", "wan"),
 )
-LOGGERS = ("console", "tensorboard", "wandb")
 
-
-# ------------------------------------------------------------------------------------------- registration
-def is_available() -> bool:
-    """Whether verl-omni is installed, checked without importing it."""
-    try:
-        return importlib.util.find_spec("verl_omni") is not None
-    except (ImportError, ValueError):
-        return False
-
-
-def _register_into(module: ModuleType) -> bool:
-    """Put ``digen`` into the registry that ``module`` exposes; True when it is there afterwards."""
-    decorator = getattr(module, "register_diffusion_trainer", None)
-    registry = getattr(module, "DIFFUSION_TRAINER_REGISTRY", None)
-    if decorator is None or registry is None:
-        logger.debug("%s has no register_diffusion_trainer / DIFFUSION_TRAINER_REGISTRY", module.__name__)
-        return False
-    if registry.get(TRAINER_MODE) is not DigenVerlOmniTrainer:
-        decorator(TRAINER_MODE)(DigenVerlOmniTrainer)
-    return registry.get(TRAINER_MODE) is DigenVerlOmniTrainer
-
-
-def _initialized(module: ModuleType | None) -> bool:
-    spec = getattr(module, "__spec__", None)
-    return module is not None and not getattr(spec, "_initializing", False)
-
-
-def register() -> bool:
-    """Import verl-omni's diffusion trainer registry now and add ``digen`` to it.
-
-    Returns True when ``digen`` is registered, False when verl-omni is absent or its registry cannot be
-    imported (the reason goes to the debug log). Never raises.
-    """
-    if not is_available():
-        return False
-    try:
-        register_search_path()
-        _after_import(GUARD_MODULE, _install_entry_guard)
-        return _register_into(importlib.import_module(REGISTRY_PACKAGE))
-    except Exception as err:  # a broken verl-omni install must not break verl-digen or verl
-        logger.debug("could not register verl-digen with verl-omni: %r", err)
-        return False
-
-
-class _AfterImport(importlib.abc.MetaPathFinder):
-    """One-shot post-import hook: runs ``callback(module)`` right after ``name`` finishes executing."""
-
-    def __init__(self, name: str, callback: Callable[[ModuleType], Any]) -> None:
-        self.name = name
-        self.callback = callback
-
-    def find_spec(self, fullname: str, path: Any, target: Any = None) -> Any:
-        if fullname != self.name:
-            return None
-        if self in sys.meta_path:
-            sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(fullname)
-        loader = getattr(spec, "loader", None)
-        if loader is None or not hasattr(loader, "exec_module"):
-            return spec
-        run, callback = loader.exec_module, self.callback
-
-        def exec_module(module: ModuleType) -> None:
-            run(module)
-            try:
-                callback(module)
-            except Exception as err:
-                logger.debug("post-import hook for %s failed: %r", fullname, err)
-
-        loader.exec_module = exec_module  # this module's own loader instance only
-        return spec
-
-
-def install() -> bool:
-    """The ``verl.plugins`` hook: make ``digen`` available to verl-omni without importing verl-omni.
-
-    Returns False when verl-omni is not installed (nothing else happens). Otherwise it adds verl-digen's
-    configs to Hydra's search path, registers ``digen`` now (registry already imported) or right after
-    verl-omni imports its ``trainer.diffusion.v1`` package, and puts ``entry_guard`` in front of verl-omni's
-    entry points (v0 refusal, dry run). Never raises.
-    """
-    try:
-        if not is_available():
-            return False
-        register_search_path()
-        _after_import(GUARD_MODULE, _install_entry_guard)
-        return _after_import(REGISTRY_PACKAGE, _register_into)
-    except Exception as err:
-        logger.debug("verl-omni integration not installed: %r", err)
-        return False
-
-
-def _after_import(name: str, callback: Callable[[ModuleType], bool]) -> bool:
-    """Run ``callback`` on module ``name`` now if it is imported, else right after it is."""
-    module = sys.modules.get(name)
-    if _initialized(module):
-        return callback(module)
-    if not any(isinstance(f, _AfterImport) and f.name == name for f in sys.meta_path):
-        sys.meta_path.insert(0, _AfterImport(name, callback))
-    return True
-
-
-# ------------------------------------------------------------------------------- verl-omni's entry points
-# Both verl-omni entry points call this function with the composed config in the driver, before Ray starts;
-# wrapping it is where verl-digen sees the command line early enough to refuse a v0 run or do a dry run.
-GUARD_MODULE = "verl_omni.utils.diffusion_attention"
-GUARD_FUNCTION = "validate_attention_consistency"
-V1_ENTRY = "verl_omni.trainer.main_diffusion_v1"
-V0_ENTRY = "verl_omni.trainer.main_diffusion"
-
-
-def wants_digen(config: Any) -> bool:
-    """Whether a verl-omni config selects verl-digen (``trainer.v1.trainer_mode=digen`` or ``+trainer=digen``)."""
-    from omegaconf import OmegaConf
-
-    select = (lambda key: OmegaConf.select(config, key)) if OmegaConf.is_config(config) else (
-        lambda key: _get(config, key))
-    return select("trainer.v1.trainer_mode") == TRAINER_MODE or select("digen") is not None
-
-
-def check_entry(config: Any, main_module: str | None = None) -> str | None:
-    """What verl-omni's entry point would do wrong with a digen config, as a message; None when it is fine.
-
-    The v0 entry (``main_diffusion``, or ``main_diffusion_v1`` without ``trainer.use_v1=true``) has no
-    trainer registry and would silently run verl-omni's own trainer.
-    """
-    from omegaconf import OmegaConf
-
-    if not wants_digen(config):
-        return None
-    main_module = main_module if main_module is not None else _main_module()
-    use_v1 = bool(OmegaConf.select(config, "trainer.use_v1") if OmegaConf.is_config(config)
-                  else _get(config, "trainer.use_v1"))
-    if main_module == V0_ENTRY or not use_v1:
-        entry = f"python -m {main_module}" if main_module else "this entry point"
-        return (f"{entry} with trainer.use_v1={use_v1} runs verl-omni's v0 trainer, which cannot run "
-                f"trainer.v1.trainer_mode={TRAINER_MODE}; run `python -m {V1_ENTRY} trainer.use_v1=true "
-                f"trainer.v1.trainer_mode={TRAINER_MODE} +trainer=digen ...` (docs/migrating-from-verl-omni.md)")
-    mode = OmegaConf.select(config, "trainer.v1.trainer_mode") if OmegaConf.is_config(config) else _get(
-        config, "trainer.v1.trainer_mode")
-    if mode != TRAINER_MODE:
-        return (f"+trainer=digen is selected but trainer.v1.trainer_mode={mode} runs verl-omni's own trainer; "
-                f"set trainer.v1.trainer_mode={TRAINER_MODE}")
-    return None
-
-
-def _main_module() -> str | None:
-    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
-    return getattr(spec, "name", None)
-
-
-#: set in verl-omni's driver once the config was converted there; the TaskRunner (a child process, which
-#: inherits the environment) then logs the same notes at debug level instead of twice
-CHECKED_ENV = "VERL_DIGEN_VERL_OMNI_CHECKED"
-
-
-def entry_guard(config: Any) -> None:
-    """Runs in verl-omni's driver before Ray starts, for digen configs only.
-
-    Refuses the v0 entry (exit 2, message on stderr); converts and validates the config, so conversion
-    notes and errors show before any worker starts (exit 2 on an invalid config); refuses a local CPU run
-    that would wait forever for Ray CPUs (``ray_cpu_shortfall``); with ``+trainer.dry_run=true`` prints the
-    converted config and the resource plan and exits 0.
-    """
-    if not wants_digen(config):
-        return
-    problem = check_entry(config)
-    if problem is not None:
-        print(f"verl-digen: {problem}", file=sys.stderr)
-        raise SystemExit(2)
-    from verl_digen.trainer.config import ConfigError
-
-    try:
-        run_config = to_run_config(config)
-    except ConfigError as err:
-        print(f"invalid configuration: {err}", file=sys.stderr)
-        raise SystemExit(2) from None
-    os.environ[CHECKED_ENV] = "1"
-    shortfall = ray_cpu_shortfall(config, run_config)
-    if shortfall and not run_config.trainer.dry_run:
-        print(f"verl-digen: {shortfall}", file=sys.stderr)
-        raise SystemExit(2)
-    if run_config.trainer.dry_run:
-        from verl_digen.main import dry_run
-
-        print(dry_run(run_config))
-        raise SystemExit(0)
-
-
-def ray_cpu_shortfall(config: Any, run_config: Any) -> str | None:
-    """Why a local CPU run would wait forever for Ray CPUs, or None.
-
-    verl-omni starts Ray with the machine's core count unless ``ray_kwargs.ray_init.num_cpus`` is set, and its
-    TaskRunner, the TransferQueue controller and each storage unit hold one Ray CPU each; verl-digen's CPU
-    workers hold one more each. Only checked for ``trainer.device=cpu`` on a local Ray (no address).
-    """
-    from omegaconf import OmegaConf
-
-    select = (lambda key: OmegaConf.select(config, key)) if OmegaConf.is_config(config) else (
-        lambda key: _get(config, key))
-    if run_config.trainer.device != "cpu" or os.environ.get("RAY_ADDRESS") or select("ray_kwargs.ray_init.address"):
-        return None
-    units = int(select("transfer_queue.backend.SimpleStorage.num_data_storage_units") or 0)
-    need = 2 + units + run_config.total_workers
-    have = select("ray_kwargs.ray_init.num_cpus") or os.cpu_count() or 1
-    if have >= need:
-        return None
-    return (f"Ray will have {have} CPUs, but verl-omni's TaskRunner, TransferQueue ({units} storage units) and "
-            f"verl-digen's {run_config.total_workers} workers hold {need}: the run would wait forever. Add "
-            "+verl_omni=small (or transfer_queue.backend.SimpleStorage.num_data_storage_units=1 "
-            f"ray_kwargs.ray_init.num_cpus={max(need, 8)})")
-
-
-def _install_entry_guard(module: ModuleType) -> bool:
-    original = getattr(module, GUARD_FUNCTION, None)
-    if original is None or getattr(original, "__digen_guard__", False):
-        return original is not None
-
-    def guarded(config: Any, *args: Any, **kwargs: Any) -> Any:
-        entry_guard(config)
-        return original(config, *args, **kwargs)
-
-    guarded.__digen_guard__ = True  # type: ignore[attr-defined]
-    guarded.__wrapped__ = original  # type: ignore[attr-defined]
-    guarded.__doc__ = original.__doc__
-    setattr(module, GUARD_FUNCTION, guarded)
-    return True
-
-
-def register_search_path() -> bool:
-    """Add ``pkg://verl_digen.config`` to Hydra's search path (so ``+trainer=digen`` composes)."""
-    try:
-        from verl_digen.integrations import hydra_searchpath
-
-        hydra_searchpath.register()
-        return True
-    except Exception as err:
-        logger.debug("could not register verl-digen's Hydra search path: %r", err)
-        return False
-
-
-# ------------------------------------------------------------------------------------ config conversion
 ARR = "actor_rollout_ref"
 # verl-omni dtype names (FSDP engine config) -> torch names
 DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "half": "float16",
@@ -573,6 +308,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         put(f"trainer.{key}", get(f"trainer.{key}"))
     loggers = get("trainer.logger")
     if loggers is not None:
+        from verl_digen.trainer.config import LOGGERS
+
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
         out["trainer.logger"] = [name for name in loggers if name in LOGGERS] or ["console"]
         dropped = [name for name in loggers if name not in LOGGERS]
@@ -813,68 +550,3 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
             f"counterpart and are ignored: {', '.join(collapse_keys(at_default, considered))}")
     validate(cfg)
     return cfg
-
-
-# ------------------------------------------------------------------------------------------- the adapter
-class NullAgentLoopManager:
-    """Stands in for verl-omni's agent-loop manager: verl-digen's generator pool does the rollout."""
-
-    @classmethod
-    def create(cls, *args: Any, **kwargs: Any) -> NullAgentLoopManager:
-        return cls()
-
-
-class DigenVerlOmniTrainer:
-    """verl-omni trainer mode ``digen``: runs verl-digen's runtime (``DigenTrainer``) on the converted config.
-
-    It provides the surface verl-omni's ``DiffusionTaskRunnerV1`` calls: ``__init__(config)``, ``init()``,
-    ``get_llm_client()``, ``get_reward_handles()`` and ``fit(agent_loop_manager)``. verl-omni's
-    rollout servers and agent loop are not started. The generator pool replaces them.
-    """
-
-    runtime_cls: Callable[..., Any] | None = None  # default: verl_digen.trainer.runtime.DigenTrainer
-
-    def __init__(self, config: Any) -> None:
-        self.config = config
-        # fails here, before any worker starts, on a bad config (normally entry_guard already did, in the driver)
-        log = logger.debug if os.environ.get(CHECKED_ENV) else logger.warning
-        self.run_config = to_run_config(config, log=log)
-        self.dry_run = bool(self.run_config.trainer.dry_run)  # normally handled by entry_guard in the driver
-        self.trainer: Any = None
-
-    def init(self) -> None:
-        """Route verl-omni's agent-loop construction to the null manager and build the runtime."""
-        from omegaconf import DictConfig, open_dict
-
-        if isinstance(self.config, DictConfig):
-            with open_dict(self.config):
-                rollout = self.config.actor_rollout_ref.rollout
-                if rollout.get("agent") is None:
-                    rollout.agent = {}
-                rollout.agent.agent_loop_manager_class = NULL_AGENT_LOOP_MANAGER
-        if self.dry_run:
-            return
-        runtime_cls = self.runtime_cls
-        if runtime_cls is None:
-            from verl_digen.trainer.runtime import DigenTrainer as runtime_cls
-        self.trainer = runtime_cls(self.run_config)
-
-    def get_llm_client(self) -> None:
-        return None
-
-    def get_reward_handles(self) -> list[Any]:
-        return []
-
-    def fit(self, agent_loop_manager: Any = None) -> Any:
-        """Run ``trainer.total_steps`` global steps with verl-digen's scheduler, then release the workers."""
-        if self.dry_run:  # print the plan, train nothing
-            from verl_digen.main import dry_run
-
-            print(dry_run(self.run_config))
-            return None
-        if self.trainer is None:
-            self.init()
-        try:
-            return self.trainer.fit()
-        finally:
-            self.trainer.shutdown()
