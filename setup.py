@@ -64,7 +64,7 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff", "build", "rapidocr-onnxruntime"],
+        "test": ["pytest>=8", "ruff", "build", "rapidocr-onnxruntime", "tensorboard"],
         "vllm": ["vllm", "vllm-omni"],
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
     },

@@ -11,7 +11,7 @@ naming the first violation. Every simulated and real run calls it at its end.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 
 from .costs import (
     GENERATE,
@@ -127,6 +127,23 @@ class TimelineError(AssertionError):
 
 def _fail(msg: str) -> None:
     raise TimelineError(msg)
+
+
+def concat_timelines(parts: list[tuple[int, Timeline]]) -> Timeline:
+    """Segments of one run, each scheduled from its own step 0, as one timeline: a part's records get
+    its offset added to their step and version (the runtime cuts a run at its validation steps). One
+    part at offset 0 is returned as it is."""
+    if not parts:
+        raise ValueError("concat_timelines needs at least one (offset, timeline) part")
+    if len(parts) == 1 and parts[0][0] == 0:
+        return parts[0][1]
+    first = parts[0][1]
+    out = Timeline(workers=list(first.workers), micro_batches=first.micro_batches,
+                   steps=sum(tl.steps for _, tl in parts), mode=first.mode, staleness=first.staleness,
+                   trainer_ranks=first.trainer_ranks)
+    for offset, tl in parts:
+        out.records.extend(replace(r, step=r.step + offset, version=r.version + offset) for r in tl.records)
+    return out
 
 
 def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> None:

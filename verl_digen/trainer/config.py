@@ -190,6 +190,7 @@ class TrainerConfig:
     progress: bool = True
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
     test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
+    log_val_generations: int = 16  # validation samples drawn as an image grid (PNG, tensorboard, wandb); 0: none
 
 
 @dataclass

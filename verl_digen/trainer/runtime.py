@@ -52,8 +52,15 @@ from verl_digen.schedule.costs import (
 from verl_digen.schedule.executor import run
 from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
-from verl_digen.schedule.timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
-from verl_digen.trainer import checks, run_log
+from verl_digen.schedule.timeline import (
+    TRAINER,
+    Record,
+    Timeline,
+    TimelineError,
+    check_timeline,
+    concat_timelines,
+)
+from verl_digen.trainer import checks, run_log, validation
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.faults import fault_policy
 from verl_digen.trainer.metrics import measured_profile, window_metrics
@@ -87,6 +94,7 @@ class RunResult:
     trace_path: str | None = None
     run_id: str = ""
     checkpoint: str | None = None  # the last checkpoint this run wrote
+    validations: list[validation.ValidationResult] = field(default_factory=list)
 
 
 class RunStopped(RuntimeError):
@@ -229,6 +237,8 @@ class DigenTrainer:
         self._bad_streak = 0
         self._signals: _Signals | None = None
         self._partial: RunResult | None = None
+        self._segments: list[tuple[int, Timeline]] = []  # (first step - start_step, timeline) per segment
+        self.validator: validation.Validator | None = None
         self.worker_cfg = cfg.worker_config()
         self.k = cfg.trained_steps()
         self.dataset = (PromptDataset.from_file(cfg.data.train_files, cfg.data.prompt_key) if cfg.data.train_files
@@ -369,6 +379,8 @@ class DigenTrainer:
         """Before the first timed step: start the loggers (wandb / tensorboard start-up would otherwise
         land in a step's time), save the resolved config and open the per-step metrics file."""
         self._tracking()
+        if self.cfg.data.val_files and self.cfg.trainer.test_freq > 0:
+            self.validator = validation.Validator(self.cfg, keep_through=self.start_step)
         trace_dir = self.cfg.trainer.trace_dir
         if trace_dir:
             run_log.save_resolved_config(self.cfg, trace_dir)
@@ -434,7 +446,8 @@ class DigenTrainer:
         result = self._run(steps)
         result.final_step = self.start_step + steps
         try:
-            check_timeline(result.timeline)
+            for _, part in self._segments:  # each segment was scheduled (and is judged) on its own
+                check_timeline(part)
         except TimelineError as e:
             self._write_outputs(result, violation=str(e))
             raise TimelineError(f"the run broke a scheduling invariant: {e} (timeline written to "
@@ -505,7 +518,8 @@ class DigenTrainer:
 
     def _write_partial(self, stopped: str) -> None:
         """The trace and timeline of the steps so far (no profile: the run is incomplete)."""
-        if self._partial is not None and self._partial.timeline is not None:
+        if self._partial is not None and self._segments:
+            self._partial.timeline = concat_timelines(self._segments)
             try:
                 self._write_outputs(self._partial, stopped=stopped)
             except Exception as err:  # never hide the reason the run stopped behind a trace error
@@ -580,34 +594,64 @@ class DigenTrainer:
                              trainer_ranks=len(self.trn_wg.workers))
 
     def _run(self, steps: int) -> RunResult:
-        """The executor loop on the Ray backend; per-step reports, checkpoints and progress as each
-        optimizer step completes."""
+        """The executor loop on the Ray backend, once per segment (validation cuts the run at its
+        steps: trainer/validation.py); per-step reports, checkpoints and progress as each optimizer
+        step completes, and a validation pass after each segment that ends at a validation step."""
+        first, total = self.start_step, self.start_step + steps
+        val_steps = set(validation.validation_steps(first, total, self.cfg.trainer.test_freq)
+                        if self.validator is not None else [])
+        result = RunResult(run_id=self.run_id)
+        self._partial = result
+        self._segments = []
+        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
+        self._console.write = progress.write  # metric and checkpoint lines above the bar
+        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it)
+        stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), [],
+                               {"run_id": self.run_id, "mode": t.mode, "first_step": first})
+                  if t.trace_dir else None)
+        t0 = None
+        try:
+            base = first
+            for length in validation.segments(first, total, t.test_freq if val_steps else 0):
+                t0 = self._run_segment(result, base, length, total, progress, stream, t0)
+                base += length
+                if base in val_steps:
+                    self._validate(result, base)
+        finally:
+            if stream is not None:
+                stream.close()
+            progress.close()
+            self._console.write = self.log
+        result.timeline = concat_timelines(self._segments)
+        return result
+
+    def _run_segment(self, result: RunResult, base: int, steps: int, total: int, progress: _Progress,
+                     stream: RecordStream | None, t0: float | None) -> float:
+        """Global steps ``base + 1 .. base + steps`` through one scheduler; returns the time origin,
+        which later segments share so the run's timeline stays one time axis."""
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
         backend = _GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
-                                  self.start_step, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
-                                  base_step=self.start_step, checkpoint=lambda: self.last_checkpoint,
+                                  base, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
+                                  base_step=base, checkpoint=lambda: self.last_checkpoint,
                                   faults=fault_policy(self.cfg, self.log),
                                   estimate=None if colocated else (lambda a: sched.costs.duration(a.kind)))
-        result = RunResult(timeline=sched.timeline, run_id=self.run_id)
-        self._partial = result
-        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
-        self._console.write = progress.write  # metric and checkpoint lines above the bar
+        if t0 is not None:
+            backend.t0 = t0
+        self._segments.append((base - self.start_step, sched.timeline))
+        if stream is not None:
+            stream.follow(sched.timeline.records, base - self.start_step)
         gen_names = [] if colocated else list(sched.gens)
         trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
-        last_end = prev_start = 0.0
+        last_end = prev_start = backend.now()  # a later segment's first step starts after the validation
         window = _Recent(sched.timeline.records)
         decisions = _Recent(getattr(sched, "decisions", []))
-        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it)
-        stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), sched.timeline.records,
-                               {"run_id": self.run_id, "mode": t.mode, "first_step": self.start_step})
-                  if t.trace_dir else None)
 
         def on_complete(a: Action, end: float) -> None:
             nonlocal last_end, prev_start
             if a.kind != OPTIMIZER_STEP:
                 return
-            g = self.start_step + a.step
+            g = base + a.step
             # this step's records end after the previous step's window began (a stale generation starts
             # once the version it uses exists): per-step work stays flat however long the run
             recent = window.since(lambda r: r.end >= prev_start - 1e-9)
@@ -624,24 +668,39 @@ class DigenTrainer:
             prev_start, last_end = last_end, end
             self._guard(g + 1, rewards, train, opt)
             stopping = self._signals is not None and self._signals.requested is not None
-            if self._should_save(g + 1, last=a.step == steps - 1) or (stopping and self.cfg.trainer.save_freq > 0):
+            if self._should_save(g + 1, last=g + 1 == total) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)
             result.checkpoint = self.last_checkpoint
             if stream is not None:
                 stream.flush()
             progress.update(g + 1, result.reports[-1].metrics)
-            if stopping and a.step < steps - 1:
+            if stopping and g + 1 < total:
                 self._check_signal(after=g + 1)
 
-        try:
-            run(sched, backend, on_complete, check=False)
-        finally:
-            if stream is not None:
-                stream.close()
-            progress.close()
-            self._console.write = self.log
+        run(sched, backend, on_complete, check=False)
         self.scheduler = sched
-        return result
+        return backend.t0
+
+    def _validate(self, result: RunResult, step: int) -> None:
+        """The validation pass after global step ``step`` (the pipeline has drained): the generators get
+        that version first (colocated: the ranks switch to generation and back)."""
+        colocated = self.gen_wg is None
+        if colocated:
+            ray.get(self.trn_wg.execute_all_async(SWITCH_TO_GEN))
+            workers = self.trn_wg.workers
+        else:
+            self.sync.sync(step)
+            workers = self.gen_wg.workers
+        try:
+            res = self.validator.run(workers, step, step, self._tracking())
+        finally:
+            if colocated:
+                ray.get(self.trn_wg.execute_all_async(SWITCH_TO_TRAIN))
+        result.validations.append(res)
+        m = res.metrics
+        self._console.write(f"step {step}: validation reward {m['val/reward_mean']:+.4f} "
+                            f"(std {m['val/reward_std']:.4f}, {int(m['val/samples'])} prompts, "
+                            f"{m['val/seconds']:.2f} s)" + (f", samples in {res.png}" if res.png else ""))
 
     def _check_signal(self, after: int | None = None) -> None:
         """Raise ``RunStopped`` when a signal asked the run to stop."""

@@ -23,6 +23,7 @@ class RecordStream:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records = records
         self.pos = len(records)
+        self.offset = 0
         self._f: IO[str] | None = self.path.open("w", encoding="utf-8")
         self._f.write(json.dumps({"header": header}) + "\n")
         self._f.flush()
@@ -33,10 +34,23 @@ class RecordStream:
             return 0
         new = self.records[self.pos:]
         if new:
-            self._f.write("".join(json.dumps(_as_dict(r)) + "\n" for r in new))
+            self._f.write("".join(json.dumps(self._row(r)) + "\n" for r in new))
             self._f.flush()
         self.pos += len(new)
         return len(new)
+
+    def follow(self, records: list, offset: int) -> None:
+        """Continue with another segment's growing list (validation cuts a run into segments, each
+        scheduled from its own step 0): its records get ``offset`` added to their step and version."""
+        self.flush()
+        self.records, self.pos, self.offset = records, len(records), offset
+
+    def _row(self, record) -> dict:
+        row = _as_dict(record)
+        if self.offset:
+            row["step"] += self.offset
+            row["version"] += self.offset
+        return row
 
     def close(self) -> None:
         """Flush what is left and close the file (idempotent)."""

@@ -12,8 +12,6 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_digen.schedule.config import COLOCATED
-
 #: reward.name's default: replaced by the custom function when custom_reward_function.path is set
 DEFAULT_REWARD = "latent_mean"
 
@@ -34,6 +32,9 @@ def data(cfg: Any) -> list[str]:
         raise _error("data.prompt_key", d.prompt_key, "the non-empty name of the prompt field / column")
     if isinstance(t.test_freq, bool) or not isinstance(t.test_freq, int):
         raise _error("trainer.test_freq", t.test_freq, "an integer (<= 0 never validates)")
+    n = t.log_val_generations
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise _error("trainer.log_val_generations", n, "an integer >= 0 (validation samples drawn as images)")
     warnings: list[str] = []
     if d.val_files is None:
         if t.test_freq > 0:
@@ -44,15 +45,9 @@ def data(cfg: Any) -> list[str]:
     except ValueError as err:
         raise _error("data.val_files", d.val_files,
                      f"a readable .txt, .jsonl or .parquet prompt file ({err})") from None
-    if t.mode == COLOCATED:
-        raise _error("data.val_files", d.val_files, "null with trainer=colocated (the validation pass runs on the "
-                     "generator pool, which the colocated baseline does not have)")
     if t.test_freq <= 0:
         warnings.append(f"data.val_files is set but trainer.test_freq={t.test_freq}: validation never runs "
                         "(set trainer.test_freq=N to validate every N steps and after the last one)")
-    else:
-        warnings.append("data.val_files is checked, but the validation pass itself is not implemented yet: no "
-                        "val/ metrics or sample images are logged (docs/config.md)")
     return warnings
 
 

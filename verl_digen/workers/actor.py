@@ -440,13 +440,25 @@ class HybridWorker(TSPActorWorker):
         check_version(self.version, version, f"trainer rank {self.dist_rank} (TAG)")
         return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
 
+    def _reward(self):
+        if self.reward is None:  # the trainer's reward model is built on first use
+            self.reward = build_reward(self.cfg.reward)
+        return self.reward
+
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score(self, traj: Trajectories) -> Trajectories:
-        """Score on the trainer (colocated mode); the reward model is built on first use."""
+        """Score on the trainer (colocated mode)."""
         self._require(mode="any")
-        if self.reward is None:
-            self.reward = build_reward(self.cfg.reward)
-        return P.score_trajectories(self.reward, traj)
+        return P.score_trajectories(self._reward(), traj)
+
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def validate(self, version: int, rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
+        """This rank's share of a validation pass (colocated mode; a sharded rank after
+        ``switch_to_gen``), like ``GeneratorWorker.validate``."""
+        self._require(mode="any")
+        check_version(self.version, version, f"trainer rank {self.dist_rank} (validation)")
+        return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
+                                 list(prompts), keep_images)
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:

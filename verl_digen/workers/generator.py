@@ -93,6 +93,14 @@ class GeneratorWorker(Worker):
         scored = self.score(traj)
         return scored, P.reward_rows(scored)
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    def validate(self, version: int, rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
+        """This worker's share of a validation pass (``policy.validation_rows``) with the weights it
+        holds, which must be ``version``."""
+        self._require_model()
+        check_version(self.version, version, f"generator rank {self.rank} (validation)")
+        return P.validation_rows(self.model, self.reward, self.cfg, version, rows, prompts, keep_images)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
         """Install the trainer's weights of ``version`` (object-store backend); returns the version."""

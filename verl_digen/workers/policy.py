@@ -202,6 +202,28 @@ def score_trajectories(reward: Reward, traj: Trajectories) -> Trajectories:
     return traj
 
 
+#: the global step of the validation samples' seed stream: fixed (the same noise at every validation, so
+#: validations differ only by the weights) and never a training step's (those count from 0)
+VALIDATION_STEP = -1
+
+
+@torch.no_grad()
+def validation_rows(model: DiffusionModel, reward: Reward, cfg: WorkerConfig, version: int,
+                    rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
+    """One worker's share of a validation pass: sample ``rows`` (on the validation seed stream, with
+    the rollout's sampler), score them, and return rewards per row, the per-component rewards and
+    the first ``keep_images`` images as uint8 (N, H, W, 3) (a video's first frame)."""
+    traj = generate_rows(model, cfg, VALIDATION_STEP, version, rows, prompts)
+    images = traj.images[: max(keep_images, 0)]
+    if images is not None and images.dim() == 5:  # (B, 3, F, H, W): the first frame
+        images = images[:, :, 0]
+    pixels = (None if images is None or images.shape[0] == 0 else
+              (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu())
+    scored = score_trajectories(reward, traj)
+    return {"prompt_ids": scored.prompt_ids.tolist(), "rewards": scored.rewards.tolist(),
+            "components": {k: v.tolist() for k, v in scored.reward_components.items()}, "images": pixels}
+
+
 def metrics_dict(metrics: TrainMetrics) -> dict[str, float]:
     """TrainMetrics as a plain dict of its running sums (merge with ``merge_metrics``)."""
     return asdict(metrics)
