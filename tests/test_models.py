@@ -29,8 +29,9 @@ from verl_digen.models.conditioning import HashedPromptEncoder, PipelinePromptEn
 from verl_digen.models.packing import pack_2x2, unpack_2x2
 from verl_digen.models.tiny import tiny_components
 
-ARCHS = ["flux", "sd3", "qwen_image", "wan", "hunyuan_video"]
-CFG_ARCHS = ["sd3", "qwen_image", "wan"]  # undistilled: real CFG branch
+ARCHS = ["flux", "sd3", "qwen_image", "wan", "wan2_2", "hunyuan_video"]
+VIDEO_ARCHS = ["wan", "wan2_2", "hunyuan_video"]
+CFG_ARCHS = ["sd3", "qwen_image", "wan", "wan2_2"]  # undistilled: real CFG branch
 DISTILLED_ARCHS = ["flux", "hunyuan_video"]  # guidance embedding
 PROMPTS = ["a red cat", "two dogs on a hill at dawn", "x"]
 F64 = torch.float64
@@ -61,7 +62,7 @@ def test_tiny_builds_on_real_class_with_velocity_of_latent_shape(arch):
     assert type(model.transformer).__module__.startswith("diffusers.")
     n_params = sum(p.numel() for p in model.transformer.parameters())
     assert 30_000 <= n_params <= 100_000
-    assert len(model.latent_shape) == (4 if arch in ("wan", "hunyuan_video") else 3)
+    assert len(model.latent_shape) == (4 if arch in VIDEO_ARCHS else 3)
     x, s, c = inputs(model)
     v = model.velocity(x, s, c, 1.0)
     assert v.shape == x.shape and v.dtype == F64 and torch.isfinite(v).all()
@@ -160,6 +161,7 @@ def test_packing_roundtrip():
         ("sd3", (2, 3, 64, 64)),
         ("qwen_image", (2, 3, 64, 64)),
         ("wan", (2, 3, 3, 32, 32)),
+        ("wan2_2", (2, 3, 3, 128, 128)),  # residual VAE with 2x2 pixel patchify: 8x spatial
         ("hunyuan_video", (2, 3, 9, 64, 64)),  # causal 3-D VAE: 4x temporal, F -> 4(F-1)+1
     ],
 )
@@ -380,3 +382,160 @@ def test_real_loading_path_on_a_saved_tiny_pipeline(arch, tmp_path):
     assert all(torch.equal(p, q) for p, q in zip(saved.parameters(), transformer.parameters()))
     apply_lora(model, 2)
     assert lora_state_dict(model)
+
+
+# -- one home per architecture: the adapter class ---------------------------------------------------------
+def test_every_adapter_declares_its_architecture_and_the_registry_is_built_from_the_classes():
+    """Adding a model = one adapter file + one ``ADAPTERS`` line: the class must carry every fact the
+    loader, the tiny builder and the prompt encoder read, and the registry holds exactly those classes."""
+    from verl_digen.models.adapter import DiffusersAdapter
+    from verl_digen.models.arch import ADAPTERS, ARCH_ALIASES, REQUIRED_ATTRIBUTES
+    from verl_digen.models.spec import PretrainedSpec, TinySpec
+
+    assert MODEL_REGISTRY == {cls.arch: cls for cls in ADAPTERS}
+    assert ARCH_ALIASES == {a.lower(): cls.arch for cls in ADAPTERS for a in cls.aliases}
+    for cls in ADAPTERS:
+        assert all(hasattr(cls, a) for a in REQUIRED_ATTRIBUTES), cls
+        assert isinstance(cls.pretrained, PretrainedSpec) and isinstance(cls.tiny, TinySpec)
+        for name in (cls.pretrained.pipeline_class, cls.pretrained.transformer_class, cls.pretrained.vae_class):
+            assert hasattr(diffusers, name), (cls, name)  # the installed diffusers has every class named
+        assert (cls.pretrained.num_frames is not None) == (cls.latent_ndim == 5)
+        kwargs = cls.tiny.transformer_kwargs
+        assert cls.text_dim_key in kwargs and (cls.pooled_dim_key is None or cls.pooled_dim_key in kwargs)
+        assert cls.encode_with_pipeline.__func__ is not DiffusersAdapter.encode_with_pipeline.__func__, cls
+        assert canonical_arch(cls.arch.upper()) == cls.arch
+        assert all(canonical_arch(a) == cls.arch for a in cls.aliases)
+
+
+def test_no_architecture_switch_outside_the_adapter_files():
+    """The shared modules (loading, tiny, text encoders, registry, ...) never name an architecture:
+    what differs between models is read from the adapter class."""
+    import inspect
+    import pathlib
+    import re
+
+    import verl_digen.models as models_pkg
+    from verl_digen.models.arch import ADAPTERS
+
+    adapter_files = {pathlib.Path(inspect.getfile(cls)).resolve() for cls in ADAPTERS}
+    names = "|".join(re.escape(a) for a in MODEL_REGISTRY)
+    quoted = re.compile(rf"""["']({names})["']""")
+    root = pathlib.Path(models_pkg.__file__).parent
+    shared = [p for p in root.rglob("*.py") if p.resolve() not in adapter_files]
+    assert len(shared) >= 8  # loading, tiny, registry, arch, spec, adapter, conditioning/text, ...
+    offenders = {p.name: quoted.findall(p.read_text()) for p in shared}
+    assert not {k: v for k, v in offenders.items() if v}, offenders
+
+
+def test_adding_a_model_is_one_class_and_one_register_call():
+    """A throwaway architecture, declared the way an adapter file declares one and registered with one
+    call, is at once buildable tiny, loadable from weights, encodable through a pipeline and refused on
+    name clashes."""
+    from verl_digen.models.adapter import DiffusersAdapter
+    from verl_digen.models.arch import ARCH_ALIASES, register, unregister
+    from verl_digen.models.loading import hashed_encoder_for, latent_shape_for
+    from verl_digen.models.sd3 import SD3Model
+    from verl_digen.models.spec import PretrainedSpec
+
+    class ToyModel(SD3Model):  # the whole "new file"
+        arch = "toy_sd3"
+        aliases = ("Toy-SD3",)
+        pretrained = PretrainedSpec(
+            "StableDiffusion3Pipeline", "SD3Transformer2DModel", "AutoencoderKL", ("text_encoder",), 48, 48,
+            max_sequence_length=7,
+        )
+
+        @classmethod
+        def encode_with_pipeline(cls, pipeline, prompts, *, device, dtype, max_sequence_length):
+            return {"prompt_embeds": torch.ones(len(prompts), max_sequence_length, 32),
+                    "pooled_prompt_embeds": torch.zeros(len(prompts), 32)}
+
+    register(ToyModel)
+    try:
+        model = build_model("TOY-SD3", dtype="float64", latent_size=8)
+        assert type(model) is ToyModel and model.latent_shape == (4, 8, 8)
+        x, s, c = inputs(model, b=2)
+        assert model.velocity(x, s, c, 3.0).shape == x.shape
+        out = PipelinePromptEncoder(object(), "toy-sd3")(["a", "b"], dtype=F64)
+        assert out["prompt_embeds"].shape == (2, 7, 32) and out["prompt_embeds"].dtype == F64
+        assert latent_shape_for("toy_sd3", model.transformer, model.vae) == (4, 24, 24)  # 48 px / 2x VAE
+        assert hashed_encoder_for("toy_sd3", model.transformer).pooled_dim == 32
+        with pytest.raises(ValueError, match="already registered"):
+            register(type("Clash", (ToyModel,), {"arch": "toy2", "aliases": ("sd3.5",)}))
+        with pytest.raises(ValueError, match="lower-case"):
+            register(type("Upper", (ToyModel,), {"arch": "Toy3", "aliases": ()}))
+    finally:
+        unregister("toy_sd3")
+    assert "toy_sd3" not in MODEL_REGISTRY and "toy-sd3" not in ARCH_ALIASES
+
+    class Undeclared(DiffusersAdapter):  # forgot pretrained / tiny
+        arch = "undeclared"
+
+        def _forward(self, latents, sigmas, tensors, guidance_scale):
+            return latents
+
+        def _decode_latents(self, latents):
+            return latents
+
+    with pytest.raises(TypeError, match="pretrained"):
+        register(Undeclared)
+    assert "undeclared" not in MODEL_REGISTRY
+
+
+# -- Wan2.2 TI2V-5B -------------------------------------------------------------------------------------
+def test_wan22_per_row_timestep_equals_the_pipelines_per_token_timestep():
+    """The Wan2.2 TI2V pipeline passes one timestep per latent token (``expand_timesteps``); for text-to-
+    video those are the row's t everywhere, and the adapter's one-per-row timestep gives the same velocity."""
+    model = tiny64("wan2_2")
+    x, s, c = inputs(model, b=3)
+    v = model.velocity(x, s, c, 1.0)
+    f, h, w = model.latent_shape[1:]
+    per_token = (s * 1000)[:, None].expand(3, f * (h // 2) * (w // 2))
+    ref = model.transformer(hidden_states=x, timestep=per_token, encoder_hidden_states=c.tensors["prompt_embeds"],
+                            return_dict=False)[0]
+    torch.testing.assert_close(v, ref, rtol=0, atol=1e-12)
+    assert model.vae.config.is_residual and model.vae.config.patch_size == 2  # the Wan2.2 VAE family
+
+
+def _save_wan_pipeline(path: str, arch: str, two_experts: bool = False) -> None:
+    transformer, vae = tiny_components(arch, seed=3)
+    extra = {}
+    if two_experts:  # Wan2.2 A14B layout: a high-noise and a low-noise expert
+        extra = {"transformer_2": tiny_components(arch, seed=4)[0], "boundary_ratio": 0.875}
+    pipe = diffusers.WanPipeline(tokenizer=None, text_encoder=None, vae=vae, transformer=transformer,
+                                 scheduler=diffusers.FlowMatchEulerDiscreteScheduler(shift=5.0),
+                                 expand_timesteps=not two_experts, **extra)
+    pipe.save_pretrained(path)
+
+
+def test_wan22_loads_from_a_saved_pipeline_with_its_own_vae_compression(tmp_path):
+    _save_wan_pipeline(str(tmp_path), "wan2_2")
+    model = build_model("wan2.2", pretrained=str(tmp_path), dtype="float64", latent_size=6, num_frames=5,
+                        text_encoders=False)
+    # latent side from the VAE's own spatial factor (8 for the tiny Wan2.2 VAE), frames by its temporal one (1)
+    assert type(model).arch == "wan2_2" and model.latent_shape == (4, 5, 6, 6)
+    assert model.pipeline.config.expand_timesteps and model.scheduler_config["shift"] == 5.0
+    x, s, c = inputs(model, b=2)
+    assert model.velocity(x, s, c, 4.0).shape == x.shape
+    assert model.decode(x).shape == (2, 3, 5, 48, 48)
+    sized = load_pretrained("wan2_2", str(tmp_path), F64, height=48, width=32, num_frames=5, text_encoders=False)
+    assert sized.latent_shape == (4, 5, 6, 4)  # pixels / the VAE's 8x
+    two = tmp_path / "a14b"
+    _save_wan_pipeline(str(two), "wan2_2", two_experts=True)
+    for arch in ("wan2_2", "wan"):
+        with pytest.raises(ValueError, match="two-expert"):
+            load_pretrained(arch, str(two), F64, text_encoders=False)
+
+
+def test_wan22_one_grpo_training_step_moves_the_policy():
+    """Sampling, reward on decoded video, advantages and one TSP update on the tiny Wan2.2."""
+    from verl_digen.algo.selection import StepSelection
+    from verl_digen.rollout.sampler import SamplerConfig
+    from verl_digen.trainer.local import LocalRunConfig, run_local
+
+    cfg = LocalRunConfig(arch="wan2_2", steps=1, prompts_per_step=1, group_size=2, micro_batch_size=2,
+                         dtype="float64", sampler=SamplerConfig(num_steps=2, eta=0.7,
+                                                                selection=StepSelection("first_k", k=2), decode=True))
+    (row,) = run_local(cfg, log=lambda *_: None)
+    assert row["rows"] == 4 and row["reward_std"] > 0
+    assert 0 < row["grad_norm"] < float("inf")

@@ -1,4 +1,5 @@
-"""Diffusion model adapters (FLUX, SD3/SD3.5, Qwen-Image, Wan2.1, HunyuanVideo) behind one interface.
+"""Diffusion model adapters (FLUX, SD3/SD3.5, Qwen-Image, Wan2.1, Wan2.2 TI2V-5B, HunyuanVideo) behind one
+interface; each architecture is one adapter file that declares everything about it (``spec.py``).
 
 Public API:
 - ``DiffusionModel`` / ``Conditioning`` (base.py): the contract the algorithm layer uses.
@@ -30,6 +31,7 @@ from verl_digen.models.qwen_image import QwenImageModel
 from verl_digen.models.registry import build_model, build_tiny_model, known_archs, parse_dtype
 from verl_digen.models.sd3 import SD3Model
 from verl_digen.models.wan import WanModel
+from verl_digen.models.wan2_2 import Wan22Model
 
 __all__ = [
     "MODEL_REGISTRY",
@@ -40,6 +42,7 @@ __all__ = [
     "HunyuanVideoModel",
     "QwenImageModel",
     "SD3Model",
+    "Wan22Model",
     "WanModel",
     "WeightsNotFoundError",
     "apply_lora",

@@ -1,11 +1,14 @@
 """Shared machinery of the diffusers adapters: argument checks, classifier-free guidance, prompt
-encoding and VAE decoding. Each architecture only writes ``_forward`` (one transformer call with its
-own timestep convention and packing) and ``_decode_latents``."""
+encoding and VAE decoding. Each architecture writes ``_forward`` (one transformer call with its own
+timestep convention and packing), ``_decode_latents`` and ``encode_with_pipeline``, and declares the
+class attributes below (specs, packing, text widths, VAE compression): everything the loader, the
+tiny builder and the registry need, in one file per architecture (docs/architecture.md, "Adding a
+model")."""
 
 from __future__ import annotations
 
 import abc
-from typing import Any
+from typing import Any, ClassVar
 
 import torch
 from torch import nn
@@ -13,6 +16,7 @@ from torch import nn
 from verl_digen.models.base import Conditioning, DiffusionModel
 from verl_digen.models.conditioning.text import PromptEncoder
 from verl_digen.models.precision import promote_fp32_layers
+from verl_digen.models.spec import PretrainedSpec, TinySpec
 
 #: attention projections of the joint (MM-DiT) blocks; the usual FlowGRPO LoRA targets
 MMDIT_LORA_TARGETS: tuple[str, ...] = (
@@ -35,6 +39,23 @@ def cfg_combine(v_pos: torch.Tensor, v_neg: torch.Tensor, scale: float) -> torch
 class DiffusersAdapter(DiffusionModel):
     """A diffusers transformer + VAE + prompt encoder behind the ``DiffusionModel`` contract."""
 
+    # -- what each architecture declares (``arch.register`` checks they are all there) ----------------
+    #: canonical name used in configs (``model.arch``)
+    arch: ClassVar[str]
+    #: other spellings accepted for ``model.arch`` (matched lower-case)
+    aliases: ClassVar[tuple[str, ...]] = ()
+    #: the released diffusers pipeline: classes, text encoders, default size
+    pretrained: ClassVar[PretrainedSpec]
+    #: the tiny random-weight config (tests, CPU default run, benchmarks)
+    tiny: ClassVar[TinySpec]
+    #: 2x2 token packing (FLUX, Qwen-Image): in_channels = 4 x latent channels, even latent sides
+    packed: ClassVar[bool] = False
+    #: transformer config field holding the width of the prompt token embeddings
+    text_dim_key: ClassVar[str] = "joint_attention_dim"
+    #: transformer config field of the pooled text vector's width; None when the model takes none
+    pooled_dim_key: ClassVar[str | None] = None
+    #: extra constructor arguments when built from released weights (to match the released pipeline)
+    pretrained_init: ClassVar[dict[str, Any]] = {}
     #: module-name suffixes LoRA targets by default (see ``lora.apply_lora``)
     default_lora_targets: tuple[str, ...] = MMDIT_LORA_TARGETS
     #: 4 for images (B, C, H, W), 5 for video (B, C, F, H, W)
@@ -117,6 +138,39 @@ class DiffusersAdapter(DiffusionModel):
         with torch.no_grad():
             pixels = self._decode_latents(latents.to(vae_dtype))
         return (pixels.float() / 2 + 0.5).clamp(0, 1)
+
+    # -- per-architecture knowledge used before an instance exists (loading, tiny builds) -------------
+    @classmethod
+    def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
+        """(spatial, temporal) compression of ``vae``, read from its config as the pipeline reads it;
+        with no VAE, the released model's (8, 4). Default: an ``AutoencoderKL`` image VAE."""
+        if vae is None:
+            return 8, 4
+        return 2 ** (len(vae.config.block_out_channels) - 1), 1
+
+    @classmethod
+    def prompt_dims(cls, config: Any) -> tuple[int, int | None]:
+        """(token width, pooled width or None) of the prompt embeddings a transformer with ``config``
+        (its diffusers config, or the tiny kwargs as a dict) takes."""
+
+        def get(key: str) -> Any:
+            return config[key] if isinstance(config, dict) else getattr(config, key)
+
+        return int(get(cls.text_dim_key)), (int(get(cls.pooled_dim_key)) if cls.pooled_dim_key else None)
+
+    @classmethod
+    def encode_with_pipeline(
+        cls,
+        pipeline: Any,
+        prompts: list[str],
+        *,
+        device: torch.device | str | None,
+        dtype: torch.dtype | None,
+        max_sequence_length: int,
+    ) -> dict[str, torch.Tensor]:
+        """Conditioning tensors for ``prompts`` from a loaded pipeline's own ``encode_prompt``, renamed
+        to the adapter keys (``prompt_embeds``, optionally ``pooled_prompt_embeds``, ``prompt_mask``)."""
+        raise NotImplementedError(f"{cls.__name__} has no text-encoder path")
 
     # -- per-architecture hooks ----------------------------------------------------------------------
     @abc.abstractmethod

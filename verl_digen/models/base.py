@@ -67,7 +67,7 @@ class Conditioning:
 class DiffusionModel(abc.ABC):
     """A diffusers transformer (the trained policy) plus what is needed to sample from it."""
 
-    #: architecture name as used in configs ("flux", "sd3", "qwen_image", "wan", "hunyuan_video")
+    #: architecture name as used in configs (``model.arch``; the registry in arch.py lists them)
     arch: str
     #: the trained module (LoRA adapters are injected here)
     transformer: nn.Module

@@ -3,10 +3,20 @@ FLUX.1-dev a distilled guidance embedding instead of a CFG branch."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.packing import image_ids, pack_2x2, unpack_2x2
+from verl_digen.models.spec import (
+    TINY_LATENT_CHANNELS,
+    TINY_POOLED_DIM,
+    TINY_TEXT_DIM,
+    PretrainedSpec,
+    TinySpec,
+    tiny_image_vae,
+)
 
 
 class FluxModel(DiffusersAdapter):
@@ -14,6 +24,36 @@ class FluxModel(DiffusersAdapter):
     multiplies both by 1000 inside; the pipeline passes ``t / 1000`` for exactly that reason."""
 
     arch = "flux"
+    aliases = ("flux.1", "flux1")
+    pretrained = PretrainedSpec(
+        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512
+    )
+    tiny = TinySpec(
+        dict(
+            patch_size=1,
+            in_channels=4 * TINY_LATENT_CHANNELS,
+            num_layers=1,
+            num_single_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=TINY_TEXT_DIM,
+            pooled_projection_dim=TINY_POOLED_DIM,
+            guidance_embeds=True,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        lambda: tiny_image_vae(0.3611, 0.1159),
+    )
+    packed = True
+    pooled_dim_key = "pooled_projection_dim"
+
+    @classmethod
+    def encode_with_pipeline(
+        cls, pipeline: Any, prompts: list[str], *, device: Any, dtype: Any, max_sequence_length: int
+    ) -> dict[str, torch.Tensor]:
+        pe, pooled, _ = pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, device=device, max_sequence_length=max_sequence_length
+        )
+        return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
 
     def _forward(
         self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float

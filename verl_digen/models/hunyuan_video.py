@@ -3,9 +3,20 @@ a pooled CLIP vector, and a distilled guidance embedding."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.spec import (
+    TINY_LATENT_CHANNELS,
+    TINY_POOLED_DIM,
+    TINY_TEXT_DIM,
+    PretrainedSpec,
+    TinySpec,
+    tiny_hunyuan_vae,
+)
 
 
 class HunyuanVideoModel(DiffusersAdapter):
@@ -13,7 +24,54 @@ class HunyuanVideoModel(DiffusersAdapter):
     is passed already scaled (the transformer does not multiply; see the diffusers pipeline)."""
 
     arch = "hunyuan_video"
+    aliases = ("hunyuan", "hunyuanvideo", "hunyuan-video")
+    pretrained = PretrainedSpec(
+        "HunyuanVideoPipeline",
+        "HunyuanVideoTransformer3DModel",
+        "AutoencoderKLHunyuanVideo",
+        ("text_encoder", "text_encoder_2"),
+        320,
+        512,
+        33,
+        max_sequence_length=256,
+    )
+    tiny = TinySpec(
+        dict(
+            in_channels=TINY_LATENT_CHANNELS,
+            out_channels=TINY_LATENT_CHANNELS,
+            num_attention_heads=2,
+            attention_head_dim=16,
+            num_layers=1,
+            num_single_layers=1,
+            num_refiner_layers=1,
+            mlp_ratio=2.0,
+            patch_size=2,
+            patch_size_t=1,
+            guidance_embeds=True,
+            text_embed_dim=TINY_TEXT_DIM,
+            pooled_projection_dim=TINY_POOLED_DIM,
+            rope_axes_dim=(4, 6, 6),
+        ),
+        tiny_hunyuan_vae,
+    )
+    text_dim_key = "text_embed_dim"
+    pooled_dim_key = "pooled_projection_dim"
     latent_ndim = 5
+
+    @classmethod
+    def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
+        if vae is None:
+            return 8, 4
+        return vae.config.spatial_compression_ratio, vae.config.temporal_compression_ratio
+
+    @classmethod
+    def encode_with_pipeline(
+        cls, pipeline: Any, prompts: list[str], *, device: Any, dtype: Any, max_sequence_length: int
+    ) -> dict[str, torch.Tensor]:
+        pe, pooled, mask = pipeline.encode_prompt(
+            prompt=prompts, prompt_2=None, device=device, dtype=dtype, max_sequence_length=max_sequence_length
+        )
+        return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled, "prompt_mask": mask.long()}
 
     def _forward(
         self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float

@@ -8,7 +8,6 @@ fast with a message naming the path instead of hanging on the network.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 from typing import Any
 
 import diffusers
@@ -19,47 +18,6 @@ from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.models.conditioning.hashed import HashedPromptEncoder
 from verl_digen.models.conditioning.text import PipelinePromptEncoder
-
-
-@dataclass(frozen=True)
-class PretrainedSpec:
-    """Diffusers class names and default generation size of one architecture."""
-
-    pipeline_class: str
-    transformer_class: str
-    vae_class: str
-    text_encoders: tuple[str, ...]
-    height: int
-    width: int
-    num_frames: int | None = None  # pixel frames, video only
-
-
-PRETRAINED_SPECS: dict[str, PretrainedSpec] = {
-    "flux": PretrainedSpec(
-        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512
-    ),
-    "sd3": PretrainedSpec(
-        "StableDiffusion3Pipeline",
-        "SD3Transformer2DModel",
-        "AutoencoderKL",
-        ("text_encoder", "text_encoder_2", "text_encoder_3"),
-        512,
-        512,
-    ),
-    "qwen_image": PretrainedSpec(
-        "QwenImagePipeline", "QwenImageTransformer2DModel", "AutoencoderKLQwenImage", ("text_encoder",), 512, 512
-    ),
-    "wan": PretrainedSpec("WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 480, 832, 33),
-    "hunyuan_video": PretrainedSpec(
-        "HunyuanVideoPipeline",
-        "HunyuanVideoTransformer3DModel",
-        "AutoencoderKLHunyuanVideo",
-        ("text_encoder", "text_encoder_2"),
-        320,
-        512,
-        33,
-    ),
-}
 
 
 class WeightsNotFoundError(FileNotFoundError):
@@ -85,20 +43,6 @@ def _missing(path_or_id: str, what: str, err: BaseException) -> WeightsNotFoundE
     )
 
 
-def _vae_factors(arch: str, vae: nn.Module | None) -> tuple[int, int]:
-    """(spatial, temporal) compression of the VAE, read as the diffusers pipelines read them."""
-    if vae is None:
-        return 8, 4
-    cfg = vae.config
-    if arch in ("flux", "sd3"):
-        return 2 ** (len(cfg.block_out_channels) - 1), 1
-    if arch == "qwen_image":
-        return 2 ** len(cfg.temperal_downsample), 1
-    if arch == "wan":
-        return cfg.scale_factor_spatial or 8, cfg.scale_factor_temporal or 4
-    return cfg.spatial_compression_ratio, cfg.temporal_compression_ratio
-
-
 def latent_shape_for(
     arch: str,
     transformer: nn.Module,
@@ -107,16 +51,17 @@ def latent_shape_for(
     width: int | None = None,
     num_frames: int | None = None,
 ) -> tuple[int, ...]:
-    """Unpacked latent shape for a pixel size (pipeline defaults when omitted)."""
-    spec = PRETRAINED_SPECS[arch]
+    """Unpacked latent shape for a pixel size (the adapter's ``pretrained`` defaults when omitted)."""
+    cls = MODEL_REGISTRY[canonical_arch(arch)]
+    spec = cls.pretrained
     height, width = height or spec.height, width or spec.width
     in_ch = transformer.config.in_channels
-    channels = in_ch // 4 if arch in ("flux", "qwen_image") else in_ch
-    spatial, temporal = _vae_factors(arch, vae)
+    channels = in_ch // 4 if cls.packed else in_ch
+    spatial, temporal = cls.vae_factors(vae)
     h, w = height // spatial, width // spatial
-    if arch in ("flux", "qwen_image"):  # packing needs even latent sides
+    if cls.packed:  # packing needs even latent sides
         h, w = 2 * (h // 2), 2 * (w // 2)
-    if spec.num_frames is None:
+    if cls.latent_ndim == 4:
         return (channels, h, w)
     frames = num_frames or spec.num_frames
     return (channels, (frames - 1) // temporal + 1, h, w)
@@ -124,16 +69,9 @@ def latent_shape_for(
 
 def hashed_encoder_for(arch: str, transformer: nn.Module, seq_len: int = 8) -> HashedPromptEncoder:
     """Hashed prompt embeddings shaped for ``transformer`` (used when no text encoder is loaded)."""
-    cfg = transformer.config
-    dim = {
-        "flux": "joint_attention_dim",
-        "sd3": "joint_attention_dim",
-        "qwen_image": "joint_attention_dim",
-        "wan": "text_dim",
-        "hunyuan_video": "text_embed_dim",
-    }[arch]
-    pooled = getattr(cfg, "pooled_projection_dim", None) if arch in ("flux", "sd3", "hunyuan_video") else None
-    return HashedPromptEncoder(seq_len, getattr(cfg, dim), pooled, salt=f"hashed-{arch}")
+    cls = MODEL_REGISTRY[canonical_arch(arch)]
+    text_dim, pooled_dim = cls.prompt_dims(transformer.config)
+    return HashedPromptEncoder(seq_len, text_dim, pooled_dim, salt=f"hashed-{cls.arch}")
 
 
 def load_pipeline(
@@ -148,7 +86,7 @@ def load_pipeline(
     """The diffusers pipeline of ``arch`` from ``path_or_id``; ``text_encoders=False`` skips loading them
     (trainer processes that get precomputed embeddings)."""
     arch = canonical_arch(arch)
-    spec = PRETRAINED_SPECS[arch]
+    spec = MODEL_REGISTRY[arch].pretrained
     if not text_encoders:
         for name in spec.text_encoders:
             kwargs.setdefault(name, None)
@@ -176,7 +114,7 @@ def load_transformer(
 ) -> nn.Module:
     """Only the transformer (the trained policy) from the ``transformer`` subfolder of a pipeline."""
     arch = canonical_arch(arch)
-    cls = getattr(diffusers, PRETRAINED_SPECS[arch].transformer_class)
+    cls = getattr(diffusers, MODEL_REGISTRY[arch].pretrained.transformer_class)
     try:
         model = cls.from_pretrained(
             path_or_id, subfolder=subfolder, local_files_only=local_files_only, **_dtype_kwarg(dtype)
@@ -195,34 +133,45 @@ def load_pretrained(
     height: int | None = None,
     width: int | None = None,
     num_frames: int | None = None,
+    latent_size: int | None = None,
     text_encoders: bool = True,
     negative_prompt: str = "",
     local_files_only: bool = True,
 ) -> DiffusersAdapter:
     """A ``DiffusionModel`` from a saved diffusers pipeline. Prompts go through the pipeline's text
     encoders; if the pipeline has none (``text_encoders=False`` or saved without them), through hashed
-    embeddings shaped for the transformer. A pipeline missing only some text encoders is an error."""
+    embeddings shaped for the transformer. A pipeline missing only some text encoders is an error.
+    ``latent_size`` (latent side) sets height = width = latent_size x the VAE's spatial compression
+    when neither is given."""
     arch = canonical_arch(arch)
-    spec = PRETRAINED_SPECS[arch]
+    cls = MODEL_REGISTRY[arch]
+    spec = cls.pretrained
     pipe = load_pipeline(arch, path_or_id, dtype, text_encoders=text_encoders, local_files_only=local_files_only)
+    if getattr(pipe, "transformer_2", None) is not None:
+        raise ValueError(
+            f"{path_or_id!r} is a two-expert pipeline (transformer + transformer_2, switched at "
+            f"boundary_ratio={getattr(pipe.config, 'boundary_ratio', None)}, e.g. Wan2.2 A14B); verl-digen trains "
+            f"one transformer: use a single-transformer checkpoint (e.g. Wan2.2 TI2V-5B with model.arch=wan2_2)"
+        )
     present = [getattr(pipe, n, None) is not None for n in spec.text_encoders]
     if any(present) and not all(present):
         missing = [n for n, p in zip(spec.text_encoders, present) if not p]
         raise ValueError(f"{path_or_id!r} lacks text encoder(s) {missing}; load it with text_encoders=False")
     pipe.to(device)
     transformer = pipe.transformer
-    encoder = PipelinePromptEncoder(pipe, arch) if all(present) else hashed_encoder_for(arch, transformer)
+    if latent_size is not None and height is None and width is None:
+        height = width = latent_size * cls.vae_factors(pipe.vae)[0]
+    encoder = PipelinePromptEncoder(pipe, cls) if all(present) else hashed_encoder_for(arch, transformer)
     shape = latent_shape_for(arch, transformer, pipe.vae, height, width, num_frames)
-    extra: dict[str, Any] = {"cfg_renorm": True} if arch == "qwen_image" else {}
     scheduler = getattr(pipe, "scheduler", None)
-    model = MODEL_REGISTRY[arch](
+    model = cls(
         transformer,
         pipe.vae,
         encoder,
         shape,
         negative_prompt=negative_prompt,
         scheduler_config=dict(scheduler.config) if scheduler is not None else None,
-        **extra,
+        **cls.pretrained_init,
     )
     model.pipeline = pipe  # the full pipeline, for users who want its other parts
     return model

@@ -6,9 +6,12 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+from torch import nn
 
 from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.conditioning.text import pad_tokens
 from verl_digen.models.packing import pack_2x2, unpack_2x2
+from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_TEXT_DIM, PretrainedSpec, TinySpec, tiny_wan_family_vae
 
 
 class QwenImageModel(DiffusersAdapter):
@@ -21,10 +24,47 @@ class QwenImageModel(DiffusersAdapter):
     """
 
     arch = "qwen_image"
+    aliases = ("qwen-image", "qwenimage", "qwen")
+    pretrained = PretrainedSpec(
+        "QwenImagePipeline", "QwenImageTransformer2DModel", "AutoencoderKLQwenImage", ("text_encoder",), 512, 512
+    )
+    tiny = TinySpec(
+        dict(
+            patch_size=2,
+            in_channels=4 * TINY_LATENT_CHANNELS,
+            out_channels=TINY_LATENT_CHANNELS,
+            num_layers=1,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=TINY_TEXT_DIM,
+            axes_dims_rope=(4, 6, 6),
+        ),
+        lambda: tiny_wan_family_vae("AutoencoderKLQwenImage"),
+    )
+    packed = True
+    pretrained_init = {"cfg_renorm": True}
 
     def __init__(self, *args: Any, cfg_renorm: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.cfg_renorm = cfg_renorm
+
+    @classmethod
+    def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
+        if vae is None:
+            return 8, 1
+        return 2 ** len(vae.config.temperal_downsample), 1
+
+    @classmethod
+    def encode_with_pipeline(
+        cls, pipeline: Any, prompts: list[str], *, device: Any, dtype: Any, max_sequence_length: int
+    ) -> dict[str, torch.Tensor]:
+        """Qwen-Image returns variable-length embeddings; padded to a fixed length so that micro-batches
+        concatenate."""
+        pe, mask = pipeline.encode_prompt(prompt=prompts, device=device, max_sequence_length=max_sequence_length)
+        if mask is None:
+            mask = torch.ones(pe.shape[:2], dtype=torch.long, device=pe.device)
+        msl = max_sequence_length
+        return {"prompt_embeds": pad_tokens(pe, msl), "prompt_mask": pad_tokens(mask.long(), msl)}
 
     def _forward(
         self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float

@@ -39,10 +39,6 @@ def build_tiny_model(
     )
 
 
-#: spatial compression of the FLUX / SD3 / Qwen-Image / Wan / HunyuanVideo VAEs
-PIXELS_PER_LATENT = 8
-
-
 def build_model(
     arch: str,
     *,
@@ -56,7 +52,8 @@ def build_model(
 ) -> DiffusersAdapter:
     """``pretrained=None`` (or "tiny") builds the tiny model; otherwise loads ``pretrained`` (local path
     or cached hub id) with ``load_pretrained`` (``kwargs``: height, width, text_encoders, ...).
-    ``latent_size`` is the latent side in both cases (pixels = 8 x latent for real weights);
+    ``latent_size`` is the latent side in both cases (pixels = the VAE's spatial compression x latent
+    for real weights, e.g. 8 for FLUX, 16 for Wan2.2);
     ``num_frames`` counts latent frames for tiny models and pixel frames (4k + 1) for real weights.
     ``dtype`` may be a torch dtype or a config string ("float32", "bf16", ...)."""
     arch = canonical_arch(arch)
@@ -71,10 +68,7 @@ def build_model(
             num_frames=num_frames or 3,
             **kwargs,
         )
-    if latent_size is not None:  # every supported VAE compresses 8x spatially
-        kwargs.setdefault("height", latent_size * PIXELS_PER_LATENT)
-        kwargs.setdefault("width", latent_size * PIXELS_PER_LATENT)
-    return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, **kwargs)
+    return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, latent_size=latent_size, **kwargs)
 
 
 _DTYPES = {

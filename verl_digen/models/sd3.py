@@ -2,15 +2,66 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.spec import (
+    TINY_LATENT_CHANNELS,
+    TINY_POOLED_DIM,
+    TINY_TEXT_DIM,
+    PretrainedSpec,
+    TinySpec,
+    tiny_image_vae,
+)
 
 
 class SD3Model(DiffusersAdapter):
     """Timestep convention: the SD3 pipeline passes the scheduler's ``t = sigma * 1000`` unchanged."""
 
     arch = "sd3"
+    aliases = ("sd3.5", "sd35", "stable_diffusion_3")
+    pretrained = PretrainedSpec(
+        "StableDiffusion3Pipeline",
+        "SD3Transformer2DModel",
+        "AutoencoderKL",
+        ("text_encoder", "text_encoder_2", "text_encoder_3"),
+        512,
+        512,
+        max_sequence_length=256,
+    )
+    tiny = TinySpec(
+        dict(
+            sample_size=32,
+            patch_size=2,
+            in_channels=TINY_LATENT_CHANNELS,
+            num_layers=2,
+            attention_head_dim=16,
+            num_attention_heads=2,
+            joint_attention_dim=TINY_TEXT_DIM,
+            caption_projection_dim=32,
+            pooled_projection_dim=TINY_POOLED_DIM,
+            out_channels=TINY_LATENT_CHANNELS,
+            pos_embed_max_size=64,
+        ),
+        lambda: tiny_image_vae(1.5305, 0.0609),
+    )
+    pooled_dim_key = "pooled_projection_dim"
+
+    @classmethod
+    def encode_with_pipeline(
+        cls, pipeline: Any, prompts: list[str], *, device: Any, dtype: Any, max_sequence_length: int
+    ) -> dict[str, torch.Tensor]:
+        pe, _, pooled, _ = pipeline.encode_prompt(
+            prompt=prompts,
+            prompt_2=None,
+            prompt_3=None,
+            device=device,
+            do_classifier_free_guidance=False,
+            max_sequence_length=max_sequence_length,
+        )
+        return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
 
     def _forward(
         self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float

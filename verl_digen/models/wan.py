@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
+from torch import nn
 
 from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_TEXT_DIM, PretrainedSpec, TinySpec, tiny_wan_family_vae
 
 
 class WanModel(DiffusersAdapter):
@@ -12,8 +16,48 @@ class WanModel(DiffusersAdapter):
     Wan has no text mask; the pipeline zero-pads the T5 embeddings (our encoders do too)."""
 
     arch = "wan"
+    aliases = ("wan2.1", "wan21")
+    pretrained = PretrainedSpec(
+        "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 480, 832, 33
+    )
+    tiny = TinySpec(
+        dict(
+            patch_size=(1, 2, 2),
+            num_attention_heads=2,
+            attention_head_dim=16,
+            in_channels=TINY_LATENT_CHANNELS,
+            out_channels=TINY_LATENT_CHANNELS,
+            text_dim=TINY_TEXT_DIM,
+            freq_dim=32,
+            ffn_dim=64,
+            num_layers=2,
+            rope_max_seq_len=64,
+        ),
+        lambda: tiny_wan_family_vae("AutoencoderKLWan"),
+    )
+    text_dim_key = "text_dim"
     latent_ndim = 5
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
+
+    @classmethod
+    def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
+        if vae is None:
+            return 8, 4
+        return vae.config.scale_factor_spatial or 8, vae.config.scale_factor_temporal or 4
+
+    @classmethod
+    def encode_with_pipeline(
+        cls, pipeline: Any, prompts: list[str], *, device: Any, dtype: Any, max_sequence_length: int
+    ) -> dict[str, torch.Tensor]:
+        pe, _ = pipeline.encode_prompt(
+            prompt=prompts,
+            negative_prompt=None,
+            do_classifier_free_guidance=False,
+            max_sequence_length=max_sequence_length,
+            device=device,
+            dtype=dtype,
+        )
+        return {"prompt_embeds": pe}
 
     def _forward(
         self, latents: torch.Tensor, sigmas: torch.Tensor, tensors: dict[str, torch.Tensor], guidance_scale: float

@@ -1,0 +1,124 @@
+"""What an adapter class declares about its architecture, and the tiny building blocks it declares with.
+
+Every per-architecture fact lives on the adapter class (``flux.py``, ``wan.py``, ...): the diffusers
+classes and default size of the released pipeline (``PretrainedSpec``), the tiny random-weight config
+(``TinySpec``), packing, the text widths, the VAE compression and the call to the pipeline's own
+``encode_prompt``. ``loading.py``, ``tiny.py`` and ``conditioning/text.py`` read those attributes and
+never switch on an architecture name, so adding a model is one adapter file plus one line in ``arch.py``
+(see docs/architecture.md, "Adding a model"). This module imports no adapter, so adapter files can
+import it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import diffusers
+from torch import nn
+
+
+@dataclass(frozen=True)
+class PretrainedSpec:
+    """Diffusers class names, text encoders and default generation size of one released pipeline."""
+
+    pipeline_class: str
+    transformer_class: str
+    vae_class: str
+    #: the pipeline's text-encoder attributes, in order (their tokenizers are named alike)
+    text_encoders: tuple[str, ...]
+    height: int
+    width: int
+    num_frames: int | None = None  # pixel frames, video only
+    #: text length the pipeline pads/truncates prompts to (what diffusers' pipeline uses by default)
+    max_sequence_length: int = 512
+
+
+@dataclass(frozen=True)
+class TinySpec:
+    """A tiny random-weight model: keyword arguments of the real transformer class
+    (``PretrainedSpec.transformer_class``) and a factory for a tiny VAE of the architecture's family."""
+
+    transformer_kwargs: dict[str, Any]
+    vae: Callable[[], nn.Module]
+
+
+TINY_TEXT_LEN = 8  # tokens per prompt for hashed embeddings
+TINY_TEXT_DIM = 32
+TINY_POOLED_DIM = 32
+TINY_LATENT_CHANNELS = 4
+#: per-channel latent statistics of the tiny Wan-family VAEs (non-trivial, so decoding tests see them)
+_TINY_LATENTS_MEAN = [0.1, -0.1, 0.0, 0.2]
+_TINY_LATENTS_STD = [1.0, 0.8, 1.2, 1.1]
+
+
+def tiny_image_vae(scaling: float, shift: float) -> nn.Module:
+    """A 2x ``AutoencoderKL`` (FLUX / SD3 family) with the released model's scaling and shift."""
+    return diffusers.AutoencoderKL(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=TINY_LATENT_CHANNELS,
+        down_block_types=("DownEncoderBlock2D",) * 2,
+        up_block_types=("UpDecoderBlock2D",) * 2,
+        block_out_channels=(8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        sample_size=64,
+        scaling_factor=scaling,
+        shift_factor=shift,
+    )
+
+
+def tiny_wan_family_vae(cls_name: str) -> nn.Module:
+    """A 2x spatial, no temporal compression Wan2.1-style VAE (``AutoencoderKLWan`` / ``...QwenImage``)."""
+    cls = getattr(diffusers, cls_name)
+    return cls(
+        base_dim=8,
+        z_dim=TINY_LATENT_CHANNELS,
+        dim_mult=[1, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False],
+        latents_mean=_TINY_LATENTS_MEAN,
+        latents_std=_TINY_LATENTS_STD,
+    )
+
+
+def tiny_wan22_vae() -> nn.Module:
+    """The Wan2.2 VAE family: residual blocks and a 2x2 pixel patchify (12 = 3 x 4 image channels),
+    here 8x spatial (2 down blocks x patch 2) and no temporal compression (F latent frames -> F frames)."""
+    return diffusers.AutoencoderKLWan(
+        base_dim=8,
+        z_dim=TINY_LATENT_CHANNELS,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False, False],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_spatial=8,
+        scale_factor_temporal=1,
+        latents_mean=_TINY_LATENTS_MEAN,
+        latents_std=_TINY_LATENTS_STD,
+    )
+
+
+def tiny_hunyuan_vae() -> nn.Module:
+    """A tiny causal 3-D ``AutoencoderKLHunyuanVideo``: 4x spatial, 4x temporal (the only temporal
+    compression it supports: F latent frames -> 4(F-1)+1 frames)."""
+    return diffusers.AutoencoderKLHunyuanVideo(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=TINY_LATENT_CHANNELS,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        block_out_channels=(8, 8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        temporal_compression_ratio=4,
+        spatial_compression_ratio=4,
+        mid_block_add_attention=False,
+    )
