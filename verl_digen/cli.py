@@ -20,6 +20,7 @@ from verl_digen.schedule.fabric import SHARDINGS
 from verl_digen.schedule.gap import spread_mb_size
 from verl_digen.schedule.profile_io import Workload, dump_profile
 from verl_digen.schedule.simulator import Rung, SimResult, ablation_configs, simulate
+from verl_digen.schedule.tag_policy import tag_policy_usage
 
 FABRIC_ARGS = {"gpus_per_node": int, "nics_per_node": int, "nic_gbs": float, "intra_gbs": float, "sharding": str}
 SETTING_ARGS = {"sampling_steps": int, "timestep_fraction": float, "keep_fraction": float}
@@ -58,7 +59,7 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tsp-degree", dest="tsp_degree", type=int)
     p.add_argument("--staleness", type=float, help="TCSS bound in [0, 1]")
     p.add_argument("--steps", type=int, help="global steps to simulate (step time = mean)")
-    p.add_argument("--policy", help="TAG policy: never, static:K, adaptive[:R], bts")
+    p.add_argument("--policy", help=f"TAG policy: {tag_policy_usage()}")
     p.add_argument("--baseline", choices=BASELINES, default=VERL_OMNI,
                    help="the colocated run to compare against (default %(default)s; docs/simulator.md)")
     topo = p.add_argument_group("cluster (presets only; docs/calibration.md)")

@@ -42,16 +42,17 @@ def test_bts_equals_exhaustive_on_random_small_instances():
         best, leaves = bts.exhaustive(params, state)
         assert value == pytest.approx(best, rel=1e-9, abs=1e-9), (params, value, best)
         assert _value_of_first_move(params, state, decision) == pytest.approx(value, rel=1e-9, abs=1e-9)
-        multi_slot_tag += params.R > 1 and (decision or 0) > 1
+        multi_slot_tag += params.trainer_ranks > 1 and (decision or 0) > 1
     assert multi_slot_tag > 5  # the larger decision space is exercised
 
 
 def _record_snapshots(sched) -> list:
-    """Make ``sched``'s policy record the BTS state at every bubble (returned list fills as it runs)."""
+    """Make ``sched``'s policy record the BTS state (built from the scheduler's neutral view) at every
+    bubble (the returned list fills as it runs)."""
     snaps, decide = [], sched.policy.decide
 
     def spy(ctx):
-        snaps.append(ctx.snapshot())
+        snaps.append(bts.ModelState.from_view(ctx.snapshot()))
         return decide(ctx)
 
     sched.policy.decide = spy
@@ -139,7 +140,7 @@ def test_bts_prediction_matches_execution():
         sched = StepScheduler(cfg, costs, rng.randint(1, 4), trainer_ranks=rng.choice([1, 2, 3]))
         snaps = _record_snapshots(sched)
         tl = execute(sched, costs)
-        lagging += sum(any(s.lag) for s in snaps)
+        lagging += sum(any(s.gen_lagging) for s in snaps)
         for d in sched.decisions:  # every re-solve with exact costs predicts the same end
             assert d.predicted_end == pytest.approx(_opt_end(tl, d.step), abs=1e-7)
     assert lagging > 5  # bubbles while generators still held the previous version were exercised
@@ -209,3 +210,63 @@ def test_pruned_subtrees_are_not_memoized_as_exact():
     state = bts.ModelState.fresh(24, 1)
     unpruned = bts.solve(params, state, prune=False, node_cap=10**7)[0]
     assert bts.solve(params, state)[0] == pytest.approx(unpruned) == pytest.approx(23.25)
+
+
+def test_model_state_from_view_field_by_field():
+    """Every generator task, queue, clock and slot of the scheduler's neutral view lands in the BTS state
+    (at the scheduler's own bubbles next-step tasks and busy slots are rare, so they are spelled out here)."""
+    from verl_digen.schedule.tag_policy import GeneratorView, SchedulerView
+
+    view = SchedulerView(
+        dispatched=5,
+        generators=(GeneratorView(None, lagging=True), GeneratorView("generate", 1.5, micro_batch=4),
+                    GeneratorView("score", 0.25, micro_batch=2), GeneratorView("generate", 2.0, next_step=True),
+                    GeneratorView("score", 0.5, next_step=True), GeneratorView("weight_sync", 0.75)),
+        scoring_queue=(3, 1), next_step_scoring=2, scored_per_unit={0: 1}, update_queue=2, not_updated=6,
+        trainer_generating=True, stale_budget_left=3, next_step_undispatched=7, tag_slots=3,
+        busy_slots=((1.25, 0), (0.5, 5)),
+    )
+    s = bts.ModelState.from_view(view)
+    assert (s.now, s.dispatched, s.score_queue, s.next_score_queue, s.scored) == (0.0, 5, [1, 3], 2, {0: 1})
+    assert s.gen_task == [bts.IDLE, bts.GEN, bts.SCORE_CUR, bts.GEN_NEXT, bts.SCORE_NEXT, bts.PICKUP]
+    assert s.gen_end == [0.0, 1.5, 0.25, 2.0, 0.5, 0.75] and s.gen_mb == [-1, 4, 2, -1, -1, -1]
+    assert s.gen_lagging == [True, False, False, False, False, False]
+    assert (s.update_queue, s.not_updated, s.generating, s.stale_left, s.next_undispatched) == (2, 6, 1, 3, 7)
+    assert (s.slots, s.slot_end, s.slot_mb, s.free, s.reserved) == (3, [1.25, 0.5], [0, 5], 1, [])
+    assert (s.trainer_task, s.decided) == (bts.T_IDLE, False)
+    assert (s.t, s.f, s.sqn, s.upd_left, s.mode) == (0.0, 5, 2, 6, 1)  # the old short names still read
+    with pytest.raises(ValueError, match="BTS cannot model a generator running 'update'"):
+        bts.ModelState.from_view(SchedulerView(0, (GeneratorView("update", 1.0),), (), 0, {}, 0, 4, False))
+
+
+def test_scheduler_view_reports_next_step_work_and_busy_slots():
+    """Taken after every completion of jittered TCSS runs with TAG: next-step tasks carry no micro-batch
+    index, current-step ones and busy slots carry one already dispatched, no clock is negative."""
+    from verl_digen.schedule.config import ScheduleConfig
+    from verl_digen.schedule.executor import SimBackend, run
+
+    costs = uniform_stage_costs(2.0, 0.2, score=0.3, tag_generate=1.0, switch_to_gen=0.1)
+    seen = {"next_generate": 0, "next_score": 0, "busy_slots": 0}
+    for seed in range(6):
+        cfg = ScheduleConfig(prompts=8, group_size=2, mb_size=1, steps=3, policy="static:3", staleness=1.0)
+        sched = StepScheduler(cfg, costs, 2, trainer_ranks=2)
+        views = []
+
+        def grab(action, end, sched=sched, views=views, steps=cfg.steps):
+            if sched.train_step < steps:
+                views.append(sched.snapshot(end))
+
+        run(sched, SimBackend(costs, noise=0.3, seed=seed), on_complete=grab)
+        for v in views:
+            for g in v.generators:
+                if g.next_step:
+                    assert g.micro_batch is None and g.task in ("generate", "score")
+                    seen["next_generate" if g.task == "generate" else "next_score"] += 1
+                elif g.task in ("generate", "score"):
+                    assert 0 <= g.micro_batch < v.dispatched
+                assert g.remaining >= 0.0 and (g.task is not None or g.remaining == 0.0)
+            for remaining, mb in v.busy_slots:
+                assert remaining >= 0.0 and 0 <= mb < v.dispatched
+            seen["busy_slots"] += bool(v.busy_slots)
+            assert v.tag_slots == 2 and 0 <= v.stale_budget_left <= cfg.stale_budget()
+    assert min(seen.values()) > 0, seen

@@ -1,7 +1,8 @@
 """Bubble-triggered TAG search (BTS, the paper's Algorithm 2).
 
-At a trainer bubble the scheduler hands over a :class:`ModelState` (``StepScheduler.snapshot``): the
-rest of the current step compressed into counts and clocks relative to now. :func:`advance` plays the
+At a trainer bubble the scheduler hands over a neutral :class:`.tag_policy.SchedulerView`
+(``StepScheduler.snapshot``); :meth:`ModelState.from_view` compresses it into the state searched here:
+the rest of the current step as counts and clocks relative to now. :func:`advance` plays the
 scheduler's rules forward on it (same rules as :mod:`.scheduler`, micro-batches being
 interchangeable apart from their release unit; generators that still hold the previous version pick
 the new one up at their next boundary) until the next bubble or the end of the step's optimizer step.
@@ -29,107 +30,118 @@ import math
 import time
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
+from operator import attrgetter
 
-from .costs import StageCosts
-from .policies import BubbleContext
+from .costs import GENERATE, SCORE, WEIGHT_SYNC, StageCosts
+from .tag_policy import BubbleContext, SchedulerView, register_tag_policy
 
 # generator task kinds
 IDLE, GEN, SCORE_CUR, GEN_NEXT, SCORE_NEXT, PICKUP = 0, 1, 2, 3, 4, 5
 # trainer-unit task kinds (TAG runs on the slots, not on the unit)
-T_IDLE, T_UPDATE, T_SWG, T_SWT, T_OPT = 0, 1, 3, 4, 5
+T_IDLE, T_UPDATE, T_SWITCH_TO_GEN, T_SWITCH_TO_TRAIN, T_OPT = 0, 1, 3, 4, 5
 EPS = 1e-9
 INF = math.inf
 
 
 @dataclass(frozen=True)
 class Params:
-    """Everything constant during one search."""
+    """Everything constant during one search: the step's shape and one duration per action kind
+    (the :class:`.StageCosts` names)."""
 
-    M: int  # micro-batches in the step
-    k: int  # release unit size (micro-batches)
-    G: int  # generator workers
-    g: float
-    gt: float
-    c: float
-    u: float
-    swg: float
-    swt: float
-    opt: float
-    quantum: float
-    upd: int = 1  # micro-batches per update action
-    R: int = 1  # trainer ranks = TAG slots
-    w: float = 0.0  # one generator's weight pickup
+    micro_batches: int  # micro-batches in the step
+    unit_size: int  # release unit (micro-batches whose scoring completes a GRPO unit)
+    gen_workers: int
+    generate: float
+    tag_generate: float
+    score: float
+    update: float
+    switch_to_gen: float
+    switch_to_train: float
+    optimizer_step: float
+    quantum: float  # clock rounding of memo keys
+    update_size: int = 1  # micro-batches per update action
+    trainer_ranks: int = 1  # = TAG slots
+    weight_sync: float = 0.0  # one generator's weight pickup
 
     @classmethod
     def from_costs(cls, costs: StageCosts, micro_batches: int, unit_size: int, gen_workers: int,
                    update_size: int = 1, trainer_ranks: int = 1) -> Params:
         scale = max(costs.generate, costs.tag_generate, costs.score, costs.update, 1e-12)
         return cls(
-            M=micro_batches,
-            k=unit_size,
-            G=gen_workers,
-            g=costs.generate,
-            gt=costs.tag_generate,
-            c=costs.score,
-            u=costs.update,
-            swg=costs.switch_to_gen,
-            swt=costs.switch_to_train,
-            opt=costs.optimizer_step,
+            micro_batches=micro_batches,
+            unit_size=unit_size,
+            gen_workers=gen_workers,
+            generate=costs.generate,
+            tag_generate=costs.tag_generate,
+            score=costs.score,
+            update=costs.update,
+            switch_to_gen=costs.switch_to_gen,
+            switch_to_train=costs.switch_to_train,
+            optimizer_step=costs.optimizer_step,
             quantum=scale * 1e-9,
-            upd=update_size,
-            R=trainer_ranks,
-            w=costs.weight_sync,
+            update_size=update_size,
+            trainer_ranks=trainer_ranks,
+            weight_sync=costs.weight_sync,
         )
 
 
 class ModelState:
     """Mutable compressed schedule state; ``copy`` is cheap (a few short lists).
 
-    Generators: end time ``ge``, kind ``gk``, micro-batch ``gi`` and ``lag`` (holds the previous
-    version: picks the new one up when next idle). Trainer unit: ``tk``/``te``, ``mode`` (1 = generation
-    mode), ``rsv`` (TAG micro-batches waiting for the switch). TAG slots: ends ``se`` and micro-batches
-    ``si`` of the busy ones (``slots`` in all).
+    Step: ``dispatched`` micro-batches handed out, ``score_queue`` (micro-batch indices, a heap),
+    ``scored`` (release unit -> micro-batches scored), ``update_queue`` and ``not_updated`` (counts).
+    Generators (one list entry each): ``gen_end``, ``gen_task`` (``IDLE``, ``GEN`` ...), ``gen_mb``
+    and ``gen_lagging`` (holds the previous version: picks the new one up when next idle). Next step
+    (TCSS): ``next_score_queue`` (generated, waiting to be scored), ``next_undispatched``,
+    ``stale_left`` (budget). Trainer unit: ``trainer_task`` / ``trainer_end``, ``generating`` (1 =
+    generation mode), ``reserved`` (TAG micro-batches waiting for the switch), ``decided`` (this
+    bubble's decision is taken; the next comes after a trainer action or a freed slot). TAG slots:
+    ``slot_end`` and ``slot_mb`` of the busy ones (``slots`` in all). Clocks are absolute (``now``).
     """
 
     __slots__ = (
-        "t", "f", "ge", "gk", "gi", "lag", "sq", "sqn", "scored", "uq", "upd_left", "mode",
-        "te", "tk", "stale_left", "next_left", "skipped", "slots", "se", "si", "rsv",
+        "now", "dispatched", "gen_end", "gen_task", "gen_mb", "gen_lagging", "score_queue",
+        "next_score_queue", "scored", "update_queue", "not_updated", "generating", "trainer_end",
+        "trainer_task", "stale_left", "next_undispatched", "decided", "slots", "slot_end", "slot_mb",
+        "reserved",
     )
 
     def __init__(
         self,
-        t: float,
-        f: int,
-        ge: list[float],
-        gk: list[int],
-        gi: list[int],
-        sq: list[int],
-        sqn: int,
+        now: float,
+        dispatched: int,
+        gen_end: list[float],
+        gen_task: list[int],
+        gen_mb: list[int],
+        score_queue: list[int],
+        next_score_queue: int,
         scored: dict[int, int],
-        uq: int,
-        upd_left: int,
-        mode: int,
+        update_queue: int,
+        not_updated: int,
+        generating: int,
         stale_left: int = 0,
-        next_left: int = 0,
-        te: float = 0.0,
-        tk: int = T_IDLE,
-        skipped: bool = False,
-        lag: list[bool] | None = None,
+        next_undispatched: int = 0,
+        trainer_end: float = 0.0,
+        trainer_task: int = T_IDLE,
+        decided: bool = False,
+        gen_lagging: list[bool] | None = None,
         slots: int = 1,
-        se: list[float] | None = None,
-        si: list[int] | None = None,
-        rsv: list[int] | None = None,
+        slot_end: list[float] | None = None,
+        slot_mb: list[int] | None = None,
+        reserved: list[int] | None = None,
     ) -> None:
-        self.t, self.f, self.ge, self.gk, self.gi = t, f, ge, gk, gi
-        self.lag = lag if lag is not None else [False] * len(gk)
-        self.sq = sorted(sq)  # a sorted list is a valid heap
-        self.sqn, self.scored, self.uq, self.upd_left, self.mode = sqn, scored, uq, upd_left, mode
-        self.stale_left, self.next_left = stale_left, next_left
-        self.te, self.tk, self.skipped = te, tk, skipped
+        self.now, self.dispatched = now, dispatched
+        self.gen_end, self.gen_task, self.gen_mb = gen_end, gen_task, gen_mb
+        self.gen_lagging = gen_lagging if gen_lagging is not None else [False] * len(gen_task)
+        self.score_queue = sorted(score_queue)  # a sorted list is a valid heap
+        self.next_score_queue, self.scored = next_score_queue, scored
+        self.update_queue, self.not_updated, self.generating = update_queue, not_updated, generating
+        self.stale_left, self.next_undispatched = stale_left, next_undispatched
+        self.trainer_end, self.trainer_task, self.decided = trainer_end, trainer_task, decided
         self.slots = slots
-        self.se = list(se or [])
-        self.si = list(si or [])
-        self.rsv = list(rsv or [])
+        self.slot_end = list(slot_end or [])
+        self.slot_mb = list(slot_mb or [])
+        self.reserved = list(reserved or [])
 
     @classmethod
     def fresh(cls, micro_batches: int, gen_workers: int, stale_budget: int = 0, slots: int = 1,
@@ -139,36 +151,91 @@ class ModelState:
         g = gen_workers
         return cls(0.0, 0, [0.0] * g, [IDLE] * g, [-1] * g, [], 0, {}, 0, micro_batches, 0,
                    stale_budget, micro_batches if stale_budget else 0,
-                   lag=[i < lagging for i in range(g)], slots=slots)
+                   gen_lagging=[i < lagging for i in range(g)], slots=slots)
+
+    @classmethod
+    def from_view(cls, view: SchedulerView) -> ModelState:
+        """The state BTS searches, built from the scheduler's neutral view at a bubble (clocks
+        relative to the bubble: ``now`` = 0)."""
+        gen_end, gen_task, gen_mb, lagging = [], [], [], []
+        for g in view.generators:
+            if g.task is None:
+                kind = IDLE
+            elif g.task == WEIGHT_SYNC:
+                kind = PICKUP
+            elif g.task == GENERATE:
+                kind = GEN_NEXT if g.next_step else GEN
+            elif g.task == SCORE:
+                kind = SCORE_NEXT if g.next_step else SCORE_CUR
+            else:
+                raise ValueError(f"BTS cannot model a generator running {g.task!r}")
+            gen_task.append(kind)
+            gen_end.append(g.remaining if kind != IDLE else 0.0)
+            gen_mb.append(g.micro_batch if kind in (GEN, SCORE_CUR) and g.micro_batch is not None else -1)
+            lagging.append(g.lagging)
+        return cls(
+            now=0.0,
+            dispatched=view.dispatched,
+            gen_end=gen_end,
+            gen_task=gen_task,
+            gen_mb=gen_mb,
+            score_queue=list(view.scoring_queue),
+            next_score_queue=view.next_step_scoring,
+            scored=dict(view.scored_per_unit),
+            update_queue=view.update_queue,
+            not_updated=view.not_updated,
+            generating=1 if view.trainer_generating else 0,
+            stale_left=view.stale_budget_left,
+            next_undispatched=view.next_step_undispatched,
+            gen_lagging=lagging,
+            slots=view.tag_slots,
+            slot_end=[e for e, _ in view.busy_slots],
+            slot_mb=[mb for _, mb in view.busy_slots],
+        )
 
     def copy(self) -> ModelState:
         n = ModelState.__new__(ModelState)
-        n.t, n.f, n.ge, n.gk, n.gi, n.lag = self.t, self.f, self.ge[:], self.gk[:], self.gi[:], self.lag[:]
-        n.sq, n.sqn, n.scored, n.uq = self.sq[:], self.sqn, dict(self.scored), self.uq
-        n.upd_left, n.mode, n.stale_left, n.next_left = self.upd_left, self.mode, self.stale_left, self.next_left
-        n.te, n.tk, n.skipped = self.te, self.tk, self.skipped
-        n.slots, n.se, n.si, n.rsv = self.slots, self.se[:], self.si[:], self.rsv[:]
+        n.now, n.dispatched = self.now, self.dispatched
+        n.gen_end, n.gen_task, n.gen_mb, n.gen_lagging = (self.gen_end[:], self.gen_task[:], self.gen_mb[:],
+                                                          self.gen_lagging[:])
+        n.score_queue, n.next_score_queue, n.scored = self.score_queue[:], self.next_score_queue, dict(self.scored)
+        n.update_queue, n.not_updated, n.generating = self.update_queue, self.not_updated, self.generating
+        n.stale_left, n.next_undispatched = self.stale_left, self.next_undispatched
+        n.trainer_end, n.trainer_task, n.decided = self.trainer_end, self.trainer_task, self.decided
+        n.slots, n.slot_end, n.slot_mb, n.reserved = self.slots, self.slot_end[:], self.slot_mb[:], self.reserved[:]
         return n
 
     @property
     def free(self) -> int:
         """TAG slots a decision may use now."""
-        return self.slots if not self.mode else self.slots - len(self.se)
+        return self.slots if not self.generating else self.slots - len(self.slot_end)
 
     def key(self, q: float, units: bool = True) -> tuple:
         """Memo key: counts, queues and clocks relative to now. Without release units of several
         micro-batches (``units=False``) micro-batches are interchangeable, so their indices drop out."""
-        t = self.t
+        now, task, lag = self.now, self.gen_task, self.gen_lagging
         gens = tuple(sorted(
-            (round((self.ge[w] - t) / q), self.gk[w], self.gi[w] if units else 0, self.lag[w])
-            for w in range(len(self.gk)) if self.gk[w]
+            (round((self.gen_end[w] - now) / q), task[w], self.gen_mb[w] if units else 0, lag[w])
+            for w in range(len(task)) if task[w]
         ))
-        lagging = sum(1 for w in range(len(self.gk)) if not self.gk[w] and self.lag[w]) if True in self.lag else 0
-        slots = tuple(sorted((round((e - t) / q), i if units else 0) for e, i in zip(self.se, self.si))) \
-            if self.se else ()
-        sq = tuple(self.sq) if units else len(self.sq)
-        return (self.f, gens, lagging, sq, self.sqn, tuple(sorted(self.scored.items())), self.uq,
-                self.upd_left, self.mode, self.stale_left, self.next_left, slots)
+        lagging = sum(1 for w in range(len(task)) if not task[w] and lag[w]) if True in lag else 0
+        slots = tuple(sorted((round((e - now) / q), i if units else 0) for e, i in zip(self.slot_end, self.slot_mb))) \
+            if self.slot_end else ()
+        sq = tuple(self.score_queue) if units else len(self.score_queue)
+        return (self.dispatched, gens, lagging, sq, self.next_score_queue, tuple(sorted(self.scored.items())),
+                self.update_queue, self.not_updated, self.generating, self.stale_left, self.next_undispatched,
+                slots)
+
+
+# The short names the state used to have (read-only; new code uses the long ones).
+_SHORT_NAMES = {
+    "t": "now", "f": "dispatched", "ge": "gen_end", "gk": "gen_task", "gi": "gen_mb", "lag": "gen_lagging",
+    "sq": "score_queue", "sqn": "next_score_queue", "uq": "update_queue", "upd_left": "not_updated",
+    "mode": "generating", "te": "trainer_end", "tk": "trainer_task", "next_left": "next_undispatched",
+    "skipped": "decided", "se": "slot_end", "si": "slot_mb", "rsv": "reserved",
+}
+for _short, _long in _SHORT_NAMES.items():
+    setattr(ModelState, _short, property(attrgetter(_long), doc=f"Old name of ``{_long}``."))
 
 
 def advance(p: Params, s: ModelState) -> bool:
@@ -178,148 +245,153 @@ def advance(p: Params, s: ModelState) -> bool:
     generate ahead while no TAG is in flight. Trainer: launch reserved TAG after the switch; update /
     switch back / optimizer step; else a decision. The hot loop of the search: state is kept in locals.
     """
-    G, M, R = p.G, p.M, p.R
-    ge, gk, gi, lag, sq, scored = s.ge, s.gk, s.gi, s.lag, s.sq, s.scored
-    se, si = s.se, s.si
-    t, f, sqn, uq, upd_left, mode = s.t, s.f, s.sqn, s.uq, s.upd_left, s.mode
-    tk, te, skipped, stale_left, next_left = s.tk, s.te, s.skipped, s.stale_left, s.next_left
-    c, g, gt, k = p.c, p.g, p.gt, p.k
+    n_gen, n_mb, ranks = p.gen_workers, p.micro_batches, p.trainer_ranks
+    gen_end, gen_task, gen_mb, lagging = s.gen_end, s.gen_task, s.gen_mb, s.gen_lagging
+    score_queue, scored = s.score_queue, s.scored
+    slot_end, slot_mb = s.slot_end, s.slot_mb
+    now, dispatched, next_scoring = s.now, s.dispatched, s.next_score_queue
+    update_queue, not_updated, generating = s.update_queue, s.not_updated, s.generating
+    trainer_task, trainer_end, decided = s.trainer_task, s.trainer_end, s.decided
+    stale_left, next_undispatched = s.stale_left, s.next_undispatched
+    score, generate, tag_generate, unit_size = p.score, p.generate, p.tag_generate, p.unit_size
     done = False
     while True:
         # generators
-        if IDLE in gk:
-            for w in range(G):
-                if gk[w]:
+        if IDLE in gen_task:
+            for w in range(n_gen):
+                if gen_task[w]:
                     continue
-                if sq:
-                    gi[w] = heappop(sq)
-                    gk[w] = SCORE_CUR
-                    ge[w] = t + c
-                elif sqn:
-                    sqn -= 1
-                    gk[w], gi[w], ge[w] = SCORE_NEXT, -1, t + c
-                elif lag[w]:
-                    lag[w] = False
-                    gk[w], gi[w], ge[w] = PICKUP, -1, t + p.w
-                elif f < M:
-                    gi[w] = f
-                    f += 1
-                    gk[w], ge[w] = GEN, t + g
-                elif stale_left and next_left and not se and not s.rsv:
+                if score_queue:
+                    gen_mb[w] = heappop(score_queue)
+                    gen_task[w] = SCORE_CUR
+                    gen_end[w] = now + score
+                elif next_scoring:
+                    next_scoring -= 1
+                    gen_task[w], gen_mb[w], gen_end[w] = SCORE_NEXT, -1, now + score
+                elif lagging[w]:
+                    lagging[w] = False
+                    gen_task[w], gen_mb[w], gen_end[w] = PICKUP, -1, now + p.weight_sync
+                elif dispatched < n_mb:
+                    gen_mb[w] = dispatched
+                    dispatched += 1
+                    gen_task[w], gen_end[w] = GEN, now + generate
+                elif stale_left and next_undispatched and not slot_end and not s.reserved:
                     stale_left -= 1
-                    next_left -= 1
-                    gk[w], gi[w], ge[w] = GEN_NEXT, -1, t + g
+                    next_undispatched -= 1
+                    gen_task[w], gen_mb[w], gen_end[w] = GEN_NEXT, -1, now + generate
         # trainer
-        if s.rsv and mode:
-            for mb in s.rsv:
-                se.append(t + gt)
-                si.append(mb)
-            s.rsv = []
-            skipped = True
-        if not tk:
-            if uq or upd_left == 0:
-                if mode:
-                    if not se:
-                        skipped = False
-                        tk, te = T_SWT, t + p.swt
+        if s.reserved and generating:
+            for mb in s.reserved:
+                slot_end.append(now + tag_generate)
+                slot_mb.append(mb)
+            s.reserved = []
+            decided = True
+        if not trainer_task:
+            if update_queue or not_updated == 0:
+                if generating:
+                    if not slot_end:
+                        decided = False
+                        trainer_task, trainer_end = T_SWITCH_TO_TRAIN, now + p.switch_to_train
                 else:
-                    skipped = False
-                    if uq:
-                        uq -= p.upd
-                        tk, te = T_UPDATE, t + p.u
+                    decided = False
+                    if update_queue:
+                        update_queue -= p.update_size
+                        trainer_task, trainer_end = T_UPDATE, now + p.update
                     else:
-                        tk, te = T_OPT, t + p.opt
-            elif f < M and not skipped and (not mode or len(se) < R):
+                        trainer_task, trainer_end = T_OPT, now + p.optimizer_step
+            elif dispatched < n_mb and not decided and (not generating or len(slot_end) < ranks):
                 break
         # next completion(s)
-        tn = te if tk else INF
-        for w in range(G):
-            if gk[w] and ge[w] < tn:
-                tn = ge[w]
-        if se:
-            e = min(se)
-            if e < tn:
-                tn = e
-        if tn == INF:
+        t_next = trainer_end if trainer_task else INF
+        for w in range(n_gen):
+            if gen_task[w] and gen_end[w] < t_next:
+                t_next = gen_end[w]
+        if slot_end:
+            e = min(slot_end)
+            if e < t_next:
+                t_next = e
+        if t_next == INF:
             raise RuntimeError("BTS model deadlocked (no task in flight)")
-        lim = tn + EPS
-        tmax = tn
-        for w in range(G):
-            kind = gk[w]
-            if kind and ge[w] <= lim:
-                if ge[w] > tmax:
-                    tmax = ge[w]
+        lim = t_next + EPS
+        t_max = t_next
+        for w in range(n_gen):
+            kind = gen_task[w]
+            if kind and gen_end[w] <= lim:
+                if gen_end[w] > t_max:
+                    t_max = gen_end[w]
                 if kind == GEN:
-                    heappush(sq, gi[w])
+                    heappush(score_queue, gen_mb[w])
                 elif kind == SCORE_CUR:
-                    unit = gi[w] // k
+                    unit = gen_mb[w] // unit_size
                     n = scored.get(unit, 0) + 1
-                    if n == k:
+                    if n == unit_size:
                         scored.pop(unit, None)
-                        uq += k
+                        update_queue += unit_size
                     else:
                         scored[unit] = n
                 elif kind == GEN_NEXT:
-                    sqn += 1
-                gk[w] = IDLE
-        if se and min(se) <= lim:
-            keep_e, keep_i = [], []
-            for e, i in zip(se, si):
+                    next_scoring += 1
+                gen_task[w] = IDLE
+        if slot_end and min(slot_end) <= lim:
+            keep_end, keep_mb = [], []
+            for e, i in zip(slot_end, slot_mb):
                 if e <= lim:
-                    if e > tmax:
-                        tmax = e
-                    heappush(sq, i)
-                    skipped = False  # a slot came free
+                    if e > t_max:
+                        t_max = e
+                    heappush(score_queue, i)
+                    decided = False  # a slot came free
                 else:
-                    keep_e.append(e)
-                    keep_i.append(i)
-            se[:], si[:] = keep_e, keep_i
-        if tk and te <= lim:
-            if te > tmax:
-                tmax = te
-            done_kind = tk
-            tk = T_IDLE
+                    keep_end.append(e)
+                    keep_mb.append(i)
+            slot_end[:], slot_mb[:] = keep_end, keep_mb
+        if trainer_task and trainer_end <= lim:
+            if trainer_end > t_max:
+                t_max = trainer_end
+            done_kind = trainer_task
+            trainer_task = T_IDLE
             if done_kind == T_UPDATE:
-                upd_left -= p.upd
-            elif done_kind == T_SWG:
-                mode = 1
-            elif done_kind == T_SWT:
-                mode = 0
+                not_updated -= p.update_size
+            elif done_kind == T_SWITCH_TO_GEN:
+                generating = 1
+            elif done_kind == T_SWITCH_TO_TRAIN:
+                generating = 0
             else:  # optimizer step: the step is over
-                tmax = te
+                t_max = trainer_end
                 done = True
-        t = tmax
+        now = t_max
         if done:
             break
-    s.t, s.f, s.sqn, s.uq, s.upd_left, s.mode = t, f, sqn, uq, upd_left, mode
-    s.tk, s.te, s.skipped, s.stale_left, s.next_left = tk, te, skipped, stale_left, next_left
+    s.now, s.dispatched, s.next_score_queue = now, dispatched, next_scoring
+    s.update_queue, s.not_updated, s.generating = update_queue, not_updated, generating
+    s.trainer_task, s.trainer_end, s.decided = trainer_task, trainer_end, decided
+    s.stale_left, s.next_undispatched = stale_left, next_undispatched
     return done
 
 
-def choices(s: ModelState, M: int) -> range:
+def choices(s: ModelState, micro_batches: int) -> range:
     """The decisions open at a bubble: how many TAG micro-batches to start (0 = skip)."""
-    return range(min(s.free, M - s.f) + 1)
+    return range(min(s.free, micro_batches - s.dispatched) + 1)
 
 
 def apply(p: Params, s: ModelState, k: int) -> None:
     """Take a TAG decision at a bubble: start ``k`` TAG micro-batches (after a switch if training)."""
     k = int(k)
-    s.skipped = True
+    s.decided = True
     if k <= 0:
         return
-    mbs = range(s.f, s.f + k)
-    s.f += k
-    if s.mode:
+    mbs = range(s.dispatched, s.dispatched + k)
+    s.dispatched += k
+    if s.generating:
         for mb in mbs:
-            s.se.append(s.t + p.gt)
-            s.si.append(mb)
+            s.slot_end.append(s.now + p.tag_generate)
+            s.slot_mb.append(mb)
     else:
-        s.rsv = list(mbs)
-        s.tk, s.te = T_SWG, s.t + p.swg
+        s.reserved = list(mbs)
+        s.trainer_task, s.trainer_end = T_SWITCH_TO_GEN, s.now + p.switch_to_gen
 
 
 def lower_bound(p: Params, s: ModelState) -> float:
-    """Admissible bound on the time left (from ``s.t``) until the optimizer step ends.
+    """Admissible bound on the time left (from ``s.now``) until the optimizer step ends.
 
     Trainer: every update left, the optimizer step, a switch back to training if needed, plus ``x``
     TAG generations spread perfectly over the slots (and their switches). Generator pool: in-flight
@@ -328,44 +400,47 @@ def lower_bound(p: Params, s: ModelState) -> float:
     Weight pickups are left out (a generator may do its pickup after the step's last scoring). Called
     at decision states only: the trainer unit is idle and no TAG waits for a switch.
     """
-    t = s.t
-    U = p.M - s.f
+    now = s.now
+    n_gen, ranks = p.gen_workers, p.trainer_ranks
+    undispatched = p.micro_batches - s.dispatched
     busy = 0.0
-    n_score = len(s.sq) + U + len(s.se)
-    for w in range(p.G):
-        kind = s.gk[w]
+    n_score = len(s.score_queue) + undispatched + len(s.slot_end)
+    for w in range(n_gen):
+        kind = s.gen_task[w]
         if kind == GEN or kind == SCORE_CUR:
-            busy += s.ge[w] - t
+            busy += s.gen_end[w] - now
             if kind == GEN:
                 n_score += 1
-    tail = p.u + p.opt
-    t0 = (s.upd_left // p.upd) * p.u + p.opt
-    if s.se:
-        slot_sum = sum(e - t for e in s.se)
-        drain = max(e - t for e in s.se)
+    tail = p.update + p.optimizer_step
+    train_left = (s.not_updated // p.update_size) * p.update + p.optimizer_step
+    if s.slot_end:
+        slot_sum = sum(e - now for e in s.slot_end)
+        drain = max(e - now for e in s.slot_end)
     else:
         slot_sum = drain = 0.0
-    b0 = t0 + (p.swt if s.mode else 0.0) + max(drain, slot_sum / p.R)
+    trainer_no_tag = train_left + (p.switch_to_train if s.generating else 0.0) + max(drain, slot_sum / ranks)
     if n_score == 0:
-        return b0
-    a0 = (busy + U * p.g + n_score * p.c) / p.G + tail
-    best = max(a0, b0)
-    if U == 0:
+        return trainer_no_tag
+    pool_no_tag = (busy + undispatched * p.generate + n_score * p.score) / n_gen + tail
+    best = max(pool_no_tag, trainer_no_tag)
+    if undispatched == 0:
         return best
-    # x >= 1 more TAG micro-batches: the slots share x * gt, plus a switch in (if training) and out
-    b1 = t0 + (0.0 if s.mode else p.swg) + p.swt
-    ga = p.g / p.G
-    gr = p.gt / p.R
+    # x >= 1 more TAG micro-batches: the slots share x * tag_generate, plus a switch in (if training) and out
+    trainer_with_tag = train_left + (0.0 if s.generating else p.switch_to_gen) + p.switch_to_train
+    pool_saving = p.generate / n_gen  # pool time saved per micro-batch moved to TAG
+    slot_cost = p.tag_generate / ranks  # slot time added per TAG micro-batch
 
     def value(x: int) -> float:
-        return max(a0 - x * ga, b1 + max(drain, (slot_sum + x * p.gt) / p.R))
+        return max(pool_no_tag - x * pool_saving,
+                   trainer_with_tag + max(drain, (slot_sum + x * p.tag_generate) / ranks))
 
-    xs = {1, U}
-    denom = ga + gr
+    xs = {1, undispatched}
+    denom = pool_saving + slot_cost
     if denom > 0:  # crossing with the sloped part, and with the drain floor
-        for xc in ((a0 - b1 - slot_sum / p.R) / denom, (a0 - b1 - drain) / ga if ga > 0 else 1):
-            lo = min(max(1, math.floor(xc)), U)
-            xs.update((lo, min(lo + 1, U)))
+        for xc in ((pool_no_tag - trainer_with_tag - slot_sum / ranks) / denom,
+                   (pool_no_tag - trainer_with_tag - drain) / pool_saving if pool_saving > 0 else 1):
+            lo = min(max(1, math.floor(xc)), undispatched)
+            xs.update((lo, min(lo + 1, undispatched)))
     for x in xs:
         v = value(x)
         if v < best:
@@ -377,7 +452,7 @@ def _rollout(p: Params, s: ModelState, rule: str) -> float:
     """End time of a greedy policy from ``s`` (used as the initial incumbent)."""
     s = s.copy()
     while not advance(p, s):
-        most = min(s.free, p.M - s.f)
+        most = min(s.free, p.micro_batches - s.dispatched)
         if rule == "never":
             k = 0
         elif rule == "always":
@@ -385,9 +460,9 @@ def _rollout(p: Params, s: ModelState, rule: str) -> float:
         elif rule == "one":
             k = min(1, most)
         else:
-            k = most if (p.M - s.f) >= 0.3 * p.M else 0
+            k = most if (p.micro_batches - s.dispatched) >= 0.3 * p.micro_batches else 0
         apply(p, s, k)
-    return s.t
+    return s.now
 
 
 RULES = ("never", "always", "one", "threshold")
@@ -423,30 +498,30 @@ class Solver:
         self._budget = self.stats.nodes + self.node_cap
         p = self.params
         s = state.copy()
-        t0 = s.t
+        t0 = s.now
         if advance(p, s):
             self.stats.seconds += time.perf_counter() - t_start
-            return s.t - t0, None
-        base = s.t - t0
+            return s.now - t0, None
+        base = s.now - t0
         ub = INF
         if self.prune:
-            ub = min(_rollout(p, s, r) for r in RULES) - s.t + 1e-7 * (1 + abs(s.t))
+            ub = min(_rollout(p, s, r) for r in RULES) - s.now + 1e-7 * (1 + abs(s.now))
         best, decision = INF, 0
-        for k in choices(s, p.M):
+        for k in choices(s, p.micro_batches):
             c = s.copy()
             apply(p, c, k)
-            dt = c.t - s.t
+            dt = c.now - s.now
             if advance(p, c):
-                v = c.t - s.t
+                v = c.now - s.now
             else:
-                v = (c.t - s.t) + self._search(c, min(ub, best) - dt)
+                v = (c.now - s.now) + self._search(c, min(ub, best) - dt)
             if v < best - EPS:
                 best, decision = v, k
         if best == INF:  # node cap hit before any plan was completed: fall back to the greedy rules
             self.stats.capped = True
             ends = {r: _rollout(p, s, r) for r in ("never", "always")}
-            decision = min(s.free, p.M - s.f) if ends["always"] < ends["never"] else 0
-            best = min(ends.values()) - s.t
+            decision = min(s.free, p.micro_batches - s.dispatched) if ends["always"] < ends["never"] else 0
+            best = min(ends.values()) - s.now
         self.stats.seconds += time.perf_counter() - t_start
         return base + best, decision
 
@@ -459,7 +534,7 @@ class Solver:
         p = self.params
         key = None
         if self.memo:
-            key = s.key(p.quantum, p.k > 1)
+            key = s.key(p.quantum, p.unit_size > 1)
             v = self.exact.get(key)
             if v is not None:
                 st.memo_hits += 1
@@ -473,13 +548,13 @@ class Solver:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
             return INF
         best = INF
-        for k in reversed(choices(s, p.M)):  # the most TAG first: finds a good incumbent early
+        for k in reversed(choices(s, p.micro_batches)):  # the most TAG first: finds a good incumbent early
             c = s.copy()
             apply(p, c, k)
             if advance(p, c):
-                v = c.t - s.t
+                v = c.now - s.now
             else:
-                dt = c.t - s.t
+                dt = c.now - s.now
                 v = dt + self._search(c, min(ub, best) - dt)
             if v < best:
                 best = v
@@ -507,16 +582,16 @@ def exhaustive(params: Params, state: ModelState) -> tuple[float, int]:
         nonlocal leaves
         if advance(params, s):
             leaves += 1
-            return s.t
+            return s.now
         best = INF
-        for k in choices(s, params.M):
+        for k in choices(s, params.micro_batches):
             c = s.copy()
             apply(params, c, k)
             best = min(best, rec(c))
         return best
 
     s = state.copy()
-    return rec(s) - state.t, leaves
+    return rec(s) - state.now, leaves
 
 
 def play(params: Params, state: ModelState, decisions) -> float:
@@ -526,11 +601,12 @@ def play(params: Params, state: ModelState, decisions) -> float:
     while not advance(params, s):
         k = decisions(s)
         if k is True:
-            k = min(s.free, params.M - s.f)
+            k = min(s.free, params.micro_batches - s.dispatched)
         apply(params, s, int(k))
-    return s.t - state.t
+    return s.now - state.now
 
 
+@register_tag_policy("bts")
 class BtsPolicy:
     """The ``bts`` TAG policy: re-solve at every bubble with the current cost estimates.
 
@@ -556,7 +632,7 @@ class BtsPolicy:
         if not self.reuse or self._solver is None or self._solver.params != params:
             self._solver = Solver(params, node_cap=self.node_cap)
         before = self._solver.stats.seconds
-        value, decision = self._solver.solve(ctx.snapshot())
+        value, decision = self._solver.solve(ModelState.from_view(ctx.snapshot()))
         self.solve_seconds.append(self._solver.stats.seconds - before)
         self.last_stats = self._solver.stats
         ctx.predicted_end = ctx.now + value

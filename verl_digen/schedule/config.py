@@ -63,7 +63,7 @@ class ScheduleConfig:
         if self.train_loop not in TRAIN_LOOPS:
             raise ValueError(f"unknown train_loop {self.train_loop!r}; expected one of {TRAIN_LOOPS}")
         validate(self.prompts, self.group_size, self.mb_size, 1, self.partition)
-        from .policies import parse_policy  # validate the spec early (clear error on typos)
+        from .tag_policy import parse_policy  # validate the spec early (clear error on typos)
 
         parse_policy(self.policy)
 

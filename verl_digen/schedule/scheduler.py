@@ -55,8 +55,8 @@ from .costs import (
     WEIGHT_SYNC,
     StageCosts,
 )
-from .policies import BubbleContext, TagPolicy, parse_policy
 from .profiler import Profiler
+from .tag_policy import BubbleContext, GeneratorView, SchedulerView, TagPolicy, parse_policy
 from .timeline import TRAINER, Record, Timeline, gen_worker, tag_slot
 
 TRAIN_MODE = "train"
@@ -318,57 +318,43 @@ class StepScheduler:
             return [Action(SWITCH_TO_GEN, (TRAINER,), ts, ts)]
         return self._tag_actions(mbs)
 
-    def snapshot(self, now: float):
-        """The compressed BTS state at a bubble of the trainer's step, clocks relative to ``now``."""
-        from .bts import GEN, GEN_NEXT, PICKUP, SCORE_CUR, SCORE_NEXT, ModelState
-
+    def snapshot(self, now: float) -> SchedulerView:
+        """The neutral view of the trainer's step at a bubble, clocks relative to ``now`` (what a
+        searching policy such as BTS builds its own state from)."""
         ts = self.train_step
         st = self._steps[ts]
         c = self.costs
-        ge, gk, gi, lag = [], [], [], []
+        gens = []
         for w in self.gens:
             a = self._busy[w]
             held = self.versions[w]
             if a is None:
-                ge.append(0.0)
-                gk.append(0)
-                gi.append(-1)
-                lag.append(held < self.published)
+                gens.append(GeneratorView(None, lagging=held < self.published))
                 continue
-            rem = max(0.0, a.start + c.duration(a.kind) - now)
             if a.kind == WEIGHT_SYNC:
-                kind, held = PICKUP, a.version
-            elif a.kind == GENERATE:
-                kind = GEN if a.step == ts else GEN_NEXT
-            else:
-                kind = SCORE_CUR if a.step == ts else SCORE_NEXT
-            ge.append(rem)
-            gk.append(kind)
-            gi.append(a.mb if a.step == ts and a.mb is not None else -1)
-            lag.append(held < self.published)
-        se, si = [], []
-        for w in self.slots:
-            a = self._busy[w]
-            if a is not None:
-                se.append(max(0.0, a.start + c.tag_generate - now))
-                si.append(a.mb)
+                held = a.version
+            current = a.step == ts
+            gens.append(GeneratorView(
+                task=a.kind,
+                remaining=max(0.0, a.start + c.duration(a.kind) - now),
+                next_step=a.kind != WEIGHT_SYNC and not current,
+                micro_batch=a.mb if current and a.kind != WEIGHT_SYNC else None,
+                lagging=held < self.published,
+            ))
+        busy_slots = tuple((max(0.0, a.start + c.tag_generate - now), a.mb)
+                           for a in (self._busy[w] for w in self.slots) if a is not None)
         nxt = self._steps[ts + 1] if ts + 1 < self.config.steps else None
-        return ModelState(
-            t=0.0,
-            f=st.next,
-            ge=ge,
-            gk=gk,
-            gi=gi,
-            sq=list(self._sq[ts]),
-            sqn=len(self._sq[ts + 1]) if nxt is not None else 0,
-            scored=dict(st.scored),
-            uq=len(st.uq),
-            upd_left=self.M - st.updated,
-            mode=1 if self.trainer_mode == GEN_MODE else 0,
-            stale_left=(self.stale_budget - nxt.stale) if nxt is not None and self.stale_budget else 0,
-            next_left=(self.M - nxt.next) if nxt is not None else 0,
-            lag=lag,
-            slots=self.R,
-            se=se,
-            si=si,
+        return SchedulerView(
+            dispatched=st.next,
+            generators=tuple(gens),
+            scoring_queue=tuple(self._sq[ts]),
+            next_step_scoring=len(self._sq[ts + 1]) if nxt is not None else 0,
+            scored_per_unit=dict(st.scored),
+            update_queue=len(st.uq),
+            not_updated=self.M - st.updated,
+            trainer_generating=self.trainer_mode == GEN_MODE,
+            stale_budget_left=(self.stale_budget - nxt.stale) if nxt is not None and self.stale_budget else 0,
+            next_step_undispatched=(self.M - nxt.next) if nxt is not None else 0,
+            tag_slots=self.R,
+            busy_slots=busy_slots,
         )
