@@ -157,7 +157,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from verl_digen.schedule.plan import colocated_baselines, search, verdict
+    from verl_digen.schedule.split_search import colocated_baselines, search, verdict
 
     name, model, wl, fixed = _load_source(args)
     total = args.gpus or model.total_workers
