@@ -20,10 +20,9 @@ from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
 from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
-from verl_digen.schedule.policies import parse_policy
+from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
 from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
-SYNC_BACKENDS = ("object_store", "collective")
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
 DEVICES = ("cpu", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
@@ -386,9 +385,13 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("digen.tcss.staleness", d.tcss.staleness, f"0 unless trainer=digen (mode is {t.mode})")
     try:
         parse_policy(d.tag.policy)
+    except UnknownTagPolicy:
+        raise ConfigError("digen.tag.policy", d.tag.policy, f"a registered TAG policy: {tag_policy_usage()}") from None
     except ValueError as err:
-        raise ConfigError("digen.tag.policy", d.tag.policy, f"never, static:K, adaptive:R or bts ({err})") from None
-    _choice("digen.sync.backend", d.sync.backend, SYNC_BACKENDS)
+        raise ConfigError("digen.tag.policy", d.tag.policy, f"one of {tag_policy_usage()} ({err})") from None
+    from verl_digen.workers.sync import sync_backend_names  # the registered backends (imports ray, not Ray)
+
+    _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
     _choice("digen.update", d.update, ("unit", "micro_batch"))
     _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
     if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:

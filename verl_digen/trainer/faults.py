@@ -112,7 +112,10 @@ def fault_policy(cfg, log: Callable[[str], None] = print) -> FaultPolicy:
     """The run's ``FaultPolicy`` (``trainer.generator_max_restarts``, ``trainer.action_timeout_factor``,
     ``trainer.action_timeout_min_s``). Restarts need the object-store weight sync: a restarted actor
     cannot rejoin a collective sync group, so with ``digen.sync.backend=collective`` a dead generator
-    ends the run (the timeout still names the hung action)."""
+    ends the run (the timeout still names the hung action). Which backends allow restarts is on the
+    backend class (``SyncBackend.restartable``)."""
+    from verl_digen.workers.sync import sync_backend
+
     t = cfg.trainer
-    restarts = t.generator_max_restarts if cfg.digen.sync.backend == "object_store" else 0
+    restarts = t.generator_max_restarts if sync_backend(cfg.digen.sync.backend).restartable else 0
     return FaultPolicy(restarts, t.action_timeout_factor, t.action_timeout_min_s, log)

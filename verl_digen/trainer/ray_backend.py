@@ -110,8 +110,9 @@ class RayBackend:
             self.gen_state.published(*sync.published)
 
     def _keeps_weights(self) -> bool:
-        """Published weights are kept while a generator may need them back (object store, restarts on)."""
-        return self.sync is not None and self.sync.backend == "object_store" and self.faults.max_restarts > 0
+        """Published weights are kept while a generator may need them back (the backend's publish returns
+        the weights, e.g. object store, and restarts are on)."""
+        return self.sync is not None and self.sync.publish_returns_weights and self.faults.max_restarts > 0
 
     def fault_metrics(self, step: int) -> dict[str, float]:
         """``fault/retries`` and ``fault/restarts`` of local step ``step`` (reported once)."""
@@ -188,7 +189,7 @@ class RayBackend:
                 scored, ids = gen.score_rows.options(num_returns=2).remote(part)
                 return [ids], [scored], [ids]
             return submit
-        if a.kind == WEIGHT_SYNC and self.sync.backend == "object_store":
+        if a.kind == WEIGHT_SYNC and self.sync.restartable and self.sync.publish_returns_weights:
             v = self.base + a.version
             first = [True]
 
@@ -318,7 +319,7 @@ class RayBackend:
         elif a.kind == PUBLISH:
             # object store: rank 0's return value *is* the weights; the driver never fetches it (a
             # failure there surfaces at the first pickup). Bytes count toward the step that uses them.
-            refs = call.refs[1:] if self.sync.backend == "object_store" else call.refs
+            refs = call.refs[1:] if self.sync.publish_returns_weights else call.refs
             self._fetch(a.version, refs)
         elif a.kind == WEIGHT_SYNC:
             self._fetch(a.version, call.refs)  # versions; surfaces worker errors

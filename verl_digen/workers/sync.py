@@ -21,7 +21,12 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
 
 ``WeightSync`` is the driver-side helper: ``setup`` once; ``publish(version)`` and
 ``pickup(index, version)`` return the refs of the calls taking part (the runtime's event loop waits
-on them); ``sync(version)`` is publish + every pickup, blocking (resume, tests).
+on them); ``sync(version)`` is publish + every pickup, blocking (resume, tests). It delegates to the
+:class:`SyncBackend` registered under ``digen.sync.backend``: backends register with
+:func:`register_sync_backend` (as verl's ``core_algos`` registers advantage estimators), so a new
+backend is one file (a ``SyncBackend`` subclass under the decorator), accepted by the config once that
+file is imported. What the rest of the runtime needs to know about a backend is on its class
+(``restartable``, ``publish_returns_weights``, ``trainer_threads``), not in checks of its name.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from __future__ import annotations
 import hashlib
 import socket
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -36,7 +42,42 @@ import ray
 import torch
 import torch.distributed as dist
 
-BACKENDS = ("object_store", "collective")
+_BACKENDS: dict[str, type[SyncBackend]] = {}
+
+
+def register_sync_backend(name: str) -> Callable[[type[SyncBackend]], type[SyncBackend]]:
+    """Class decorator: make ``name`` a ``digen.sync.backend`` value. A second, different class under
+    a taken name raises (re-importing the same module does not)."""
+    if not name or not name.replace("_", "").isalnum() or name != name.lower():
+        raise ValueError(f"sync backend name {name!r} must be lower-case letters, digits and '_'")
+
+    def deco(cls: type[SyncBackend]) -> type[SyncBackend]:
+        old = _BACKENDS.get(name)
+        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
+            raise ValueError(f"sync backend {name!r} is already registered by {old.__module__}.{old.__qualname__}")
+        cls.name = name
+        _BACKENDS[name] = cls
+        return cls
+
+    return deco
+
+
+def unregister_sync_backend(name: str) -> None:
+    """Remove ``name`` from the registry (tests, plugins that replace a backend)."""
+    _BACKENDS.pop(name, None)
+
+
+def sync_backend_names() -> tuple[str, ...]:
+    """The registered backend names, sorted."""
+    return tuple(sorted(_BACKENDS))
+
+
+def sync_backend(name: str) -> type[SyncBackend]:
+    """The backend class registered under ``name``; a ValueError names it and lists the registered ones."""
+    cls = _BACKENDS.get(name)
+    if cls is None:
+        raise ValueError(f"unknown sync backend {name!r}; registered: {', '.join(sync_backend_names())}")
+    return cls
 
 
 def layout_hash(state: dict[str, torch.Tensor]) -> int:
@@ -159,17 +200,94 @@ def _handles(wg: Any) -> list:
     return list(wg.workers) if hasattr(wg, "workers") else list(wg)
 
 
+class SyncBackend:
+    """Driver side of one way to move a published version to the generators.
+
+    ``setup`` runs once with the actor handles; ``publish`` starts every trainer rank's part of
+    publishing ``version`` (the refs of the calls; the first is trainer rank 0's); ``pickup`` starts
+    one generator's install of it (``published`` is that first publish ref). Worker-side methods it
+    may call: trainers ``export_weights`` / ``stage_weights`` / ``send_weights_to`` /
+    ``join_sync_group``, generators ``load_weights`` / ``recv_weights`` / ``join_sync_group``.
+    """
+
+    name: str = ""
+    # a restarted generator actor can pick up again (no group membership to rebuild), so generator
+    # restarts (trainer.generator_max_restarts) may be on
+    restartable: bool = False
+    # publish's first ref is the weights themselves: the driver never fetches it, and a restarted
+    # generator's restore may reload from it
+    publish_returns_weights: bool = False
+    # concurrent calls each trainer actor serves (2: rank 0 answers pickups while it trains)
+    trainer_threads: int = 1
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        self.timeout_s = timeout_s
+
+    def setup(self, trainers: list, generators: list, device: str = "cpu") -> None:
+        """Prepare the transport once (nothing by default)."""
+
+    def publish(self, trainers: list, version: int) -> list[ray.ObjectRef]:
+        raise NotImplementedError
+
+    def pickup(self, trainers: list, generator: Any, index: int, version: int,
+               published: ray.ObjectRef) -> list[ray.ObjectRef]:
+        raise NotImplementedError
+
+
+@register_sync_backend("object_store")
+class ObjectStoreSync(SyncBackend):
+    """Trainer rank 0's gathered weights are its ``export_weights`` return value in Ray's object
+    store; a pickup hands that one object to ``load_weights`` (Ray ships it between nodes)."""
+
+    restartable = True
+    publish_returns_weights = True
+
+    def publish(self, trainers: list, version: int) -> list[ray.ObjectRef]:
+        return [w.export_weights.remote(version) for w in trainers]
+
+    def pickup(self, trainers: list, generator: Any, index: int, version: int,
+               published: ray.ObjectRef) -> list[ray.ObjectRef]:
+        return [generator.load_weights.remote(version, published)]
+
+
+@register_sync_backend("collective")
+class CollectiveSync(SyncBackend):
+    """Point-to-point over an explicit trainer-rank-0 + generators group (:class:`SyncGroup`: gloo,
+    or nccl when ``device == 'cuda'``), store hosted on trainer rank 0's node. Rank 0 serves pickups
+    from a second actor thread; a restarted generator cannot rejoin the group."""
+
+    trainer_threads = 2
+
+    def setup(self, trainers: list, generators: list, device: str = "cpu") -> None:
+        host, port = ray.get(trainers[0].get_available_master_addr_port.remote())
+        world = 1 + len(generators)
+        backend = "nccl" if device == "cuda" else "gloo"
+        calls = [trainers[0].join_sync_group.remote(host, int(port), world, 0, backend, self.timeout_s)]
+        calls += [
+            g.join_sync_group.remote(host, int(port), world, i + 1, backend, self.timeout_s)
+            for i, g in enumerate(generators)
+        ]
+        ray.get(calls, timeout=self.timeout_s)
+
+    def publish(self, trainers: list, version: int) -> list[ray.ObjectRef]:
+        return [w.stage_weights.remote(version) for w in trainers]
+
+    def pickup(self, trainers: list, generator: Any, index: int, version: int,
+               published: ray.ObjectRef) -> list[ray.ObjectRef]:
+        return [trainers[0].send_weights_to.remote(index + 1, version), generator.recv_weights.remote(version)]
+
+
 class WeightSync:
     """Driver-side trainer -> generator weight sync; ``sync`` returns seconds taken.
 
     ``trainer_wg`` / ``generator_wg`` are verl ``RayWorkerGroup``s (or lists of actor handles) of
     ``TSPActorWorker``/``HybridWorker`` and ``GeneratorWorker``. Every trainer rank takes part in
-    gathering the (possibly sharded) weights; only trainer rank 0 sends.
+    gathering the (possibly sharded) weights; only trainer rank 0 sends. ``backend`` names a
+    registered :class:`SyncBackend`.
     """
 
     def __init__(self, backend: str = "object_store", timeout_s: float = 300.0) -> None:
-        if backend not in BACKENDS:
-            raise ValueError(f"unknown sync backend {backend!r}; expected one of {BACKENDS}")
+        self.impl = sync_backend(backend)(timeout_s)
         self.backend = backend
         self.timeout_s = timeout_s
         self.trainers: list = []
@@ -177,33 +295,30 @@ class WeightSync:
         self.history: list[float] = []
         self.published: tuple[int, ray.ObjectRef] | None = None
 
+    @property
+    def restartable(self) -> bool:
+        """Whether a restarted generator can pick up again (see :class:`SyncBackend`)."""
+        return self.impl.restartable
+
+    @property
+    def publish_returns_weights(self) -> bool:
+        """Whether publish's first ref is the weights themselves (never fetched by the driver)."""
+        return self.impl.publish_returns_weights
+
     def setup(self, trainer_wg: Any, generator_wg: Any, device: str = "cpu") -> None:
-        """Remember the workers; for ``collective``, build the cross-pool group (gloo, or nccl when
-        ``device == 'cuda'``) with trainer rank 0's node as the store host."""
+        """Remember the workers and let the backend prepare its transport (``collective``: the
+        cross-pool group, gloo or nccl when ``device == 'cuda'``)."""
         self.trainers, self.generators = _handles(trainer_wg), _handles(generator_wg)
         if not self.trainers or not self.generators:
             raise ValueError("weight sync needs at least one trainer and one generator worker")
-        if self.backend != "collective":
-            return
-        host, port = ray.get(self.trainers[0].get_available_master_addr_port.remote())
-        world = 1 + len(self.generators)
-        backend = "nccl" if device == "cuda" else "gloo"
-        calls = [self.trainers[0].join_sync_group.remote(host, int(port), world, 0, backend, self.timeout_s)]
-        calls += [
-            g.join_sync_group.remote(host, int(port), world, i + 1, backend, self.timeout_s)
-            for i, g in enumerate(self.generators)
-        ]
-        ray.get(calls, timeout=self.timeout_s)
+        self.impl.setup(self.trainers, self.generators, device)
 
     def publish(self, version: int) -> list[ray.ObjectRef]:
         """Every trainer rank gathers ``version``; rank 0 keeps it (object store: as its return value,
         remembered as ``self.published``; collective: staged on the worker)."""
         if not self.trainers:
             raise RuntimeError("WeightSync.setup must be called before publish")
-        if self.backend == "object_store":
-            refs = [w.export_weights.remote(version) for w in self.trainers]
-        else:
-            refs = [w.stage_weights.remote(version) for w in self.trainers]
+        refs = self.impl.publish(self.trainers, version)
         self.published = (version, refs[0])
         return refs
 
@@ -212,10 +327,7 @@ class WeightSync:
         if self.published is None or self.published[0] != version:
             have = None if self.published is None else self.published[0]
             raise RuntimeError(f"generator {index} asked for version {version}, but the published one is {have}")
-        gen = self.generators[index]
-        if self.backend == "object_store":
-            return [gen.load_weights.remote(version, self.published[1])]
-        return [self.trainers[0].send_weights_to.remote(index + 1, version), gen.recv_weights.remote(version)]
+        return self.impl.pickup(self.trainers, self.generators[index], index, version, self.published[1])
 
     def sync(self, version: int) -> float:
         """Publish ``version`` and install it on every generator; returns wall seconds."""

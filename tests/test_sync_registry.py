@@ -1,0 +1,146 @@
+"""The weight-sync backend registry, and both registries (sync backends, TAG policies) as the run config
+sees them: a backend or policy in one file is accepted by name, an unknown name lists the registered ones
+(docs/architecture.md, "Registries"). No Ray: actor handles are stand-ins that record the calls."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+from verl_digen.schedule.tag_policy import unregister_tag_policy
+from verl_digen.trainer.config import ConfigError, compose, validate
+from verl_digen.trainer.faults import fault_policy
+from verl_digen.workers.sync import (
+    CollectiveSync,
+    ObjectStoreSync,
+    SyncBackend,
+    WeightSync,
+    register_sync_backend,
+    sync_backend,
+    sync_backend_names,
+    unregister_sync_backend,
+)
+
+TESTS = Path(__file__).parent
+
+
+def _load(path: Path):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture
+def toy_backend():
+    yield _load(TESTS / "toy_sync_backend.py")
+    unregister_sync_backend("toy_relay")
+
+
+@pytest.fixture
+def toy_policy():
+    yield _load(TESTS / "schedule" / "toy_tag_policy.py")
+    unregister_tag_policy("one_slot")
+
+
+class _Actor:
+    """An actor handle stand-in: ``h.method.remote(*args)`` records the call and returns a fake ref."""
+
+    def __init__(self, log: list, who: str) -> None:
+        self._log, self._who = log, who
+
+    def __getattr__(self, method: str):
+        log, who = self._log, self._who
+
+        class _Method:
+            @staticmethod
+            def remote(*args):
+                log.append((who, method, args))
+                return f"ref:{who}.{method}{args}"
+
+        return _Method
+
+
+def _sync(name: str, trainers: int = 2, generators: int = 2) -> tuple[WeightSync, list]:
+    log: list = []
+    ws = WeightSync(name)
+    ws.trainers = [_Actor(log, f"trn{i}") for i in range(trainers)]
+    ws.generators = [_Actor(log, f"gen{i}") for i in range(generators)]
+    return ws, log
+
+
+def test_builtin_backends_are_registered_with_their_properties():
+    assert sync_backend_names() == ("collective", "object_store")
+    assert sync_backend("object_store") is ObjectStoreSync and sync_backend("collective") is CollectiveSync
+    assert (ObjectStoreSync.restartable, ObjectStoreSync.publish_returns_weights, ObjectStoreSync.trainer_threads) \
+        == (True, True, 1)
+    assert (CollectiveSync.restartable, CollectiveSync.publish_returns_weights, CollectiveSync.trainer_threads) \
+        == (False, False, 2)
+
+
+def test_builtin_backends_issue_the_same_calls_as_before():
+    ws, log = _sync("object_store")
+    refs = ws.publish(3)
+    assert [c[:2] for c in log] == [("trn0", "export_weights"), ("trn1", "export_weights")]
+    assert ws.pickup(1, 3) == [f"ref:gen1.load_weights{(3, refs[0])}"]
+    ws, log = _sync("collective")
+    ws.publish(4)
+    assert [c[1] for c in log] == ["stage_weights", "stage_weights"]
+    log.clear()
+    ws.pickup(1, 4)
+    assert log == [("trn0", "send_weights_to", (2, 4)), ("gen1", "recv_weights", (4,))]
+    with pytest.raises(RuntimeError, match="asked for version 5, but the published one is 4"):
+        ws.pickup(0, 5)
+
+
+def test_a_backend_in_one_file_is_accepted_by_the_config_and_driven_by_weight_sync(toy_backend):
+    assert "toy_relay" in sync_backend_names()
+    cfg = compose(["digen.sync.backend=toy_relay", "trainer.generator_max_restarts=2"])
+    validate(cfg)
+    assert cfg.worker_config().sync_backend == "toy_relay"
+    assert fault_policy(cfg).max_restarts == 0  # the toy declares itself not restartable
+    ws, log = _sync("toy_relay", trainers=1, generators=2)
+    assert isinstance(ws.impl, toy_backend.ToyRelaySync) and ws.publish_returns_weights and not ws.restartable
+    refs = ws.publish(7)
+    ws.pickup(0, 7)
+    assert log == [("trn0", "export_weights", (7,)), ("gen0", "load_weights", (7, refs[0]))]
+
+
+def test_an_unknown_backend_lists_the_registered_ones(toy_backend):
+    with pytest.raises(ValueError, match=r"^unknown sync backend 'nccl_p2p'; registered: collective, object_store, "
+                                         r"toy_relay$"):
+        WeightSync("nccl_p2p")
+    unregister_sync_backend("toy_relay")
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["digen.sync.backend=toy_relay"]))
+    assert err.value.key == "digen.sync.backend"
+    assert str(err.value).endswith("'toy_relay' is invalid: expected one of collective, object_store")
+
+
+def test_a_second_backend_under_a_taken_name_is_refused():
+    with pytest.raises(ValueError, match="'object_store' is already registered by verl_digen.workers.sync"):
+        @register_sync_backend("object_store")
+        class Impostor(SyncBackend):
+            pass
+    assert sync_backend("object_store") is ObjectStoreSync
+    with pytest.raises(ValueError, match="lower-case"):
+        register_sync_backend("Object-Store")
+
+
+def test_a_tag_policy_in_one_file_is_accepted_by_the_run_config(toy_policy):
+    cfg = compose(["digen.tag.policy=one_slot:2"])
+    validate(cfg)
+    assert cfg.schedule_config().policy == "one_slot:2"
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["digen.tag.policy=one_slot:-1"]))
+    assert "one_slot needs a bubble count >= 0" in str(err.value)
+
+
+def test_an_unknown_tag_policy_in_the_run_config_lists_the_registered_ones():
+    with pytest.raises(ConfigError) as err:
+        validate(compose(["digen.tag.policy=greedy"]))
+    assert err.value.key == "digen.tag.policy"
+    assert str(err.value).endswith("'greedy' is invalid: expected a registered TAG policy: "
+                                   "adaptive[:R], bts, never, static:K")
