@@ -71,7 +71,7 @@ from verl_digen.trainer.trace_stream import RecordStream
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
-from verl_digen.workers.sync import WeightSync
+from verl_digen.workers.sync import WeightSync, sync_backend
 
 #: environment every worker process gets on a CPU run
 CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
@@ -296,7 +296,7 @@ class DigenTrainer:
             tag = self.cfg.schedule_config().policy != "never" or self.probe
             self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
                                       res.generator.node_resource, restarts=fault_policy(self.cfg).max_restarts)
-            threads = 2 if self.cfg.digen.sync.backend == "collective" else 1
+            threads = sync_backend(self.cfg.digen.sync.backend).trainer_threads  # collective: 2 (rank 0 serves pickups)
             self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
                                       res.trainer.node_resource, threads)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
