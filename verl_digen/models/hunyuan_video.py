@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import diffusers
 import torch
 from torch import nn
 
@@ -15,8 +16,25 @@ from verl_digen.models.spec import (
     TINY_TEXT_DIM,
     PretrainedSpec,
     TinySpec,
-    tiny_hunyuan_vae,
 )
+
+
+def tiny_vae() -> nn.Module:
+    """A tiny causal 3-D ``AutoencoderKLHunyuanVideo``: 4x spatial, 4x temporal (the only temporal
+    compression it supports: F latent frames -> 4(F-1)+1 frames)."""
+    return diffusers.AutoencoderKLHunyuanVideo(
+        in_channels=3,
+        out_channels=3,
+        latent_channels=TINY_LATENT_CHANNELS,
+        down_block_types=("HunyuanVideoDownBlock3D",) * 3,
+        up_block_types=("HunyuanVideoUpBlock3D",) * 3,
+        block_out_channels=(8, 8, 16),
+        layers_per_block=1,
+        norm_num_groups=4,
+        temporal_compression_ratio=4,
+        spatial_compression_ratio=4,
+        mid_block_add_attention=False,
+    )
 
 
 class HunyuanVideoModel(DiffusersAdapter):
@@ -52,7 +70,7 @@ class HunyuanVideoModel(DiffusersAdapter):
             pooled_projection_dim=TINY_POOLED_DIM,
             rope_axes_dim=(4, 6, 6),
         ),
-        tiny_hunyuan_vae,
+        tiny_vae,
     )
     text_dim_key = "text_embed_dim"
     pooled_dim_key = "pooled_projection_dim"

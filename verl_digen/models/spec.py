@@ -49,8 +49,8 @@ TINY_TEXT_DIM = 32
 TINY_POOLED_DIM = 32
 TINY_LATENT_CHANNELS = 4
 #: per-channel latent statistics of the tiny Wan-family VAEs (non-trivial, so decoding tests see them)
-_TINY_LATENTS_MEAN = [0.1, -0.1, 0.0, 0.2]
-_TINY_LATENTS_STD = [1.0, 0.8, 1.2, 1.1]
+TINY_LATENTS_MEAN = [0.1, -0.1, 0.0, 0.2]
+TINY_LATENTS_STD = [1.0, 0.8, 1.2, 1.1]
 
 
 def tiny_image_vae(scaling: float, shift: float) -> nn.Module:
@@ -80,45 +80,6 @@ def tiny_wan_family_vae(cls_name: str) -> nn.Module:
         num_res_blocks=1,
         attn_scales=[],
         temperal_downsample=[False],
-        latents_mean=_TINY_LATENTS_MEAN,
-        latents_std=_TINY_LATENTS_STD,
-    )
-
-
-def tiny_wan22_vae() -> nn.Module:
-    """The Wan2.2 VAE family: residual blocks and a 2x2 pixel patchify (12 = 3 x 4 image channels),
-    here 8x spatial (2 down blocks x patch 2) and no temporal compression (F latent frames -> F frames)."""
-    return diffusers.AutoencoderKLWan(
-        base_dim=8,
-        z_dim=TINY_LATENT_CHANNELS,
-        dim_mult=[1, 2, 2],
-        num_res_blocks=1,
-        attn_scales=[],
-        temperal_downsample=[False, False],
-        is_residual=True,
-        patch_size=2,
-        in_channels=12,
-        out_channels=12,
-        scale_factor_spatial=8,
-        scale_factor_temporal=1,
-        latents_mean=_TINY_LATENTS_MEAN,
-        latents_std=_TINY_LATENTS_STD,
-    )
-
-
-def tiny_hunyuan_vae() -> nn.Module:
-    """A tiny causal 3-D ``AutoencoderKLHunyuanVideo``: 4x spatial, 4x temporal (the only temporal
-    compression it supports: F latent frames -> 4(F-1)+1 frames)."""
-    return diffusers.AutoencoderKLHunyuanVideo(
-        in_channels=3,
-        out_channels=3,
-        latent_channels=TINY_LATENT_CHANNELS,
-        down_block_types=("HunyuanVideoDownBlock3D",) * 3,
-        up_block_types=("HunyuanVideoUpBlock3D",) * 3,
-        block_out_channels=(8, 8, 16),
-        layers_per_block=1,
-        norm_num_groups=4,
-        temporal_compression_ratio=4,
-        spatial_compression_ratio=4,
-        mid_block_add_attention=False,
+        latents_mean=TINY_LATENTS_MEAN,
+        latents_std=TINY_LATENTS_STD,
     )

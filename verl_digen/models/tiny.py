@@ -6,10 +6,8 @@ every adapter code path (packing, masks, RoPE ids, guidance embeddings, VAE scal
 Weights depend only on ``seed``: they are drawn in float32 under a forked RNG (the caller's global RNG
 is untouched) and then cast, so the float32 and float64 tiny models of one seed hold the same values.
 
-Video VAEs: Wan uses a tiny ``AutoencoderKLWan`` without temporal compression (F latent frames ->
-F frames), Wan2.2 the residual, patchified Wan2.2 variant (8x spatial, no temporal compression);
-HunyuanVideo uses a tiny ``AutoencoderKLHunyuanVideo``, whose causal 3-D VAE only supports 4x
-temporal compression (F latent frames -> 4(F-1)+1 frames).
+Each adapter's ``tiny.vae`` says how its tiny VAE compresses (Wan: F latent frames -> F frames;
+HunyuanVideo's causal 3-D VAE only supports 4x temporal compression: F -> 4(F-1)+1 frames).
 """
 
 from __future__ import annotations

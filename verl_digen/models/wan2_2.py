@@ -8,10 +8,32 @@ The two-expert Wan2.2 A14B (``transformer`` for high noise, ``transformer_2`` fo
 
 from __future__ import annotations
 
+import diffusers
 from torch import nn
 
-from verl_digen.models.spec import PretrainedSpec, TinySpec, tiny_wan22_vae
+from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_LATENTS_MEAN, TINY_LATENTS_STD, PretrainedSpec, TinySpec
 from verl_digen.models.wan import WanModel
+
+
+def tiny_vae() -> nn.Module:
+    """The Wan2.2 VAE family: residual blocks and a 2x2 pixel patchify (12 = 3 x 4 image channels),
+    here 8x spatial (2 down blocks x patch 2) and no temporal compression (F latent frames -> F frames)."""
+    return diffusers.AutoencoderKLWan(
+        base_dim=8,
+        z_dim=TINY_LATENT_CHANNELS,
+        dim_mult=[1, 2, 2],
+        num_res_blocks=1,
+        attn_scales=[],
+        temperal_downsample=[False, False],
+        is_residual=True,
+        patch_size=2,
+        in_channels=12,
+        out_channels=12,
+        scale_factor_spatial=8,
+        scale_factor_temporal=1,
+        latents_mean=TINY_LATENTS_MEAN,
+        latents_std=TINY_LATENTS_STD,
+    )
 
 
 class Wan22Model(WanModel):
@@ -19,14 +41,14 @@ class Wan22Model(WanModel):
     once per latent token (``expand_timesteps``) so that an image-conditioned first frame can sit at
     t = 0; in text-to-video every token of a row has the row's t, which the transformer computes
     identically from one timestep per row (tests/test_models.py checks the two agree), so the adapter
-    passes one per row and saves the per-token time embeddings."""
+    passes one per row and skips computing a time embedding per token."""
 
     arch = "wan2_2"
     aliases = ("wan2.2", "wan22", "wan2.2-ti2v", "wan2.2-ti2v-5b")
     pretrained = PretrainedSpec(
         "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 704, 1280, 33
     )
-    tiny = TinySpec(dict(WanModel.tiny.transformer_kwargs), tiny_wan22_vae)
+    tiny = TinySpec(dict(WanModel.tiny.transformer_kwargs), tiny_vae)
 
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
