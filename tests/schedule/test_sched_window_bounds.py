@@ -105,3 +105,59 @@ def test_window_bound_counts_only_generation_inside_the_window_at_the_fastest_co
     assert b.critical_path == pytest.approx(5.5)
     with pytest.raises(ValueError, match=r"generated micro-batches must lie in \[0, 2\], got 3"):
         step_bounds(fallback, 2, 1, generated=3)
+
+
+def test_busy_fractions_hand_computed_and_clipped_to_the_window():
+    from verl_digen.schedule.bounds import busy_fractions
+
+    recs = [Record("gen0", GENERATE, 0, 0, 0, 0.0, 1.0), Record("gen1", GENERATE, 1, 0, 0, 0.5, 1.0),
+            Record("trainer", UPDATE, 0, 0, 0, 0.0, 0.5), Record("tag0", "tag_generate", 1, 0, 0, 0.5, 1.0)]
+    gens, trn = ["gen0", "gen1"], ["trainer", "tag0", "tag1"]
+    # generators 1.5 of 2 worker-seconds; trainer: the unit holds both ranks for 0.5 s, a slot one rank
+    assert busy_fractions(recs, 0.0, 1.0, gens, trn) == {"generator": 0.75, "trainer": 0.75}
+    assert busy_fractions(recs, 0.5, 1.0, gens, trn) == {"generator": 1.0, "trainer": 0.5}
+    assert busy_fractions(recs, 0.0, 1.0, gens, ["trainer", "tag0"], trainer_ranks=2)["trainer"] == 0.75
+    # colocated workers hold one GPU each and are listed as the trainer pool
+    assert busy_fractions(recs[:2], 0.0, 1.0, [], ["gen0", "gen1"]) == {"generator": 0.0, "trainer": 0.75}
+    assert busy_fractions(recs, 1.0, 1.0, gens, trn) == {"generator": 0.0, "trainer": 0.0}
+
+
+def test_simulator_and_runtime_share_busy_and_stale_budget_and_stage_costs():
+    """pool_busy (the simulator's, whole run) is busy_fractions over the makespan; check_timeline and
+    the scheduler read one stale budget; simulate prices a config through ScheduleConfig.stage_costs."""
+    from verl_digen.schedule import presets
+    from verl_digen.schedule.bounds import busy_fractions, pool_busy
+    from verl_digen.schedule.config import stale_budget
+    from verl_digen.schedule.simulator import simulate
+    from verl_digen.schedule.timeline import TimelineError, check_timeline, gen_worker, tag_slot
+
+    rng = random.Random(3)
+    runs = [r for r in (_random_run(rng, 0.5, 0.3, s) for s in range(30)) if r is not None][:8]
+    for sched, _, tl in runs:
+        gens = [gen_worker(i) for i in range(sched.G)]
+        trn = ["trainer", *(tag_slot(j) for j in range(sched.R))]
+        assert pool_busy(tl) == pytest.approx(busy_fractions(tl.records, tl.start, tl.makespan, gens, trn, sched.R))
+    assert [stale_budget(s, m) for s, m in [(0.5, 3), (1 / 3, 3), (0.25, 8), (0.3, 10), (1.0, 7), (0.0, 9)]] == [
+        1, 1, 2, 3, 7, 0]
+    # check_timeline holds a run to the budget: a bound whose budget is the run's most stale micro-batches
+    # in a step passes, one just under it (a fraction of a micro-batch less) fails
+    stale_runs = [(sched, tl) for sched, tl in ((r[0], r[2]) for r in (_random_run(rng, 1.0, 0.3, s)
+                                                                          for s in range(60)) if r is not None)
+                  if any(rec.stale for rec in tl.records)]
+    assert stale_runs
+    for sched, tl in stale_runs[:5]:
+        per_step: dict[int, int] = {}
+        for rec in tl.records:
+            if rec.stale and rec.kind in (GENERATE, "tag_generate"):
+                per_step[rec.step] = per_step.get(rec.step, 0) + 1
+        c, m = max(per_step.values()), sched.M
+        check_timeline(tl, staleness_bound=c / m)
+        with pytest.raises(TimelineError, match="stale"):
+            check_timeline(tl, staleness_bound=(c - 0.5) / m)
+    model = presets.get(presets.names()[0]).model
+    G = model.generator.workers
+    for loop in ("per_sample", "batched"):
+        cfg = ScheduleConfig(2, 4, 2, steps=2, tsp_degree=2, train_loop=loop)
+        assert simulate(cfg, model).stage_costs == cfg.stage_costs(model, G)
+        rows = 2 * cfg.update_size(cfg.make_partition(G).unit_size)
+        assert cfg.stage_costs(model, G) == model.stage_costs(2, 2, rows, per_sample=loop == "per_sample")

@@ -106,22 +106,34 @@ def window_bounds(records: list[Record], step: int, start: float, fallback: Stag
                        generated=min(generated, micro_batches))
 
 
-def pool_busy(timeline: Timeline) -> dict[str, float]:
-    """Busy fraction of each pool over the makespan (generator: mean over its workers)."""
-    span = timeline.makespan - timeline.start
+def busy_fractions(records: list[Record], start: float, end: float, gen_workers: list[str],
+                   trainer_workers: list[str], trainer_ranks: int | None = None) -> dict[str, float]:
+    """Busy fraction of each pool within [start, end] (records clipped to it): the generator pool's is
+    the mean over its workers; the trainer pool's is GPU-seconds busy over GPU-seconds held, where the
+    ``trainer`` unit holds all ``trainer_ranks`` ranks (default: one per TAG slot listed) and a TAG slot
+    or a colocated worker one. The simulator (whole run) and the runtime (each step) both use it."""
+    span = end - start
     if span <= 0:
         return {"generator": 0.0, "trainer": 0.0}
+    busy: dict[str, float] = {}
+    for r in records:
+        busy[r.worker] = busy.get(r.worker, 0.0) + max(0.0, min(r.end, end) - max(r.start, start))
+    gen = sum(busy.get(w, 0.0) for w in gen_workers) / (len(gen_workers) * span) if gen_workers else 0.0
+    if TRAINER in trainer_workers:
+        slots = [w for w in trainer_workers if is_tag_slot(w)]
+        R = trainer_ranks or len(slots) or 1
+        trn = (busy.get(TRAINER, 0.0) * R + sum(busy.get(w, 0.0) for w in slots)) / (R * span)
+    else:
+        trn = sum(busy.get(w, 0.0) for w in trainer_workers) / (len(trainer_workers) * span) if trainer_workers else 0.0
+    return {"generator": gen, "trainer": trn}
+
+
+def pool_busy(timeline: Timeline) -> dict[str, float]:
+    """Busy fraction of each pool over the makespan (``busy_fractions`` of the whole run)."""
     gens = [w for w in timeline.workers if not is_trainer_side(w)]
-    busy = {w: 0.0 for w in timeline.workers}
-    for r in timeline.records:
-        busy[r.worker] = busy.get(r.worker, 0.0) + r.duration
-    # trainer pool: GPU-seconds busy over GPU-seconds held (the unit holds all R ranks; a slot one)
-    R = timeline.trainer_ranks
-    slots = sum(v for w, v in busy.items() if is_tag_slot(w))
-    return {
-        "generator": sum(busy[w] for w in gens) / (len(gens) * span) if gens else 0.0,
-        "trainer": (busy.get(TRAINER, 0.0) * R + slots) / (R * span),
-    }
+    slots = dict.fromkeys(w for w in [*timeline.workers, *(r.worker for r in timeline.records)] if is_tag_slot(w))
+    trainer = [TRAINER, *slots]
+    return busy_fractions(timeline.records, timeline.start, timeline.makespan, gens, trainer, timeline.trainer_ranks)
 
 
 def throughput(samples: int, makespan: float, total_gpus: int) -> float:

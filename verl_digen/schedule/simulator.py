@@ -87,9 +87,7 @@ def simulate(
     if config.mode == COLOCATED:
         return simulate_colocated(config, model, label, baseline)
     G = model.generator.workers
-    unit = config.make_partition(G).unit_size
-    costs = model.stage_costs(config.mb_size, config.tsp_degree, config.mb_size * config.update_size(unit),
-                              per_sample=config.train_loop == PER_SAMPLE)
+    costs = config.stage_costs(model, G)
     pol = parse_policy(policy if policy is not None else config.policy)
     R = model.trainer.workers
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import asdict, dataclass, field, replace
 
+from .config import stale_budget
 from .costs import (
     GENERATE,
     OPTIMIZER_STEP,
@@ -239,7 +240,7 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
                 if r.version < r.step:
                     stale_count[r.step] += 1
     for s, c in stale_count.items():
-        if c > staleness_bound * m + EPS:
+        if c > stale_budget(staleness_bound, m):
             _fail(f"step {s}: {c}/{m} micro-batches stale, above the bound {staleness_bound}")
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
+from verl_digen.schedule.bounds import busy_fractions
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     GENERATE,
@@ -21,7 +22,7 @@ from verl_digen.schedule.costs import (
     Pool,
 )
 from verl_digen.schedule.profile_io import Workload, fit_samples
-from verl_digen.schedule.timeline import TRAINER, Record, Timeline, is_tag_slot
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 if TYPE_CHECKING:
     from verl_digen.trainer.config import RunConfig
@@ -47,22 +48,13 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     Trainer pool busy = GPU-seconds busy / GPU-seconds held: a ``trainer`` (unit) record holds every
     rank, a TAG slot record one. Stage times sum each action once (a colocated phase is recorded on
     every worker: counted on the first); a generator's weight pickup is its own action."""
-    span = max(end - start, 1e-12)
-    busy: dict[str, float] = defaultdict(float)
     times: dict[str, float] = defaultdict(float)
     for r in records:
-        overlap = max(0.0, min(r.end, end) - max(r.start, start))
-        busy[r.worker] += overlap
         counted_once = not colocated or r.worker == trainer_workers[0]
         if r.kind in TIME_KEYS and counted_once and start - 1e-9 <= r.start < end:
             times[TIME_KEYS[r.kind]] += r.duration
-    gen_busy = sum(busy[w] for w in gen_workers) / (len(gen_workers) * span) if gen_workers else 0.0
-    slots = [w for w in trainer_workers if is_tag_slot(w)]
-    if TRAINER in trainer_workers and slots:
-        ranks = len(slots)
-        trn_busy = (busy[TRAINER] * ranks + sum(busy[w] for w in slots)) / (ranks * span)
-    else:
-        trn_busy = sum(busy[w] for w in trainer_workers) / (len(trainer_workers) * span)
+    busy = busy_fractions(records, start, end, gen_workers, trainer_workers)
+    gen_busy, trn_busy = busy["generator"], busy["trainer"]
     out = {
         "pool/generator_busy": gen_busy,
         "pool/generator_bubble": 1.0 - gen_busy if gen_workers else 0.0,

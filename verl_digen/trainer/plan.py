@@ -32,9 +32,7 @@ def prior_stage_costs(cfg: RunConfig) -> StageCosts:
     model = cluster_costs(cfg)
     if model is None:
         return StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0)
-    sched = cfg.schedule_config()
-    unit = sched.make_partition(cfg.resources.generator.workers).unit_size
-    return model.stage_costs(sched.mb_size, sched.tsp_degree, sched.mb_size * sched.update_size(unit))
+    return cfg.schedule_config().stage_costs(model, cfg.resources.generator.workers)
 
 
 @dataclass
