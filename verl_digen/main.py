@@ -46,13 +46,13 @@ def summary_table(reports, cfg: RunConfig) -> str:
 
 def run(cfg: RunConfig, log=print):
     """Validate, train, and print the summary; returns the run result."""
-    from verl_digen.trainer.runtime import DigenTrainer
+    from verl_digen.trainer.runtime import DigenRuntime
 
-    trainer = DigenTrainer(cfg, log=log)
+    runtime = DigenRuntime(cfg, log=log)
     try:
-        result = trainer.fit()
+        result = runtime.fit()
     finally:
-        trainer.shutdown()  # workers and placement groups released, checkpoint lock dropped
+        runtime.shutdown()  # workers and placement groups released, checkpoint lock dropped
     log("")
     log(summary_table(result.reports, cfg))
     if result.trace_path:

@@ -1,4 +1,4 @@
-"""DigenTrainer: the Ray runtime that executes the scheduling core on real verl worker groups.
+"""DigenRuntime: the Ray runtime that executes the scheduling core on real verl worker groups.
 
 The scheduler decides; the one executor loop (``verl_digen.schedule.executor.run``) drives it on the
 Ray backend (``trainer/ray_backend.py``), exactly as the simulator drives it on a virtual clock. The
@@ -213,7 +213,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     ray.init(address=address, **kwargs)
 
 
-class DigenTrainer:
+class DigenRuntime:
     """Builds the pools and worker groups of a run and executes its global steps.
 
     ``probe``: after the run (disaggregated modes, when a profile is written), measure what the run's
@@ -797,3 +797,8 @@ class _Progress:
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
+
+
+#: the runtime's earlier public name (README, benchmarks, user scripts); "trainer" also names the
+#: ``trainer=<mode>`` config group, the ``trainer.*`` keys and the trainer pool, so code says runtime
+DigenTrainer = DigenRuntime

@@ -31,7 +31,7 @@ class NullAgentLoopManager:
 
 
 class DigenVerlOmniTrainer:
-    """verl-omni trainer mode ``digen``: runs verl-digen's runtime (``DigenTrainer``) on the converted config.
+    """verl-omni trainer mode ``digen``: runs verl-digen's runtime (``DigenRuntime``) on the converted config.
 
     It provides the surface verl-omni's ``DiffusionTaskRunnerV1`` calls: ``__init__(config)``, ``init()``,
     ``get_llm_client()``, ``get_reward_handles()`` and ``fit(agent_loop_manager)``. verl-omni's
@@ -39,7 +39,7 @@ class DigenVerlOmniTrainer:
     """
 
     __module__ = PUBLIC_MODULE  # its public home (verl-omni's registry reports module.qualname)
-    runtime_cls: Callable[..., Any] | None = None  # default: verl_digen.trainer.runtime.DigenTrainer
+    runtime_cls: Callable[..., Any] | None = None  # default: verl_digen.trainer.runtime.DigenRuntime
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -47,7 +47,7 @@ class DigenVerlOmniTrainer:
         log = logger.debug if os.environ.get(CHECKED_ENV) else logger.warning
         self.run_config = to_run_config(config, log=log)
         self.dry_run = bool(self.run_config.trainer.dry_run)  # normally handled by entry_guard in the driver
-        self.trainer: Any = None
+        self.runtime: Any = None
 
     def init(self) -> None:
         """Route verl-omni's agent-loop construction to the null manager and build the runtime."""
@@ -63,8 +63,8 @@ class DigenVerlOmniTrainer:
             return
         runtime_cls = self.runtime_cls
         if runtime_cls is None:
-            from verl_digen.trainer.runtime import DigenTrainer as runtime_cls
-        self.trainer = runtime_cls(self.run_config)
+            from verl_digen.trainer.runtime import DigenRuntime as runtime_cls
+        self.runtime = runtime_cls(self.run_config)
 
     def get_llm_client(self) -> None:
         return None
@@ -79,9 +79,9 @@ class DigenVerlOmniTrainer:
 
             print(dry_run(self.run_config))
             return None
-        if self.trainer is None:
+        if self.runtime is None:
             self.init()
         try:
-            return self.trainer.fit()
+            return self.runtime.fit()
         finally:
-            self.trainer.shutdown()
+            self.runtime.shutdown()
