@@ -639,6 +639,7 @@ class DigenRuntime:
         if t0 is not None:
             backend.t0 = t0
         self._segments.append((base - self.start_step, sched.timeline))
+        result.timeline = concat_timelines(self._segments)  # the live timeline while there is one segment
         if stream is not None:
             stream.follow(sched.timeline.records, base - self.start_step)
         gen_names = [] if colocated else list(sched.gens)
