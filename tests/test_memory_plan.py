@@ -84,3 +84,16 @@ def test_bad_memory_keys_are_named(override, key):
     with pytest.raises(ConfigError) as err:
         validate(compose([override]))
     assert err.value.key == key
+
+
+def test_cfg_branches_follow_the_adapter_class_not_an_arch_name():
+    """Guidance-distilled architectures (declared on the adapter class) train one pass per row at any
+    guidance scale; the others two with CFG. The tiny models agree with the declaration."""
+    from verl_digen.models.arch import MODEL_REGISTRY
+    from verl_digen.trainer.memory import _trainer_rows
+
+    for arch, cls in MODEL_REGISTRY.items():
+        one, four = (_trainer_rows(compose([f"model.arch={arch}", f"rollout.guidance_scale={g}"])) for g in (1, 4))
+        assert four == (one if cls.pretrained.guidance_distilled else 2 * one), arch
+        assert bool(cls.tiny.transformer_kwargs.get("guidance_embeds", False)) == cls.pretrained.guidance_distilled
+    assert MODEL_REGISTRY["hunyuan_video"].pretrained.guidance_distilled

@@ -26,7 +26,8 @@ class FluxModel(DiffusersAdapter):
     arch = "flux"
     aliases = ("flux.1", "flux1")
     pretrained = PretrainedSpec(
-        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512
+        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512,
+        guidance_distilled=True,
     )
     tiny = TinySpec(
         dict(

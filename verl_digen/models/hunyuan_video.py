@@ -52,6 +52,7 @@ class HunyuanVideoModel(DiffusersAdapter):
         512,
         33,
         max_sequence_length=256,
+        guidance_distilled=True,
     )
     tiny = TinySpec(
         dict(

@@ -33,6 +33,8 @@ class PretrainedSpec:
     num_frames: int | None = None  # pixel frames, video only
     #: text length the pipeline pads/truncates prompts to (what diffusers' pipeline uses by default)
     max_sequence_length: int = 512
+    #: guidance enters as an embedding (FLUX.1-dev, HunyuanVideo): one transformer pass, no CFG branch
+    guidance_distilled: bool = False
 
 
 @dataclass(frozen=True)

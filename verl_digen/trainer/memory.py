@@ -140,7 +140,10 @@ def _trainer_rows(cfg: RunConfig) -> int:
         samples = cfg.batch
     else:
         samples = sched.mb_size * sched.update_size(sched.make_partition(cfg.resources.generator.workers).unit_size)
-    cfg_branches = 2 if cfg.rollout.guidance_scale > 1 and cfg.model.arch != "flux" else 1
+    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+
+    distilled = MODEL_REGISTRY[canonical_arch(cfg.model.arch)].pretrained.guidance_distilled
+    cfg_branches = 2 if cfg.rollout.guidance_scale > 1 and not distilled else 1
     return max(1, math.ceil(samples / ranks)) * sched.tsp_degree * cfg_branches
 
 
