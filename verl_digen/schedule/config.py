@@ -20,6 +20,16 @@ PER_SAMPLE = "per_sample"  # one sample per pass, as the flow_grpo / DanceGRPO t
 TRAIN_LOOPS = (BATCHED, PER_SAMPLE)
 
 
+class ScheduleConfigError(ValueError):
+    """A ``ScheduleConfig`` field is invalid. ``field`` names it, so a caller that fills the fields from its
+    own settings can name its setting instead (``trainer.config.SCHEDULE_KEYS``); ``expected`` says what is
+    allowed, worded to follow "expected"; the message is the scheduler's own."""
+
+    def __init__(self, field: str, value: object, expected: str, message: str | None = None) -> None:
+        super().__init__(message or f"{field} = {value!r} is invalid: expected {expected}")
+        self.field, self.value, self.expected = field, value, expected
+
+
 @dataclass(frozen=True)
 class ScheduleConfig:
     """One global step = ``prompts x group_size`` samples, cut into micro-batches of ``mb_size``.
@@ -50,26 +60,40 @@ class ScheduleConfig:
     train_loop: str = BATCHED
 
     def __post_init__(self) -> None:
+        bad = ScheduleConfigError
         if self.mode not in MODES:
-            raise ValueError(f"unknown mode {self.mode!r}; expected one of {MODES}")
+            raise bad("mode", self.mode, f"one of {', '.join(MODES)}", f"unknown mode {self.mode!r}; expected one "
+                      f"of {MODES}")
         if self.partition not in PARTITIONS:
-            raise ValueError(f"unknown partition {self.partition!r}; expected one of {PARTITIONS}")
-        if not isinstance(self.steps, int) or self.steps < 1:
-            raise ValueError(f"steps must be a positive integer, got {self.steps!r}")
-        if not isinstance(self.tsp_degree, int) or self.tsp_degree < 1:
-            raise ValueError(f"tsp_degree must be a positive integer, got {self.tsp_degree!r}")
+            raise bad("partition", self.partition, f"one of {', '.join(PARTITIONS)}",
+                      f"unknown partition {self.partition!r}; expected one of {PARTITIONS}")
+        for name in ("prompts", "group_size", "mb_size", "steps", "tsp_degree"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise bad(name, value, "an integer >= 1", f"{name} must be a positive integer, got {value!r}")
         if not isinstance(self.staleness, (int, float)) or not 0 <= self.staleness <= 1:
-            raise ValueError(f"staleness must be in [0, 1], got {self.staleness!r}")
+            raise bad("staleness", self.staleness, "a fraction in [0, 1]",
+                      f"staleness must be in [0, 1], got {self.staleness!r}")
         if self.mode != DIGEN and self.staleness:
-            raise ValueError(f"TCSS (staleness > 0) needs mode 'digen', not {self.mode!r}")
+            raise bad("staleness", self.staleness, f"0 unless the mode is digen (it is {self.mode})",
+                      f"TCSS (staleness > 0) needs mode 'digen', not {self.mode!r}")
         if self.update not in UPDATE_GRANULARITIES:
-            raise ValueError(f"unknown update granularity {self.update!r}; expected one of {UPDATE_GRANULARITIES}")
+            raise bad("update", self.update, f"one of {', '.join(UPDATE_GRANULARITIES)}",
+                      f"unknown update granularity {self.update!r}; expected one of {UPDATE_GRANULARITIES}")
         if self.train_loop not in TRAIN_LOOPS:
-            raise ValueError(f"unknown train_loop {self.train_loop!r}; expected one of {TRAIN_LOOPS}")
-        validate(self.prompts, self.group_size, self.mb_size, 1, self.partition)
+            raise bad("train_loop", self.train_loop, f"one of {', '.join(TRAIN_LOOPS)}",
+                      f"unknown train_loop {self.train_loop!r}; expected one of {TRAIN_LOOPS}")
+        try:
+            validate(self.prompts, self.group_size, self.mb_size, 1, self.partition)
+        except ValueError as err:  # the sizes are positive: what is left is the micro-batch layout
+            raise bad("mb_size", self.mb_size, f"a micro-batch size the {self.partition} layout allows ({err})",
+                      str(err)) from None
         from .tag_policy import parse_policy  # validate the spec early (clear error on typos)
 
-        parse_policy(self.policy)
+        try:
+            parse_policy(self.policy)
+        except ValueError as err:
+            raise bad("policy", self.policy, f"a registered TAG policy ({err})", str(err)) from None
 
     @property
     def batch(self) -> int:
@@ -107,4 +131,4 @@ def stale_budget(staleness: float, micro_batches: int) -> int:
     return int(staleness * micro_batches + 1e-9)
 
 
-__all__ = ["ScheduleConfig", "COLOCATED", "SEPARATE", "DIGEN", "MODES", "GAP", "BATCH"]
+__all__ = ["ScheduleConfig", "ScheduleConfigError", "COLOCATED", "SEPARATE", "DIGEN", "MODES", "GAP", "BATCH"]

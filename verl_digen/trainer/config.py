@@ -19,9 +19,9 @@ from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
 from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
-from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
+from verl_digen.schedule.config import COLOCATED, DIGEN, MODES, SEPARATE, ScheduleConfigError
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
-from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
+from verl_digen.workers.config import PRECISIONS, ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
 DEVICES = ("cpu", "cuda")
@@ -41,7 +41,7 @@ class ModelConfig:
     arch: str = "flux"
     path: str | None = None  # local path or hub id of a diffusers pipeline; None = tiny random weights
     dtype: str = "float32"
-    latent_size: int | None = None
+    latent_size: int | None = 16  # latent side (pixels / 8); null: the architecture's default size
     num_frames: int | None = None
     seed: int = 0
     lora_rank: int = 0
@@ -61,7 +61,7 @@ class DataConfig:
 @dataclass
 class RolloutConfig:
     n: int = 4  # samples per prompt (the GRPO group)
-    micro_batch_size: int = 4  # samples per generation micro-batch (the pipeline unit)
+    micro_batch_size: int = 2  # samples per generation micro-batch (the pipeline unit)
     num_steps: int = 6
     noise_level: float = 0.7
     sde_type: str = "flow_grpo"
@@ -275,9 +275,62 @@ class RunConfig:
             partition="gap" if d.gap.enable or self.trainer.mode == COLOCATED else "batch",
             tsp_degree=d.tsp.degree or self.trained_steps(),
             policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
-            staleness=d.tcss.staleness if self.trainer.mode == DIGEN else 0.0,
+            staleness=d.tcss.staleness,  # the scheduler refuses TCSS outside digen
             update=d.update,
         )
+
+
+#: what each mode's config group (``trainer=<mode>``) sets on top of the dataclass defaults above, which
+#: are ``digen``'s. The dataclasses and this table are the only place a default is written: the YAML in
+#: ``verl_digen/config/`` is generated from them (``python -m verl_digen.config.generate``).
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    DIGEN: {},
+    COLOCATED: {"digen.gap.enable": False, "digen.tsp.degree": 1, "digen.tag.policy": "never"},
+    SEPARATE: {"digen.tsp.degree": 1, "digen.tag.policy": "never"},
+}
+
+
+def defaults(mode: str = DIGEN) -> RunConfig:
+    """The config ``trainer=<mode>`` composes to without overrides: ``RunConfig()`` plus ``MODE_DEFAULTS``."""
+    if mode not in MODE_DEFAULTS:
+        raise ConfigError("trainer.mode", mode, f"one of {', '.join(MODE_DEFAULTS)}")
+    cfg = RunConfig()
+    cfg.trainer.mode = mode
+    for dotted, value in MODE_DEFAULTS[mode].items():
+        *parents, leaf = dotted.split(".")
+        node: Any = cfg
+        for part in parents:
+            node = getattr(node, part)
+        if not hasattr(node, leaf):
+            raise AttributeError(f"MODE_DEFAULTS[{mode!r}] names {dotted}, which RunConfig lacks")
+        setattr(node, leaf, value)
+    return cfg
+
+
+#: ``ScheduleConfig`` field -> the config key that sets it (``RunConfig.schedule_config``): a scheduler
+#: error is reported under that key. ``digen.gap.enable`` picks the partition, whose layout errors are the
+#: micro-batch size's; ``train_loop`` is not set from the config.
+SCHEDULE_KEYS: dict[str, str] = {
+    "prompts": "data.train_batch_size", "group_size": "rollout.n", "mb_size": "rollout.micro_batch_size",
+    "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
+    "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
+    "update": "digen.update",
+}
+
+
+def checked_schedule_config(cfg: RunConfig) -> ScheduleConfig:
+    """``cfg.schedule_config()``, with a scheduler error re-raised as a ``ConfigError`` naming the config key
+    that set the bad field (``SCHEDULE_KEYS``) and its value there."""
+    try:
+        return cfg.schedule_config()
+    except ScheduleConfigError as err:
+        key = SCHEDULE_KEYS.get(err.field)
+        if key is None:  # a field the config does not set: a bug here, not a user error
+            raise
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        raise ConfigError(key, value, err.expected) from None
 
 
 def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
@@ -334,7 +387,7 @@ def validate(cfg: RunConfig) -> list[str]:
         canonical_arch(cfg.model.arch)
     except ValueError:
         raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(known_archs())}") from None
-    _choice("model.dtype", cfg.model.dtype, ("float32", "float64", "bfloat16", "float16"))
+    _choice("model.dtype", cfg.model.dtype, PRECISIONS)
     _positive("model.lora_rank", cfg.model.lora_rank, allow_zero=True)
     if cfg.model.latent_size is not None and (cfg.model.latent_size < 2 or cfg.model.latent_size % 2):
         raise ConfigError("model.latent_size", cfg.model.latent_size, "a positive even number (latents are 2x2-packed)")
@@ -351,9 +404,6 @@ def validate(cfg: RunConfig) -> list[str]:
     if r.n < 2:
         raise ConfigError("rollout.n", r.n, "a group size >= 2 (GRPO advantages compare samples of a prompt)")
     _positive("rollout.micro_batch_size", r.micro_batch_size)
-    if cfg.batch % r.micro_batch_size:
-        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
-                          f"a divisor of the step batch data.train_batch_size x rollout.n = {cfg.batch}")
     _choice("rollout.sde_type", r.sde_type, SDE_KINDS)
     _choice("rollout.cps_log_prob", r.cps_log_prob, LOG_PROB_KINDS)
     _choice("rollout.selection", r.selection, SELECTION_KINDS)
@@ -379,10 +429,6 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("rollout.train_steps", r.train_steps, str(err)) from None
     if d.tsp.degree is not None and not (isinstance(d.tsp.degree, int) and 1 <= d.tsp.degree <= k):
         raise ConfigError("digen.tsp.degree", d.tsp.degree, f"null or an integer in [1, {k}] (the trained steps)")
-    if not 0 <= d.tcss.staleness <= 1:
-        raise ConfigError("digen.tcss.staleness", d.tcss.staleness, "a fraction in [0, 1]")
-    if d.tcss.staleness and t.mode != DIGEN:
-        raise ConfigError("digen.tcss.staleness", d.tcss.staleness, f"0 unless trainer=digen (mode is {t.mode})")
     try:
         parse_policy(d.tag.policy)
     except UnknownTagPolicy:
@@ -392,7 +438,6 @@ def validate(cfg: RunConfig) -> list[str]:
     from verl_digen.workers.sync import sync_backend_names  # the registered backends (imports ray, not Ray)
 
     _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
-    _choice("digen.update", d.update, ("unit", "micro_batch"))
     _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
     if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:
         raise ConfigError("algorithm.adv_std", "batch",
@@ -419,10 +464,7 @@ def validate(cfg: RunConfig) -> list[str]:
         except ValueError as err:
             raise ConfigError("digen.profile", d.profile,
                               f"a profile file or a preset name ({', '.join(names())})") from err
-    try:
-        sched = cfg.schedule_config()  # the scheduler's own checks (micro-batch layout, policy/mode combination)
-    except ValueError as err:
-        raise ConfigError("rollout.micro_batch_size", r.micro_batch_size, str(err)) from None
+    sched = checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
     if t.mode != COLOCATED:  # an update's rows split evenly over the trainer ranks (TAG takes whole micro-batches)
         per_update = sched.mb_size * sched.update_size(sched.make_partition(gen).unit_size)
         if per_update % trn:
