@@ -42,7 +42,8 @@ from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
 from verl_digen.trainer.config import compose  # noqa: E402
 from verl_digen.trainer.metrics import window_metrics  # noqa: E402
-from verl_digen.trainer.runtime import DigenTrainer, _Recent  # noqa: E402
+from verl_digen.trainer.progress import Recent  # noqa: E402
+from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 from verl_digen.trainer.trace_stream import RecordStream  # noqa: E402
 
 MB = 1024 * 1024
@@ -76,7 +77,7 @@ def soak_sim(steps: int, out_dir: str) -> dict:
     sched = StepScheduler(cfg.schedule_config(steps=steps), costs, gen_workers=cfg.resources.generator.workers,
                           trainer_ranks=cfg.resources.trainer.workers)
     gen_names, trn_names = list(sched.gens), [TRAINER, *sched.slots]
-    window, decisions = _Recent(sched.timeline.records), _Recent(sched.decisions)
+    window, decisions = Recent(sched.timeline.records), Recent(sched.decisions)
     stream = RecordStream(Path(out_dir, "sim_timeline.jsonl"), sched.timeline.records, {"mode": "sim"})
     proc = psutil.Process()
     driver_ms: list[float] = []

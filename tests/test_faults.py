@@ -8,7 +8,7 @@ import pytest
 from verl_digen.schedule.timeline import Record
 from verl_digen.trainer.config import compose
 from verl_digen.trainer.faults import FaultPolicy, GeneratorState, fault_policy
-from verl_digen.trainer.runtime import _Recent
+from verl_digen.trainer.progress import Recent
 from verl_digen.trainer.trace_stream import RecordStream, read_stream
 
 
@@ -88,7 +88,7 @@ def test_record_stream_appends_only_new_records_and_reads_back_a_torn_file(tmp_p
 
 def test_recent_window_moves_for_good_and_checks_each_item_about_once():
     items = [_rec(i, float(i)) for i in range(10)]
-    w = _Recent(items)
+    w = Recent(items)
     calls = []
 
     def keep(r, lo):

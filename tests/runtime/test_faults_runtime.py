@@ -1,7 +1,7 @@
 """Faults on real (tiny) Ray runs: a generator killed mid-generation and another stopped mid-generation
 cost retries on their restarted actors with the planned samples exactly once; a dead trainer rank ends
 the run with the trace so far and the command to resume. The first run also checks the driver's
-per-step window of timeline records (trainer/runtime.py ``_Recent``)."""
+per-step window of timeline records (trainer/progress.py ``Recent``)."""
 
 import json
 import os

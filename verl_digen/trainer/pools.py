@@ -1,4 +1,4 @@
-"""Ray resource pools for the generator and the trainer, placed on the nodes their config names.
+"""Ray start-up, and resource pools for the generator and the trainer, placed on the nodes their config names.
 
 verl's ``RayResourcePool`` ties a pool to a hardware type only through GPU bundles
 (``accelerator_type``), and its ``ResourcePoolManager`` insists on GPUs. Disaggregation needs each pool
@@ -9,9 +9,15 @@ so Ray can only put the pool's workers on matching nodes.
 
 from __future__ import annotations
 
+import os
+from typing import TYPE_CHECKING, Any
+
 import ray
 from ray.util.placement_group import placement_group
 from verl.single_controller.ray.base import RayResourcePool, sort_placement_group_by_node_ip
+
+if TYPE_CHECKING:
+    from verl_digen.trainer.config import RunConfig
 
 #: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
 NODE_RESOURCE_PER_WORKER = 1.0
@@ -56,3 +62,22 @@ def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) 
         if demand[resource] > have:
             raise ConfigError(key, workers, f"at most {have} worker(s) in all on '{resource}', what the Ray "
                                             f"cluster advertises ({sorted(total)})")
+
+
+#: environment every worker process gets on a CPU run
+CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    """Start (or join) Ray; CPU workers get the verl CPU platform through the runtime env."""
+    if ray.is_initialized():
+        return
+    env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
+    if cfg.trainer.device == "cpu":
+        os.environ.setdefault("VERL_PLATFORM", "cpu")
+    address = os.environ.get("RAY_ADDRESS")
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
+                              "log_to_driver": True}
+    if address is None and cfg.trainer.device == "cpu":
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
+    ray.init(address=address, **kwargs)

@@ -160,3 +160,11 @@ def save_resolved_config(cfg: Any, directory: str | Path) -> Path:
     tmp.write_text(resolved_config_yaml(cfg))
     tmp.replace(out)
     return out
+
+
+def write_json_atomic(path: str | Path, obj: Any) -> None:
+    """Write JSON next to ``path`` and rename it into place: a reader never sees half a file."""
+    p = Path(path)
+    tmp = p.with_name(f".{p.name}.tmp")
+    tmp.write_text(json.dumps(obj))
+    tmp.replace(p)

@@ -16,11 +16,8 @@ scheduling invariants at the end of every run; a violation is written next to th
 
 from __future__ import annotations
 
-import json
 import math
-import os
 import signal
-import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,11 +40,9 @@ from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     GENERATE,
     OPTIMIZER_STEP,
-    SCORE,
     SWITCH_TO_GEN,
     SWITCH_TO_TRAIN,
     TAG_GENERATE,
-    UPDATE,
 )
 from verl_digen.schedule.executor import run
 from verl_digen.schedule.export import chrome_trace
@@ -65,16 +60,15 @@ from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.faults import fault_policy
 from verl_digen.trainer.metrics import measured_profile, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
-from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits
-from verl_digen.trainer.ray_backend import RayBackend
+from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits, ensure_ray
+from verl_digen.trainer.probe import probe_costs
+from verl_digen.trainer.progress import Progress, Recent
+from verl_digen.trainer.stopping import AbandonStep, GuardedBackend, RunStopped, StopSignals
 from verl_digen.trainer.trace_stream import RecordStream
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
 from verl_digen.workers.sync import WeightSync, sync_backend
-
-#: environment every worker process gets on a CPU run
-CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
 @dataclass
@@ -97,120 +91,9 @@ class RunResult:
     validations: list[validation.ValidationResult] = field(default_factory=list)
 
 
-class RunStopped(RuntimeError):
-    """The run stopped before ``trainer.total_steps``: a signal, or non-finite values. ``str()`` is the
-    one line to show; ``checkpoint`` is the complete checkpoint to resume from (None: none exists);
-    ``exit_code`` is what the process should exit with."""
-
-    def __init__(self, reason: str, exit_code: int, checkpoint: str | None = None) -> None:
-        where = (f"resume from {checkpoint} (trainer.resume_from={checkpoint}, or trainer.resume_from=auto)"
-                 if checkpoint else "no checkpoint to resume from (set trainer.save_freq to write them)")
-        super().__init__(f"{reason}; {where}")
-        self.reason, self.exit_code, self.checkpoint = reason, exit_code, checkpoint
-
-
 def new_run_id() -> str:
     """A run id: start time and a random suffix (written into every checkpoint and trace)."""
     return time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:8]
-
-
-def write_json_atomic(path: str | Path, obj: Any) -> None:
-    """Write JSON next to ``path`` and rename it into place: a reader never sees half a file."""
-    p = Path(path)
-    tmp = p.with_name(f".{p.name}.tmp")
-    tmp.write_text(json.dumps(obj))
-    tmp.replace(p)
-
-
-class _GuardedBackend(RayBackend):
-    """The Ray backend that also keeps each optimizer step's result (the NaN guard's verdict), and
-    stops with ``RunStopped`` when no action finishes for ``stall_timeout_s`` (a hung or stopped
-    worker would otherwise block the driver forever, silently)."""
-
-    def __init__(self, *args: Any, stall_timeout_s: float | None = None, base_step: int = 0,
-                 checkpoint=lambda: None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.opt_results: dict[int, dict[str, Any]] = {}
-        self.stall_timeout_s = stall_timeout_s
-        self.base_step = base_step
-        self.checkpoint = checkpoint
-
-    def wait(self) -> tuple[list[tuple[Action, float]], float]:
-        """``RayBackend.wait`` with a bound on how long nothing may finish."""
-        while not self._ready:
-            if not self._pump(self.stall_timeout_s):
-                raise RunStopped(self._stall_message(), 4, self.checkpoint())
-        return super().wait()
-
-    def _stall_message(self) -> str:
-        calls = {id(c): c.action for c in self._inflight.values()}.values()
-        what = ", ".join(sorted(f"{a.kind} on {a.worker} (step {self.base_step + a.step + 1}"
-                                f"{'' if a.mb is None else f', micro-batch {a.mb}'})" for a in calls))
-        return (f"stalled: no action finished for {self.stall_timeout_s:g} s (trainer.stall_timeout_s) while "
-                f"waiting on {what}: a worker is hung, stopped or too slow for the timeout")
-
-    def _collect(self, call) -> None:
-        super()._collect(call)
-        if call.action.kind == OPTIMIZER_STEP:
-            self.opt_results[call.action.step] = ray.get(call.refs[0])  # already fetched: small
-
-
-class _Signals:
-    """SIGINT / SIGTERM during a run: the first asks the run to stop after the current global step
-    (its checkpoint and trace are written), a second abandons the step at once. Only in the main
-    thread (Python delivers signals there); previous handlers come back on exit."""
-
-    def __init__(self, log) -> None:
-        self.log = log
-        self.requested: int | None = None
-        self._old: dict[int, Any] = {}
-
-    def __enter__(self) -> _Signals:
-        if threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
-                self._old[sig] = signal.signal(sig, self._handle)
-        return self
-
-    def _handle(self, signum: int, _frame) -> None:
-        name = signal.Signals(signum).name
-        if self.requested is None:
-            self.requested = signum
-            # straight to fd 2: print() here could re-enter a buffered write the main thread is in
-            try:
-                os.write(2, f"received {name}: stopping after the current step (send it again to abandon "
-                            f"the step)\n".encode())
-            except OSError:
-                pass
-            return
-        raise _Abandon(signum)
-
-    def __exit__(self, *exc) -> None:
-        for sig, old in self._old.items():
-            signal.signal(sig, old)
-        self._old.clear()
-
-
-class _Abandon(BaseException):
-    """A second signal: leave the current step now (a BaseException, so no ``except Exception`` eats it)."""
-
-    def __init__(self, signum: int) -> None:
-        super().__init__(signum)
-        self.signum = signum
-
-
-def ensure_ray(cfg: RunConfig) -> None:
-    """Start (or join) Ray; CPU workers get the verl CPU platform through the runtime env."""
-    if ray.is_initialized():
-        return
-    env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
-    if cfg.trainer.device == "cpu":
-        os.environ.setdefault("VERL_PLATFORM", "cpu")
-    address = os.environ.get("RAY_ADDRESS")
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
-                              "log_to_driver": True}
-    if address is None and cfg.trainer.device == "cpu":
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
-    ray.init(address=address, **kwargs)
 
 
 class DigenRuntime:
@@ -235,7 +118,7 @@ class DigenRuntime:
         self.last_checkpoint: str | None = None
         self._lock_root: str | None = None
         self._bad_streak = 0
-        self._signals: _Signals | None = None
+        self._signals: StopSignals | None = None
         self._partial: RunResult | None = None
         self._segments: list[tuple[int, Timeline]] = []  # (first step - start_step, timeline) per segment
         self.validator: validation.Validator | None = None
@@ -414,11 +297,11 @@ class DigenRuntime:
         checkpointed when ``trainer.save_freq`` > 0; a second signal abandons the step) and on
         non-finite values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps
         so far is written before the error propagates."""
-        with _Signals(self.log) as sig:
+        with StopSignals(self.log) as sig:
             self._signals = sig
             try:
                 return self._fit()
-            except _Abandon as ab:
+            except AbandonStep as ab:
                 name = signal.Signals(ab.signum).name
                 self._write_partial(f"{name}: step abandoned")
                 raise RunStopped(f"stopped by {name} (second signal: the current step was abandoned)",
@@ -452,69 +335,12 @@ class DigenRuntime:
             self._write_outputs(result, violation=str(e))
             raise TimelineError(f"the run broke a scheduling invariant: {e} (timeline written to "
                                 f"{self.cfg.trainer.trace_dir or 'nowhere: trainer.trace_dir is unset'})") from e
-        probes = self._probe_costs(result.final_step) if self._probing() else []
+        probes = probe_costs(self, result.final_step) if self._probing() else []
         self._write_outputs(result, probes=probes)
         return result
 
     def _probing(self) -> bool:
         return self.probe and bool(self.cfg.trainer.trace_dir) and self.cfg.trainer.mode != COLOCATED
-
-    def _probe_costs(self, step: int, reps: int = 3) -> list[dict[str, Any]]:
-        """Profile samples (``profile_io`` format) of the probe described in the class docstring.
-
-        Runs after the last optimizer step, on the prompts of the next (untrained) global step
-        ``step``, one action at a time: generation, scoring and a training pass at the run's micro-batch
-        size and at a second size (up to 4 micro-batches), then a switch to generation, one micro-batch
-        generated on trainer rank 0 and the switch back; ``reps`` times after one cold repetition (new
-        sizes are cold starts, as the run's first step is). The training pass has loss scale 0: the
-        full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
-        here enters the timeline or the step reports. Run alone, these calls do not contend with the
-        other pool for the host as the run's do, so the profile takes from them the cost's shape and
-        the level from the run (``measured_profile``)."""
-        cfg = self.cfg
-        mb, batch = cfg.rollout.micro_batch_size, cfg.batch
-        # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
-        # fitted per-sample / per-row slope stable against host noise
-        second = min(batch, 4 * mb) if batch > mb else max(1, mb // 2)
-        pairs = [(p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n)]
-        gen = self.gen_wg.workers[0]
-        trainers = self.trn_wg.workers
-        gen_version = ray.get(gen.weights_version.remote())
-        trn_version = ray.get(trainers[0].weights_version.remote())
-        degree = cfg.digen.tsp.degree or self.k
-
-        def timed(refs: list[ray.ObjectRef]) -> float:
-            t0 = time.perf_counter()
-            ray.wait(refs, num_returns=len(refs))
-            return time.perf_counter() - t0
-
-        out: list[dict[str, Any]] = []
-        for rep in range(reps + 1):
-            measured: list[dict[str, Any]] = []
-            for size in sorted({mb, second}):
-                rows, texts = self._rows(step, pairs[:size])
-                t0 = time.perf_counter()
-                traj = gen.generate.remote(step, gen_version, rows, texts)
-                ray.wait([traj])
-                t_gen = time.perf_counter() - t0
-                scored, ids = gen.score_rows.options(num_returns=2).remote(traj)
-                t_score = timed([scored, ids])
-                measured += [{"pool": "generator", "kind": GENERATE, "size": size, "seconds": t_gen},
-                             {"pool": "generator", "kind": SCORE, "size": size, "seconds": t_score}]
-                if size % len(trainers) == 0:  # an update's rows split evenly over the trainer ranks
-                    zero_adv = {(pid, s): 0.0 for pid, s in rows}
-                    t_update = timed(self.trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
-                    measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
-            rows, texts = self._rows(step, pairs[:mb])
-            t_to_gen = timed(self.trn_wg.execute_all_async(SWITCH_TO_GEN))
-            t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])
-            t_to_train = timed(self.trn_wg.execute_all_async(SWITCH_TO_TRAIN))
-            measured += [{"kind": SWITCH_TO_GEN, "seconds": t_to_gen},
-                         {"kind": TAG_GENERATE, "size": mb, "seconds": t_tag},
-                         {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]
-            if rep > 0:
-                out += measured
-        return out
 
     def _write_partial(self, stopped: str) -> None:
         """The trace and timeline of the steps so far (no profile: the run is incomplete)."""
@@ -538,8 +364,8 @@ class DigenRuntime:
         about = {"run_id": self.run_id, "complete": stopped is None and violation is None,
                  "stopped": stopped, "checkpoint": self.last_checkpoint}
         trace["otherData"] = {**trace.get("otherData", {}), **{k: str(v) for k, v in about.items()}}
-        write_json_atomic(result.trace_path, trace)
-        write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
+        run_log.write_json_atomic(result.trace_path, trace)
+        run_log.write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
                           {"mode": mode, **about, "staleness": result.timeline.staleness,
                            "workers": list(result.timeline.workers), "records": result.timeline.to_dicts()})
         self._write_curves(trace_dir, mode)
@@ -603,7 +429,7 @@ class DigenRuntime:
         result = RunResult(run_id=self.run_id)
         self._partial = result
         self._segments = []
-        progress = _Progress(steps, self.cfg.trainer.progress, self.log)
+        progress = Progress(steps, self.cfg.trainer.progress, self.log)
         self._console.write = progress.write  # metric and checkpoint lines above the bar
         t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it)
         stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), [],
@@ -625,13 +451,13 @@ class DigenRuntime:
         result.timeline = concat_timelines(self._segments)
         return result
 
-    def _run_segment(self, result: RunResult, base: int, steps: int, total: int, progress: _Progress,
+    def _run_segment(self, result: RunResult, base: int, steps: int, total: int, progress: Progress,
                      stream: RecordStream | None, t0: float | None) -> float:
         """Global steps ``base + 1 .. base + steps`` through one scheduler; returns the time origin,
         which later segments share so the run's timeline stays one time axis."""
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
-        backend = _GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
+        backend = GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
                                   base, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
                                   base_step=base, checkpoint=lambda: self.last_checkpoint,
                                   faults=fault_policy(self.cfg, self.log),
@@ -645,8 +471,8 @@ class DigenRuntime:
         gen_names = [] if colocated else list(sched.gens)
         trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
         last_end = prev_start = backend.now()  # a later segment's first step starts after the validation
-        window = _Recent(sched.timeline.records)
-        decisions = _Recent(getattr(sched, "decisions", []))
+        window = Recent(sched.timeline.records)
+        decisions = Recent(getattr(sched, "decisions", []))
 
         def on_complete(a: Action, end: float) -> None:
             nonlocal last_end, prev_start
@@ -757,47 +583,6 @@ class DigenRuntime:
         if predicted:  # BTS's first plan of the step vs what the step really took
             out["digen/bts_predicted_step_s"] = predicted[0] - step_start
         return out
-
-
-class _Recent:
-    """A growing list read from a moving start: ``since(keep)`` skips (for good) leading items for
-    which ``keep`` is false and returns the rest, so a long run never rescans its whole history."""
-
-    def __init__(self, items: list) -> None:
-        self.items, self.start = items, 0
-
-    def since(self, keep) -> list:
-        while self.start < len(self.items) and not keep(self.items[self.start]):
-            self.start += 1
-        return self.items[self.start:]
-
-
-class _Progress:
-    """A tqdm bar over global steps with the headline metrics (plain lines when disabled)."""
-
-    def __init__(self, total: int, enabled: bool, log) -> None:
-        self.bar = None
-        self.log = log
-        if enabled:
-            from tqdm import tqdm
-
-            self.bar = tqdm(total=total, desc="global steps", unit="step", dynamic_ncols=True)
-
-    def update(self, step: int, metrics: dict[str, float]) -> None:
-        if self.bar is not None:
-            self.bar.update(1)
-            self.bar.set_postfix(reward=f"{metrics['reward/mean']:+.4f}", step_s=f"{metrics['timing/step_s']:.2f}")
-
-    def write(self, text: str) -> None:
-        """A line (or block) printed above the bar, which is redrawn below it."""
-        if self.bar is not None:
-            self.bar.write(text)
-        else:
-            self.log(text)
-
-    def close(self) -> None:
-        if self.bar is not None:
-            self.bar.close()
 
 
 #: the runtime's earlier public name (README, benchmarks, user scripts); "trainer" also names the

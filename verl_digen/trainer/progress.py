@@ -1,0 +1,44 @@
+"""Driver-side helpers of the step loop: a moving window over the growing timeline, and the progress bar."""
+
+from __future__ import annotations
+
+
+class Recent:
+    """A growing list read from a moving start: ``since(keep)`` skips (for good) leading items for
+    which ``keep`` is false and returns the rest, so a long run never rescans its whole history."""
+
+    def __init__(self, items: list) -> None:
+        self.items, self.start = items, 0
+
+    def since(self, keep) -> list:
+        while self.start < len(self.items) and not keep(self.items[self.start]):
+            self.start += 1
+        return self.items[self.start:]
+
+
+class Progress:
+    """A tqdm bar over global steps with the headline metrics (plain lines when disabled)."""
+
+    def __init__(self, total: int, enabled: bool, log) -> None:
+        self.bar = None
+        self.log = log
+        if enabled:
+            from tqdm import tqdm
+
+            self.bar = tqdm(total=total, desc="global steps", unit="step", dynamic_ncols=True)
+
+    def update(self, step: int, metrics: dict[str, float]) -> None:
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(reward=f"{metrics['reward/mean']:+.4f}", step_s=f"{metrics['timing/step_s']:.2f}")
+
+    def write(self, text: str) -> None:
+        """A line (or block) printed above the bar, which is redrawn below it."""
+        if self.bar is not None:
+            self.bar.write(text)
+        else:
+            self.log(text)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
