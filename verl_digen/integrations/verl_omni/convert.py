@@ -39,8 +39,8 @@ ENTRY_KEYS = ("ray_kwargs", "transfer_queue", "trainer.use_v1", "trainer.v1.trai
 # top-level sections that exist only in verl-digen's schema (verl-omni has none of these names)
 DIGEN_ONLY_SECTIONS = ("model", "rollout", "actor", "resources", "digen")
 #: same-named keys whose verl-omni values do not carry over: its validation set is a parquet dataset of
-#: its own layout, scored by its own reward stack; verl-digen's validation pass (trainer.test_freq with a
-#: prompt file in data.val_files, docs/user-guide.md "Validation") is set on the converted run instead
+#: its own layout, scored by its own reward stack (verl-digen's validation pass runs from its own entry
+#: point, docs/migrating-from-verl-omni.md)
 NOT_CARRIED = frozenset({"data.val_files", "trainer.test_freq"})
 
 
