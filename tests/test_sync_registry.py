@@ -142,5 +142,4 @@ def test_an_unknown_tag_policy_in_the_run_config_lists_the_registered_ones():
     with pytest.raises(ConfigError) as err:
         validate(compose(["digen.tag.policy=greedy"]))
     assert err.value.key == "digen.tag.policy"
-    assert str(err.value).endswith("'greedy' is invalid: expected a registered TAG policy: "
-                                   "adaptive[:R], bts, never, static:K")
+    assert "'greedy'" in str(err.value) and "adaptive[:R], bts, never, static:K" in str(err.value)

@@ -69,10 +69,12 @@ def test_a_policy_in_one_file_is_accepted_by_the_scheduler(toy):
 
 
 def test_an_unknown_name_lists_the_registered_policies(toy):
-    with pytest.raises(UnknownTagPolicy) as err:
+    with pytest.raises(UnknownTagPolicy, match=r"^unknown TAG policy 'greedy'; registered: adaptive\[:R\], bts, never, "
+                                               r"one_slot\[:N\], static:K$"):
+        parse_policy("greedy")
+    with pytest.raises(ValueError) as err:
         ScheduleConfig(prompts=8, group_size=2, mb_size=1, policy="greedy")
-    assert str(err.value) == "unknown TAG policy 'greedy'; registered: " \
-        "adaptive[:R], bts, never, one_slot[:N], static:K"
+    assert str(err.value) == "unknown TAG policy 'greedy'; registered: adaptive[:R], bts, never, one_slot[:N], static:K"
     unregister_tag_policy("one_slot")
     with pytest.raises(ValueError, match=r"unknown TAG policy 'one_slot'; registered: adaptive\[:R\], bts, never, "
                                          r"static:K$"):
