@@ -375,3 +375,149 @@ def test_step_stage_costs_mean_and_window_bounds_edges():
     assert b == step_bounds(costs, 1, 1, unit_size=4, generated=1)
     # unit 4 over G + R = 2: two generation rounds before the first update can start
     assert b.bottleneck == pytest.approx(2 * (1.0 + 1e-9) + 0.5 + 1.0 + 0.5)
+
+
+# --- the colocated scheduler, cost-model checks and fabric formulas -------------------------------
+
+
+def test_colocated_scheduler_records_each_phase_once_per_worker():
+    from verl_digen.schedule.colocated import PHASES, ColocatedScheduler, colocated_costs
+    from verl_digen.schedule.executor import SimBackend, run
+
+    cfg = ScheduleConfig(prompts=2, group_size=2, mb_size=2, steps=2, mode="colocated", partition="batch")
+    costs = colocated_costs(MODEL, cfg.batch)
+    assert costs.tag_generate == 0.0 and costs.weight_sync == 0.0
+    sched = ColocatedScheduler(cfg, ["gen0", "trainer"])
+    first = sched.start(0.0)
+    assert sched.next_actions(0.0) == []  # one phase at a time
+    with pytest.raises(ValueError, match="is not the running phase"):
+        sched.on_complete(Action("generate", ("gen0",), 0, 0), 1.0)
+    assert first[0].kind == PHASES[0] and first[0].mb is None and first[0].samples == ()
+    sched = ColocatedScheduler(cfg, ["gen0", "trainer"])
+    tl = run(sched, SimBackend(costs))
+    assert (tl.micro_batches, tl.steps, tl.mode) == (1, 2, "colocated")
+    data = {"generate", "score", "update"}
+    for w in ("gen0", "trainer"):
+        got = [(r.kind, r.mb, r.step, r.version, r.samples) for r in tl.by_worker()[w]]
+        want = [(k, 0 if k in data else None, s, s, 4 if k in data else 0) for s in range(2) for k in PHASES]
+        assert got == want
+
+
+def test_cost_checks_name_the_bad_value():
+    from verl_digen.schedule.costs import BaselineCosts
+
+    for field_name in ("fixed", "per_unit", "floor"):
+        with pytest.raises(ValueError, match=f"cost '{field_name}' must be >= 0, got -1"):
+            Affine(**{field_name: -1})
+    with pytest.raises(ValueError, match="cost 'rollout_wake' must be >= 0"):
+        BaselineCosts(rollout_wake=-1.0)
+    with pytest.raises(ValueError, match="cost 'publish' must be >= 0"):
+        CostModel(Pool(HW, 1), Pool(HW, 1), publish=-1.0)
+    with pytest.raises(ValueError, match="steps_trained must be a positive integer, got 2.0"):
+        CostModel(Pool(HW, 1), Pool(HW, 1), steps_trained=2.0)
+    for bad in (0.0, 1.5):
+        with pytest.raises(ValueError, match=f"keep_fraction must be in \\(0, 1\\], got {bad}"):
+            CostModel(Pool(HW, 1), Pool(HW, 1), keep_fraction=bad)
+    CostModel(Pool(HW, 1), Pool(HW, 1), keep_fraction=1.0)
+
+
+def test_native_baseline_pays_no_context_switch():
+    m = CostModel(Pool(HW, 1), Pool(HW, 1), switch_to_gen=0.5, switch_to_train=0.25)
+    assert m.colocated_phases(2)["switch_to_train"] == 0.25
+    native = m.colocated_phases(2, baseline="native")
+    assert (native["switch_to_gen"], native["switch_to_train"]) == (0.0, 0.0)
+
+
+def test_fabric_ring_hybrid_and_send_hand_computed():
+    from verl_digen.schedule.fabric import HYBRID, Fabric
+
+    f = Fabric(gpus_per_node=8, intra_gbs=100.0, nic_gbs=25.0, sharding=HYBRID)
+    # inside a node: 2 GB over 2 ranks moves 1 GB at 100 GB/s; across 2 nodes the 25 GB/s NIC is the link
+    assert f.ring(2e9, 2) == pytest.approx(0.01, rel=1e-12)
+    assert f.ring(2e9, 16) == pytest.approx(2e9 * 15 / 16 / 25e9, rel=1e-12)
+    assert f.ring(0.5, 2) == pytest.approx(0.25 / 100e9, rel=1e-12)  # under one byte still costs
+    assert f.ring(0.0, 4) == 0.0 and f.ring(1e9, 1) == 0.0 and f.ring(1e9, 0) == 0.0
+    # HSDP over 24 ranks (3 nodes): shard groups of 8 (two 2-byte gathers + one 4-byte reduce-scatter of
+    # 1e9 parameters: 2 x 0.0175 + 0.035 = 0.07) + the cross-node all-reduce 2 x 4e9 x 2/3 / 25e9 = 16/75
+    assert f.fsdp_pass(1e9, 24) == pytest.approx(0.07 + 16 / 75, rel=1e-12)
+    assert f.send(5e9) == pytest.approx(0.2, rel=1e-12)
+
+
+# --- the step scheduler's trace: labels, decisions and what a policy sees -------------------------
+
+
+class _Recorder:
+    """A TAG policy that asks for ``k`` micro-batches at every bubble and records what it was shown."""
+
+    name = "recorder"
+
+    def __init__(self, k: int) -> None:
+        self.k = k
+        self.seen: list[tuple] = []
+
+    def decide(self, ctx) -> int:
+        self.seen.append((ctx.step, ctx.bubble, ctx.costs_version, ctx.free_slots, ctx.trainer_ranks,
+                          ctx.undispatched))
+        return self.k
+
+
+def test_scheduler_trace_with_tag_tcss_publish_and_sync_hand_checked():
+    from collections import Counter
+
+    from verl_digen.schedule.costs import StageCosts
+    from verl_digen.schedule.executor import SimBackend, run
+    from verl_digen.schedule.scheduler import Decision, StepScheduler
+
+    cfg = ScheduleConfig(prompts=2, group_size=4, mb_size=1, steps=3, staleness=0.25)
+    costs = StageCosts(generate=1.0, tag_generate=1.5, score=0.25, update=2.0, switch_to_gen=0.25,
+                       switch_to_train=0.25, optimizer_step=0.5, weight_sync=0.25, publish=0.5)
+    pol = _Recorder(3)  # asks for more than the 2 free slots: the scheduler caps it
+    s = StepScheduler(cfg, costs, 2, pol, trainer_ranks=2)
+    assert (s.M, s.unit_size, s.update_size, s.stale_budget) == (8, 4, 4, 2)
+    tl = run(s, SimBackend(costs))
+    assert tl.workers == ["gen0", "gen1", "trainer", "tag0", "tag1"]
+    assert (tl.mode, tl.trainer_ranks, tl.staleness, tl.micro_batches, tl.steps) == ("digen", 2, 0.25, 8, 3)
+    # Step 0: switch at 0 (0.25), the TAG slots generate mbs 2, 3 (0.25-1.75) and, at the second bubble,
+    # 6, 7 (1.75-3.25) while gen0/gen1 generate and score 0, 1, 4, 5; switch back 3.25-3.5; unit 0 (mbs 0-3,
+    # scored by 2.5) trains 3.5-5.5, unit 1 5.5-7.5, optimizer step 7.5-8, publish of version 1 8-8.5.
+    # Each later step repeats that 8 s later. Publishes and syncs carry (step, version) = (v - 1, v);
+    # switches and optimizer steps (s, s); the last step publishes nothing.
+    side = [(r.worker, r.kind, r.step, r.version, r.start, r.end) for r in tl.records
+            if r.kind in ("publish", "weight_sync", "switch_to_gen", "switch_to_train", "optimizer_step")]
+    assert side == [
+        ("trainer", "switch_to_gen", 0, 0, 0.0, 0.25), ("trainer", "switch_to_train", 0, 0, 3.25, 3.5),
+        ("trainer", "optimizer_step", 0, 0, 7.5, 8.0), ("trainer", "publish", 0, 1, 8.0, 8.5),
+        ("gen0", "weight_sync", 0, 1, 8.5, 8.75), ("gen1", "weight_sync", 0, 1, 8.5, 8.75),
+        ("trainer", "switch_to_gen", 1, 1, 8.5, 8.75), ("trainer", "switch_to_train", 1, 1, 11.25, 11.5),
+        ("trainer", "optimizer_step", 1, 1, 15.5, 16.0), ("trainer", "publish", 1, 2, 16.0, 16.5),
+        ("gen0", "weight_sync", 1, 2, 16.5, 16.75), ("gen1", "weight_sync", 1, 2, 16.5, 16.75),
+        ("trainer", "switch_to_gen", 2, 2, 16.5, 16.75), ("trainer", "switch_to_train", 2, 2, 19.25, 19.5),
+        ("trainer", "optimizer_step", 2, 2, 23.5, 24.0),
+    ]
+    assert all(r.version == r.step for r in tl.records if r.kind in ("score", "update", "tag_generate"))
+    # idle generators run ahead on the old version, up to the budget of 2 stale micro-batches a step
+    assert Counter(r.step for r in tl.records if r.stale) == {1: 2, 2: 2}
+    assert Counter((r.kind, r.samples, r.count) for r in tl.records) == {
+        ("score", 1, 1): 24, ("generate", 1, 1): 16, ("tag_generate", 1, 1): 8, ("update", 4, 4): 6,
+        ("weight_sync", 0, 1): 4, ("switch_to_gen", 0, 1): 3, ("switch_to_train", 0, 1): 3,
+        ("optimizer_step", 0, 1): 3, ("publish", 0, 1): 2}
+    # what the policy saw: (step, bubble, profiler version = completions so far, free slots, ranks, undispatched)
+    # e.g. at 1.75: the switch, 2 generations, 2 scorings and 2 TAG generations completed -> version 7
+    assert pol.seen == [(0, 1, 0, 2, 2, 6), (0, 2, 7, 2, 2, 2), (1, 1, 26, 2, 2, 6), (2, 1, 50, 2, 2, 6)]
+    assert s.decisions == [Decision(0, 0.0, 6, 2, 2), Decision(0, 1.75, 2, 2, 2), Decision(1, 8.5, 6, 2, 2),
+                           Decision(2, 16.5, 6, 2, 2)]
+    with pytest.raises(RuntimeError, match="already started"):
+        s.start(0.0)
+
+
+def test_scheduler_constructor_checks_and_defaults():
+    from verl_digen.schedule.costs import StageCosts
+    from verl_digen.schedule.scheduler import StepScheduler
+
+    costs = StageCosts(generate=1.0, tag_generate=1.0, score=0.0, update=1.0)
+    cfg = ScheduleConfig(prompts=1, group_size=2, mb_size=1)
+    assert StepScheduler(cfg, costs, 1).timeline.workers == ["gen0", "trainer", "tag0"]  # one rank by default
+    with pytest.raises(ValueError, match="needs at least one worker, got 2.0"):
+        StepScheduler(cfg, costs, 2.0)
+    with pytest.raises(ValueError, match="needs at least one rank, got 1.0"):
+        StepScheduler(cfg, costs, 1, trainer_ranks=1.0)
