@@ -521,3 +521,36 @@ def test_scheduler_constructor_checks_and_defaults():
         StepScheduler(cfg, costs, 2.0)
     with pytest.raises(ValueError, match="needs at least one rank, got 1.0"):
         StepScheduler(cfg, costs, 1, trainer_ranks=1.0)
+
+
+# --- refitting a profile from measured samples ----------------------------------------------------
+
+
+def test_fit_samples_defaults_zero_seconds_and_update_rows_hand_computed():
+    from verl_digen.schedule.costs import Hardware as Hw
+    from verl_digen.schedule.profile_io import fit_samples
+
+    m = CostModel(Pool(Hw(), 1), Pool(Hw(), 2), steps_trained=4, keep_fraction=0.5)
+    f = fit_samples(m, [
+        {"kind": "tag_generate", "size": 2, "seconds": 5.0}, {"kind": "tag_generate", "size": 4, "seconds": 9.0},
+        {"kind": "score", "seconds": 0.5}, {"kind": "score", "size": 3, "seconds": 1.5},  # size defaults to 1
+        {"kind": "weight_sync", "seconds": 0.0}, {"kind": "weight_sync", "seconds": 1.0},  # 0 s is a measurement
+        {"kind": "train_pass", "size": 1, "seconds": 1.0}, {"kind": "train_pass", "size": 2, "seconds": 1.5},
+    ])
+    # TAG samples fit the trainer GPU's generate; score (no pool) the generator's; train_pass the trainer's
+    assert f.trainer.hardware.generate == Affine(1.0, 2.0) and f.generator.hardware.generate == Affine()
+    assert f.generator.hardware.score == Affine(0.0, 0.5) and f.trainer.hardware.score == Affine()
+    assert f.trainer.hardware.train_pass == Affine(0.5, 0.5) and f.generator.hardware.train_pass == Affine()
+    assert f.weight_sync == 0.5
+    # update of 8 samples, K = 4 passes of one timestep (TSP degree defaults to 1), half the samples kept,
+    # 2 ranks: ceil(8 x 0.5 x 1 / 2) = 2 rows a pass, 8 s / 4 passes = 2 s; 16 samples: 4 rows, 3 s
+    g = fit_samples(m, [{"kind": "update", "size": 8, "seconds": 8.0}, {"kind": "update", "size": 16, "seconds": 12.0}])
+    assert g.trainer.hardware.train_pass == Affine(1.0, 0.5)
+    # K = 3 at degree 2: passes [2, 1], rows from the first (full) pass: 4 samples -> 2 rows, 3 s / 2 passes
+    m3 = CostModel(Pool(Hw(), 1), Pool(Hw(), 2), steps_trained=3, keep_fraction=0.5)
+    h = fit_samples(m3, [{"kind": "update", "size": 4, "tsp_degree": 2, "seconds": 3.0},
+                         {"kind": "update", "size": 8, "tsp_degree": 2, "seconds": 5.0}])
+    assert h.trainer.hardware.train_pass == Affine(0.5, 0.5)
+    for bad in ({"kind": "score"}, {"kind": "score", "seconds": -0.5}):
+        with pytest.raises(ValueError, match=r"samples\[0\]: needs non-negative 'seconds'"):
+            fit_samples(m, [bad])
