@@ -47,14 +47,6 @@ def is_trainer_side(worker: str) -> bool:
     return worker == TRAINER or is_tag_slot(worker)
 
 
-def worker_index(worker: str) -> int:
-    """``gen3`` -> 3, ``tag1`` -> 1: the actor's index in its worker group."""
-    for prefix in ("gen", TAG_PREFIX):
-        if worker.startswith(prefix) and worker[len(prefix):].isdigit():
-            return int(worker[len(prefix):])
-    raise ValueError(f"{worker!r} is not a generator or TAG slot (the trainer unit is {TRAINER!r})")
-
-
 @dataclass(frozen=True)
 class Record:
     """One executed action on one worker. ``version`` is the policy version of the weights used

@@ -41,7 +41,7 @@ from verl_digen.schedule.costs import (
     UPDATE,
     WEIGHT_SYNC,
 )
-from verl_digen.schedule.timeline import worker_index
+from verl_digen.schedule.timeline import gen_worker, tag_slot
 from verl_digen.trainer.faults import FaultPolicy, GeneratorState, await_restarted, is_worker_death
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
@@ -91,6 +91,10 @@ class RayBackend:
         self.gen_wg, self.trn_wg, self.sync = gen_wg, trn_wg, sync
         self.gens = gen_wg.workers if gen_wg is not None else []
         self.trainers = trn_wg.workers
+        # the scheduler's worker names -> index in their worker group, built with the constructors the
+        # scheduler names them with: a name is looked up, never parsed
+        self.gen_index = {gen_worker(i): i for i in range(len(self.gens))}
+        self.slot_index = {tag_slot(j): j for j in range(len(self.trainers))}
         self.rows, self.advantages, self.scale, self.base = rows, advantages, scale, base
         self.t0 = time.perf_counter()
         self._inflight: dict[ray.ObjectRef, _Call] = {}
@@ -126,11 +130,11 @@ class RayBackend:
         g = self.base + a.step
         w = a.worker
         keep: list[ray.ObjectRef] = []
-        submit = self._generator_submit(a) if w.startswith("gen") else None
+        submit = self._generator_submit(a) if w in self.gen_index else None
         if submit is not None:
             refs, keep, check = submit()
             call = _Call(a, refs, keep, check, submit, self._deadline(a))
-            call.incarnation = self.gen_state.incarnation[worker_index(w)]
+            call.incarnation = self.gen_state.incarnation[self.gen_index[w]]
             for ref in call.pending:
                 self._inflight[ref] = call
             return
@@ -142,10 +146,10 @@ class RayBackend:
                                                  [rows[sl] for sl in shares], [texts[sl] for sl in shares])
         elif a.kind == TAG_GENERATE:
             rows, texts = self.rows(g, a.samples)
-            refs = [self.trainers[worker_index(w)].tag_generate.remote(g, self.base + a.version, rows, texts)]
+            refs = [self.trainers[self.slot_index[w]].tag_generate.remote(g, self.base + a.version, rows, texts)]
         elif a.kind == SCORE:
             parts = self.generated.pop((a.step, a.mb))
-            scorers = [self.gens[worker_index(w)]] if w.startswith("gen") else self.trainers  # colocated: own part
+            scorers = [self.gens[self.gen_index[w]]] if w in self.gen_index else self.trainers  # colocated: own part
             pairs = [s.score_rows.options(num_returns=2).remote(p) for s, p in zip(scorers, parts, strict=True)]
             keep = [p[0] for p in pairs]
             refs = [p[1] for p in pairs]
@@ -162,7 +166,7 @@ class RayBackend:
             if self._keeps_weights():
                 self.gen_state.published(self.base + a.version, refs[0])
         elif a.kind == WEIGHT_SYNC:
-            refs = self.sync.pickup(worker_index(w), self.base + a.version)
+            refs = self.sync.pickup(self.gen_index[w], self.base + a.version)
         else:
             raise RuntimeError(f"the Ray backend cannot execute action kind {a.kind!r}")
         call = _Call(a, refs, keep)
@@ -172,7 +176,7 @@ class RayBackend:
     def _generator_submit(self, a: Action) -> Submit | None:
         """The re-issuable submission of a generator action (None: not retriable, e.g. a collective
         pickup, whose group a restarted actor cannot rejoin)."""
-        g, i = self.base + a.step, worker_index(a.worker)
+        g, i = self.base + a.step, self.gen_index[a.worker]
         gen = self.gens[i]
         if a.kind == GENERATE:
             rows, texts = self.rows(g, a.samples)
@@ -257,13 +261,13 @@ class RayBackend:
                                 f"{'' if a.mb is None else f', micro-batch {a.mb}'}) ran past its timeout "
                                 f"(trainer.action_timeout_factor x the estimate, at least "
                                 f"trainer.action_timeout_min_s): killing {a.worker} for a restart")
-                ray.kill(self.gens[worker_index(a.worker)], no_restart=False)
+                ray.kill(self.gens[self.gen_index[a.worker]], no_restart=False)
 
     def _retry(self, call: _Call, err: BaseException) -> None:
         """Re-issue ``call`` on its generator's restarted actor; the first failure seen of an actor's
         life restores it first (model, then the weights of the version it held)."""
         a, st = call.action, self.gen_state
-        i = worker_index(a.worker)
+        i = self.gen_index[a.worker]
         if call.incarnation == st.incarnation[i]:
             if st.restarts[i] >= self.faults.max_restarts:
                 self.faults.log(f"generator {a.worker} died ({type(err).__name__}) with no restart left "
@@ -323,7 +327,7 @@ class RayBackend:
             self._fetch(a.version, refs)
         elif a.kind == WEIGHT_SYNC:
             self._fetch(a.version, call.refs)  # versions; surfaces worker errors
-            self.gen_state.picked_up(worker_index(a.worker), self.base + a.version)
+            self.gen_state.picked_up(self.gen_index[a.worker], self.base + a.version)
         elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN):
             self._fetch(a.step, call.refs)  # small (seconds, versions); surfaces worker errors
 
