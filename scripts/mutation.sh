@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Mutation testing of the RL math and the scheduler (docs/testing.md). Not part of CI: tens of minutes
-# on 2 cores. Usage: scripts/mutation.sh [algo|schedule|all] (default all). Runs on a copy of the
+# on 2 cores. Usage: scripts/mutation.sh [algo|schedule|all] [MUTANT_NAME_OR_GLOB...] (default all; names, e.g.
+# 'verl_digen.schedule.costs.*', re-test only those mutants, whatever their verdict). Runs on a copy of the
 # working tree under $MUTATION_DIR (default /tmp/verl-digen-mutation), so the checkout stays clean;
 # prints the score per package and every surviving mutant (`mutmut show <name>` there shows one).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scope="${1:-all}"
+shift || true
 work="${MUTATION_DIR:-/tmp/verl-digen-mutation}"
 python -m pip install -q "mutmut==3.8.1"
 case "$scope" in
@@ -48,7 +50,7 @@ pytest_add_cli_args_test_selection=
 CFG
 cd "$work"
 start=$(date +%s)
-mutmut run --max-children "${MUTATION_JOBS:-2}" > mutmut.log 2>&1 || true
+mutmut run --max-children "${MUTATION_JOBS:-2}" "$@" > mutmut.log 2>&1 || true
 echo "mutation run took $(( $(date +%s) - start )) s (log: $work/mutmut.log)"
 mutmut results --all true > results.txt 2>/dev/null || mutmut results > results.txt
 # A resumed run keeps the old "survived" verdicts; MUTATION_RERUN_SURVIVORS=1 re-tests them against the
