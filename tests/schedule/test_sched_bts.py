@@ -64,11 +64,11 @@ def _value_of_first_move(params, state, decision) -> float:
     s = state.copy()
     if bts.advance(params, s):
         assert decision is None
-        return s.t - state.t
+        return s.now - state.now
     bts.apply(params, s, decision)
     if bts.advance(params, s):
-        return s.t - state.t
-    return s.t - state.t + bts.exhaustive(params, s)[0]
+        return s.now - state.now
+    return s.now - state.now + bts.exhaustive(params, s)[0]
 
 
 def test_bts_equals_unpruned_search_on_larger_instances():
@@ -234,7 +234,6 @@ def test_model_state_from_view_field_by_field():
     assert (s.update_queue, s.not_updated, s.generating, s.stale_left, s.next_undispatched) == (2, 6, 1, 3, 7)
     assert (s.slots, s.slot_end, s.slot_mb, s.free, s.reserved) == (3, [1.25, 0.5], [0, 5], 1, [])
     assert (s.trainer_task, s.decided) == (bts.T_IDLE, False)
-    assert (s.t, s.f, s.sqn, s.upd_left, s.mode) == (0.0, 5, 2, 6, 1)  # the old short names still read
     with pytest.raises(ValueError, match="BTS cannot model a generator running 'update'"):
         bts.ModelState.from_view(SchedulerView(0, (GeneratorView("update", 1.0),), (), 0, {}, 0, 4, False))
 

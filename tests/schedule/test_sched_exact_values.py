@@ -19,11 +19,12 @@ from verl_digen.schedule.policies import Adaptive, BubbleContext, Never, Static
 
 def test_fresh_state_field_by_field():
     s = ModelState.fresh(4, 3, stale_budget=2, slots=2, lagging=1)
-    assert (s.t, s.f, s.ge, s.gk, s.gi) == (0.0, 0, [0.0] * 3, [IDLE] * 3, [-1] * 3)
-    assert (s.sq, s.sqn, s.scored, s.uq, s.upd_left, s.mode) == ([], 0, {}, 0, 4, 0)
-    assert (s.stale_left, s.next_left, s.lag, s.slots) == (2, 4, [True, False, False], 2)
+    assert (s.now, s.dispatched, s.gen_end, s.gen_task, s.gen_mb) == (0.0, 0, [0.0] * 3, [IDLE] * 3, [-1] * 3)
+    assert (s.score_queue, s.next_score_queue, s.scored, s.update_queue, s.not_updated, s.generating) == (
+        [], 0, {}, 0, 4, 0)
+    assert (s.stale_left, s.next_undispatched, s.gen_lagging, s.slots) == (2, 4, [True, False, False], 2)
     plain = ModelState.fresh(4, 2)
-    assert (plain.stale_left, plain.next_left, plain.lag, plain.slots) == (0, 0, [False, False], 1)
+    assert (plain.stale_left, plain.next_undispatched, plain.gen_lagging, plain.slots) == (0, 0, [False, False], 1)
 
 
 def test_bounds_hand_computed_with_a_publish_between_two_steps():

@@ -30,7 +30,6 @@ import math
 import time
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
-from operator import attrgetter
 
 from .costs import GENERATE, SCORE, WEIGHT_SYNC, StageCosts
 from .tag_policy import BubbleContext, SchedulerView, register_tag_policy
@@ -225,17 +224,6 @@ class ModelState:
         return (self.dispatched, gens, lagging, sq, self.next_score_queue, tuple(sorted(self.scored.items())),
                 self.update_queue, self.not_updated, self.generating, self.stale_left, self.next_undispatched,
                 slots)
-
-
-# The short names the state used to have (read-only; new code uses the long ones).
-_SHORT_NAMES = {
-    "t": "now", "f": "dispatched", "ge": "gen_end", "gk": "gen_task", "gi": "gen_mb", "lag": "gen_lagging",
-    "sq": "score_queue", "sqn": "next_score_queue", "uq": "update_queue", "upd_left": "not_updated",
-    "mode": "generating", "te": "trainer_end", "tk": "trainer_task", "next_left": "next_undispatched",
-    "skipped": "decided", "se": "slot_end", "si": "slot_mb", "rsv": "reserved",
-}
-for _short, _long in _SHORT_NAMES.items():
-    setattr(ModelState, _short, property(attrgetter(_long), doc=f"Old name of ``{_long}``."))
 
 
 def advance(p: Params, s: ModelState) -> bool:
