@@ -6,12 +6,17 @@ weights / grads / optimizer / reference: the plan vs the bytes the trainer's ten
 of one TSP pass (a saved-tensors hook); process: the growth of the process's peak RSS over the
 training step vs the plan's training total. Prints one row each and the relative error.
 
-    python bench/memory_plan.py [--archs flux,qwen_image]
+    python bench/memory_plan.py [--archs flux,qwen_image] [--json]
+
+``--json``: the table, then one JSON line ``{"rows": [{arch, checkpointing, part, estimate_bytes,
+measured_bytes, rel_error}, ...], "max_abs_rel_error": {part: ...}}`` (the last line of the output).
 """
 
 from __future__ import annotations
 
 import argparse
+import json
+import math
 import resource
 
 import torch
@@ -77,14 +82,24 @@ def measure(arch: str, ckpt: bool) -> list[tuple[str, float, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--archs", default="flux,qwen_image")
+    ap.add_argument("--json", action="store_true", help="end with one JSON line of every row")
     args = ap.parse_args()
     torch.set_num_threads(1)
     print(f"{'arch':<11}{'ckpt':<6}{'part':<25}{'estimate':>12}{'measured':>12}{'error':>9}")
+    rows = []
     for arch in args.archs.split(","):
         for ckpt in (False, True):
             for part, est, got in measure(arch, ckpt):
                 err = (est - got) / got if got else float("nan")
                 print(f"{arch:<11}{str(ckpt):<6}{part:<25}{est / 1e6:>10.3f}MB{got / 1e6:>10.3f}MB{err:>+9.0%}")
+                rows.append({"arch": arch, "checkpointing": ckpt, "part": part, "estimate_bytes": est,
+                             "measured_bytes": got, "rel_error": None if math.isnan(err) else err})
+    if args.json:
+        worst: dict[str, float] = {}
+        for r in rows:
+            if r["rel_error"] is not None:
+                worst[r["part"]] = max(worst.get(r["part"], 0.0), abs(r["rel_error"]))
+        print(json.dumps({"rows": rows, "max_abs_rel_error": worst}))
 
 
 if __name__ == "__main__":
