@@ -424,8 +424,7 @@ class DigenRuntime:
         steps: trainer/validation.py); per-step reports, checkpoints and progress as each optimizer
         step completes, and a validation pass after each segment that ends at a validation step."""
         first, total = self.start_step, self.start_step + steps
-        val_steps = set(validation.validation_steps(first, total, self.cfg.trainer.test_freq)
-                        if self.validator is not None else [])
+        freq = self.cfg.trainer.test_freq if self.validator is not None else 0  # every segment ends at a validation
         result = RunResult(run_id=self.run_id)
         self._partial = result
         self._segments = []
@@ -438,10 +437,10 @@ class DigenRuntime:
         t0 = None
         try:
             base = first
-            for length in validation.segments(first, total, t.test_freq if val_steps else 0):
+            for length in validation.segments(first, total, freq):
                 t0 = self._run_segment(result, base, length, total, progress, stream, t0)
                 base += length
-                if base in val_steps:
+                if freq > 0:
                     self._validate(result, base)
         finally:
             if stream is not None:
