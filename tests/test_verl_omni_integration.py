@@ -336,3 +336,18 @@ def test_a_local_cpu_run_that_would_wait_forever_for_ray_cpus_is_named(tmp_path,
     assert vo.ray_cpu_shortfall({**good, **small}, run) is None
     gpu = vo.to_run_config(_runnable(tmp_path), log=lambda _: None)
     assert vo.ray_cpu_shortfall({**good, "transfer_queue": tq}, gpu) is None  # only CPU runs are counted
+
+
+def test_latent_size_uses_the_architectures_vae_compression():
+    """verl-omni's 8 px per latent cell is its default; Wan2.2's VAE compresses 16x, so an unset
+    vae_scale_factor must not double the latent side (704 px -> 44, not 88). An explicit value wins."""
+    def latent(path: str, **model) -> tuple[int, str]:
+        out = vo.from_verl_omni_config({"actor_rollout_ref": {
+            "model": {"path": path, **model}, "rollout": {"pipeline": {"height": 704, "width": 704}}}}, notes=[])
+        return out["model.latent_size"], out["model.arch"]
+
+    assert latent("Wan-AI/Wan2.2-TI2V-5B-Diffusers") == (44, "wan2_2")
+    assert latent("Wan-AI/Wan2.1-T2V-1.3B-Diffusers") == (88, "wan")
+    assert latent("/ckpt/wan2_2_ti2v") == (44, "wan2_2")
+    assert latent("Wan-AI/Wan2.2-TI2V-5B-Diffusers", vae_scale_factor=8) == (88, "wan2_2")
+    assert latent("stabilityai/stable-diffusion-3.5-medium") == (88, "sd3")

@@ -19,7 +19,8 @@ SDE_TYPES = {"sde": "flow_grpo", "cps": "cps", "dance_sde": "dance_grpo"}
 VAE_SCALE_FACTOR = 8  # verl-omni's default model.vae_scale_factor (pixels per latent cell)
 ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen model.arch
     ("qwen-image", "qwen_image"), ("qwen_image", "qwen_image"), ("flux", "flux"),
-    ("stable-diffusion-3", "sd3"), ("sd3", "sd3"), ("hunyuan", "hunyuan_video"), ("wan", "wan"),
+    ("stable-diffusion-3", "sd3"), ("sd3", "sd3"), ("hunyuan", "hunyuan_video"),
+    ("wan2.2", "wan2_2"), ("wan2_2", "wan2_2"), ("wan", "wan"),  # first match wins: Wan2.2 before Wan2.1
 )
 
 ARR = "actor_rollout_ref"
@@ -51,6 +52,16 @@ def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
             return default
         node = node[part]
     return node
+
+
+def _default_vae_scale(arch: str | None) -> int:
+    """Pixels per latent cell when the verl-omni config leaves ``model.vae_scale_factor`` unset: the
+    architecture's own VAE compression (Wan2.2's is 16x), else verl-omni's default of 8."""
+    if arch is None:
+        return VAE_SCALE_FACTOR
+    from verl_digen.models.arch import MODEL_REGISTRY
+
+    return int(MODEL_REGISTRY[arch].vae_factors(None)[0])
 
 
 def _guess_arch(path: str | None) -> str | None:
@@ -224,7 +235,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if arch is not None:
         out["model.arch"] = arch
     elif path is not None:
-        notes.append(f"{ARR}.model.path={path!r}: set model.arch (one of flux, sd3, qwen_image, wan, hunyuan_video)")
+        notes.append(f"{ARR}.model.path={path!r}: set model.arch "
+                     "(one of flux, sd3, qwen_image, wan, wan2_2, hunyuan_video)")
     cfg_key = CFG_KEY.get(arch or "", "guidance_scale")
     other_key = "guidance_scale" if cfg_key == "true_cfg_scale" else "true_cfg_scale"
     scale, other = get(f"{ARR}.rollout.pipeline.{cfg_key}"), get(f"{ARR}.rollout.pipeline.{other_key}")
@@ -236,7 +248,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         notes.append(f"{ARR}.rollout.pipeline.{other_key}={other}: not used; for {arch or 'this model'} the guidance "
                      f"scale is {ARR}.rollout.pipeline.{cfg_key}={scale}")
     height, width = get(f"{ARR}.rollout.pipeline.height"), get(f"{ARR}.rollout.pipeline.width")
-    vae = int(get(f"{ARR}.model.vae_scale_factor", VAE_SCALE_FACTOR) or VAE_SCALE_FACTOR)
+    vae = int(get(f"{ARR}.model.vae_scale_factor") or _default_vae_scale(arch))
     if height is not None and height == width:
         out["model.latent_size"] = int(height) // vae
     elif height is not None:
@@ -539,7 +551,8 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     path = _get(raw, f"{ARR}.model.path")
     if path is not None and "model.arch" not in flat and "arch" not in native.get("model", {}):
         raise ConfigError(f"{ARR}.model.path", path, "a model verl-digen has an adapter for (FLUX, SD3, Qwen-Image, "
-                          "Wan, HunyuanVideo), or +model.arch=<flux|sd3|qwen_image|wan|hunyuan_video> if it is one")
+                          "Wan, HunyuanVideo), or +model.arch=<flux|sd3|qwen_image|wan|wan2_2|hunyuan_video> "
+                          "if it is one")
     cfg = load(OmegaConf.merge(OmegaConf.create(_nested(flat)), OmegaConf.create(native)))
     for note in notes:
         log(f"verl-omni -> verl-digen: {note}")
