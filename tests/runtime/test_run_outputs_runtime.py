@@ -1,5 +1,6 @@
 """A real (tiny) run's outputs: metrics file and curves, readable console lines, the resolved config next
-to the trace and in each checkpoint, a line per save, and logger start-up outside the timed steps."""
+to the trace and in each checkpoint, a line per save, logger start-up outside the timed steps, loggers
+closed at the end."""
 
 import time
 
@@ -25,6 +26,11 @@ def test_run_leaves_curves_config_and_readable_lines_and_times_no_logger_start_u
             super().__init__(*args, **kwargs)
             seen["tracking_ready"] = time.perf_counter()
 
+        def finish(self, exit_code: int = 0):
+            if not getattr(self, "_finished", False):
+                seen["finished_with"] = exit_code
+            super().finish(exit_code)
+
     real_run = runtime.run
 
     def timed_run(*args, **kwargs):
@@ -42,6 +48,8 @@ def test_run_leaves_curves_config_and_readable_lines_and_times_no_logger_start_u
     finally:
         trainer.shutdown()
 
+    # the loggers were flushed and closed when fit returned (not left to the garbage collector)
+    assert seen["finished_with"] == 0 and trainer.tracking is None
     # the loggers started before the executor loop, so no step's time holds their start-up
     assert seen["tracking_ready"] <= seen["steps_start"]
     assert all(r.metrics["timing/step_s"] < SLOW_INIT_S for r in result.reports), [

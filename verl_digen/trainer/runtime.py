@@ -299,8 +299,11 @@ class DigenRuntime:
         so far is written before the error propagates."""
         with StopSignals(self.log) as sig:
             self._signals = sig
+            exit_code = 1
             try:
-                return self._fit()
+                result = self._fit()
+                exit_code = 0
+                return result
             except AbandonStep as ab:
                 name = signal.Signals(ab.signum).name
                 self._write_partial(f"{name}: step abandoned")
@@ -316,6 +319,14 @@ class DigenRuntime:
                 raise
             finally:
                 self._signals = None
+                self._finish_tracking(exit_code)
+
+    def _finish_tracking(self, exit_code: int) -> None:
+        """Flush the loggers now (tensorboard's last events, wandb's run state: failed when
+        ``exit_code`` != 0) rather than whenever the garbage collector gets to verl's ``Tracking``."""
+        if self.tracking is not None:
+            self.tracking.finish(exit_code=exit_code)
+            self.tracking = None
 
     def _fit(self) -> RunResult:
         if self.trn_wg is None:
