@@ -241,3 +241,13 @@ def test_resolved_config_round_trips_and_is_stored_in_a_checkpoint(tmp_path):
     assert ckpt.CONFIG_FILE in meta["files"] and ckpt.CONFIG_YAML_KEY not in meta["extra"]
     assert extra[ckpt.CONFIG_YAML_KEY]  # the caller's dict is left as it was
     assert ckpt.problem(target) is None
+
+
+def test_stage_time_keys_come_in_one_order_in_every_process():
+    """The console's ``time`` line follows the keys' order: built from a set of strings, it changed with
+    Python's per-process hash seed."""
+    from verl_digen.trainer.metrics import TIME_KEYS, window_metrics
+
+    keys = [k for k in window_metrics([], 0.0, 1.0, ["gen0"], ["trainer0"]) if k.startswith("time/")]
+    assert keys == list(dict.fromkeys(TIME_KEYS.values()))
+    assert keys[:3] == ["time/gen_s", "time/tag_gen_s", "time/score_s"]

@@ -61,7 +61,7 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
         "pool/trainer_busy": trn_busy,
         "pool/trainer_bubble": 1.0 - trn_busy,
     }
-    for key in set(TIME_KEYS.values()):
+    for key in dict.fromkeys(TIME_KEYS.values()):  # TIME_KEYS' order, the same in every process
         out[key] = times.get(key, 0.0)
     return out
 
