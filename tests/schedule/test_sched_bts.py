@@ -6,6 +6,7 @@ pick up the new version."""
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import pytest
 from sched_helpers import random_config, random_costs
@@ -86,6 +87,42 @@ def test_bts_equals_unpruned_search_on_larger_instances():
         unpruned, _, stats = bts.solve(params, state, prune=False, node_cap=10**7)
         assert not stats.capped
         assert full == pytest.approx(unpruned, rel=1e-9, abs=1e-9), (params, state)
+
+
+def _jittered_bubble_states(runs: int, seed: int, max_mb: int):
+    """BTS states at the bubbles of jittered runs (log-normal noise on every action) with 2-4 TAG slots:
+    there TAG slots end at different times, so some bubbles come with slots still busy, which runs with
+    exact costs never reach (all slots of one decision end together)."""
+    from verl_digen.schedule.executor import SimBackend, run
+
+    rng = random.Random(seed)
+    for i in range(runs):
+        cfg = random_config(rng, max_mb=max_mb, steps=2, policy="bts", staleness=rng.choice([0.0, 0.5, 1.0]))
+        costs = random_costs(rng, ties=rng.random() < 0.5)
+        G, R = rng.randint(1, 3), rng.choice([2, 3, 4])
+        sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
+        snaps = _record_snapshots(sched)
+        run(sched, SimBackend(costs, noise=0.3, seed=i))
+        params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size, R)
+        yield from ((params, snap) for snap in snaps)
+
+
+def test_bts_memo_equals_search_without_memo_from_jittered_bubbles():
+    """The memo key against search without a memo (branch and bound alone is exact), M up to 24, from
+    bubbles with busy slots, lagging generators, partly scored units and TCSS work; and against
+    exhaustive search where that is small enough."""
+    busy = lagging = exhaustive = 0
+    for params, state in _jittered_bubble_states(60, seed=3, max_mb=24):
+        value = bts.solve(params, state)[0]
+        plain, _, stats = bts.solve(params, state, memo=False, node_cap=10**6)
+        assert not stats.capped
+        assert value == pytest.approx(plain, rel=1e-9, abs=1e-9), (params, state)
+        if params.micro_batches - state.dispatched <= 6:
+            assert value == pytest.approx(bts.exhaustive(params, state)[0], rel=1e-9, abs=1e-9)
+            exhaustive += 1
+        busy += bool(state.slot_end)
+        lagging += any(state.gen_lagging)
+    assert busy > 20 and lagging > 5 and exhaustive > 50, (busy, lagging, exhaustive)
 
 
 def test_bts_equals_exhaustive_mid_step_states():
@@ -236,6 +273,36 @@ def test_model_state_from_view_field_by_field():
     assert (s.trainer_task, s.decided) == (bts.T_IDLE, False)
     with pytest.raises(ValueError, match="BTS cannot model a generator running 'update'"):
         bts.ModelState.from_view(SchedulerView(0, (GeneratorView("update", 1.0),), (), 0, {}, 0, 4, False))
+
+
+def test_lower_bound_hand_computed_from_a_mid_step_state():
+    """Every term of the bound on one state: 6 generators (idle, generating mb 4 for 1.5 s, scoring mb 2
+    for 0.25 s, and next-step / pickup work, which the bound leaves out), 7 micro-batches undispatched,
+    2 in the scoring queue, 6 not updated (update size 2), trainer generating.
+    generate 4, TAG 1, score 0.5, update 0.25, optimizer 0.5, switch to gen 0.25, to train 0.5."""
+    from verl_digen.schedule.tag_policy import GeneratorView, SchedulerView
+
+    costs = StageCosts(generate=4.0, tag_generate=1.0, score=0.5, update=0.25, switch_to_gen=0.25,
+                       switch_to_train=0.5, optimizer_step=0.5, weight_sync=0.75)
+    gens = (GeneratorView(None), GeneratorView("generate", 1.5, micro_batch=4),
+            GeneratorView("score", 0.25, micro_batch=2), GeneratorView("generate", 2.0, next_step=True),
+            GeneratorView("score", 0.5, next_step=True), GeneratorView("weight_sync", 0.75))
+
+    def bound(ranks: int, busy_slots: tuple, tag: float) -> float:
+        view = SchedulerView(dispatched=5, generators=gens, scoring_queue=(3, 1), next_step_scoring=2,
+                             scored_per_unit={0: 1}, update_queue=2, not_updated=6, trainer_generating=True,
+                             stale_budget_left=3, next_step_undispatched=7, tag_slots=ranks, busy_slots=busy_slots)
+        params = bts.Params.from_costs(replace(costs, tag_generate=tag), 12, 2, 6, 2, ranks)
+        return bts.lower_bound(params, bts.ModelState.from_view(view))
+
+    # 1 slot busy 1.25 s, TAG 10 s: TAG cannot help, so the pool's side binds. Left to score: 2 queued +
+    # 7 undispatched + 1 on the slot + 1 generating = 11. Pool: (1.5 + 0.25 + 7 * 4 + 11 * 0.5) / 6 +
+    # update + optimizer = 5.875 + 0.75 = 6.625 (trainer: 3 updates + optimizer + switch + drain = 3.0)
+    assert bound(1, ((1.25, 0),), 10.0) == pytest.approx(6.625, abs=1e-12)
+    # 3 slots, 2 busy (1.25 s, 0.5 s), TAG 1 s: 12 left to score, pool without TAG (1.75 + 28 + 6) / 6 +
+    # 0.75 = 6.7083; x TAG micro-batches: max(6.7083 - 4x/6, 1.25 + 0.5 + max(1.25, (1.75 + x) / 3)),
+    # smallest at x = 5: max(3.375, 4.0) = 4.0 (x = 4: max(4.0417, 3.6667))
+    assert bound(3, ((1.25, 0), (0.5, 5)), 1.0) == pytest.approx(4.0, abs=1e-12)
 
 
 def test_scheduler_view_reports_next_step_work_and_busy_slots():

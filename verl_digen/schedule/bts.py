@@ -211,17 +211,18 @@ class ModelState:
 
     def key(self, q: float, units: bool = True) -> tuple:
         """Memo key: counts, queues and clocks relative to now. Without release units of several
-        micro-batches (``units=False``) micro-batches are interchangeable, so their indices drop out."""
+        micro-batches (``units=False``) micro-batches are interchangeable, so their indices drop out.
+        Only taken at decision states, where no idle generator lags (``advance`` starts its pickup
+        first), so the busy generators carry every lagging flag."""
         now, task, lag = self.now, self.gen_task, self.gen_lagging
         gens = tuple(sorted(
             (round((self.gen_end[w] - now) / q), task[w], self.gen_mb[w] if units else 0, lag[w])
             for w in range(len(task)) if task[w]
         ))
-        lagging = sum(1 for w in range(len(task)) if not task[w] and lag[w]) if True in lag else 0
         slots = tuple(sorted((round((e - now) / q), i if units else 0) for e, i in zip(self.slot_end, self.slot_mb))) \
             if self.slot_end else ()
         sq = tuple(self.score_queue) if units else len(self.score_queue)
-        return (self.dispatched, gens, lagging, sq, self.next_score_queue, tuple(sorted(self.scored.items())),
+        return (self.dispatched, gens, sq, self.next_score_queue, tuple(sorted(self.scored.items())),
                 self.update_queue, self.not_updated, self.generating, self.stale_left, self.next_undispatched,
                 slots)
 
