@@ -197,3 +197,116 @@ def test_records_are_immutable_values():
     r = Record("gen0", "generate", 0, 0, 0, 0.0, 1.0)
     with pytest.raises(dataclasses.FrozenInstanceError):
         r.end = 2.0  # type: ignore[misc]
+
+
+def _view_from_log(sched: StepScheduler, launched: list[Action], completed: list[Action], now: float):
+    """The scheduler's neutral view at ``now`` rebuilt only from the actions launched and completed so
+    far and the TAG decisions taken (an oracle independent of the scheduler's own bookkeeping)."""
+    from collections import Counter
+
+    from verl_digen.schedule.costs import (
+        GENERATE,
+        OPTIMIZER_STEP,
+        PUBLISH,
+        SCORE,
+        SWITCH_TO_GEN,
+        SWITCH_TO_TRAIN,
+        TAG_GENERATE,
+        UPDATE,
+        WEIGHT_SYNC,
+    )
+    from verl_digen.schedule.tag_policy import GeneratorView, SchedulerView
+
+    done = {id(a) for a in completed}
+    busy = {w: a for a in launched if id(a) not in done for w in a.workers}
+    ts = sum(a.kind == OPTIMIZER_STEP for a in completed)
+    has_next = ts + 1 < sched.config.steps
+    published = max((a.version for a in completed if a.kind == PUBLISH), default=0)
+    costs, M, unit = sched.costs, sched.M, sched.unit_size
+    gens = []
+    for w in sched.gens:
+        held = max((a.version for a in completed if a.kind == WEIGHT_SYNC and a.worker == w), default=0)
+        a = busy.get(w)
+        if a is None:
+            gens.append(GeneratorView(None, lagging=held < published))
+            continue
+        sync, current = a.kind == WEIGHT_SYNC, a.step == ts
+        gens.append(GeneratorView(a.kind, max(0.0, a.start + costs.duration(a.kind) - now),
+                                  next_step=not sync and not current,
+                                  micro_batch=a.mb if current and not sync else None,
+                                  lagging=(a.version if sync else held) < published))
+
+    def generated(step: int, acts: list[Action]) -> list[Action]:
+        return [a for a in acts if a.kind in (GENERATE, TAG_GENERATE) and a.step == step]
+
+    def waiting_to_score(step: int) -> list[int]:
+        started = {a.mb for a in launched if a.kind == SCORE and a.step == step}
+        return sorted(a.mb for a in generated(step, completed) if a.mb not in started)
+
+    scored = Counter(a.mb // unit for a in completed if a.kind == SCORE and a.step == ts)
+    released = unit * sum(n == unit for n in scored.values())
+    tag_decided = sum(d.slots for d in sched.decisions if d.step == ts)
+    tag_launched = sum(a.kind == TAG_GENERATE for a in generated(ts, launched))
+    switches = [a.kind for a in completed if a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN)]
+    budget = sched.config.stale_budget()
+    ahead = sum(a.stale for a in generated(ts + 1, launched))
+    return SchedulerView(
+        dispatched=len(generated(ts, launched)) + tag_decided - tag_launched,
+        generators=tuple(gens),
+        scoring_queue=tuple(waiting_to_score(ts)),
+        next_step_scoring=len(waiting_to_score(ts + 1)) if has_next else 0,
+        scored_per_unit={u: n for u, n in sorted(scored.items()) if n < unit},
+        update_queue=released - sum(a.count for a in launched if a.kind == UPDATE and a.step == ts),
+        not_updated=M - sum(a.count for a in completed if a.kind == UPDATE and a.step == ts),
+        trainer_generating=bool(switches) and switches[-1] == SWITCH_TO_GEN,
+        stale_budget_left=budget - ahead if has_next and budget else 0,
+        next_step_undispatched=M - len(generated(ts + 1, launched)) if has_next else 0,
+        tag_slots=sched.R,
+        busy_slots=tuple((max(0.0, a.start + costs.tag_generate - now), a.mb)
+                         for a in (busy.get(w) for w in sched.slots) if a is not None),
+    )
+
+
+def test_scheduler_view_equals_the_view_rebuilt_from_the_action_log():
+    """After every round of launches of jittered TCSS runs with TAG (several slots, generators picking up
+    new versions, TAG reserved behind a switch): ``snapshot`` equals the view rebuilt from the actions."""
+    from verl_digen.schedule.executor import SimBackend
+
+    rng = random.Random(23)
+    # (next-step micro-batches never wait to be scored here: generating ahead starts once the step is fully
+    # dispatched, so no later current-step output can take the idle generator that finished one first)
+    seen = dict.fromkeys(("lagging", "busy_slots", "next_step", "reserved", "generating", "stale_left",
+                          "partial_unit"), 0)
+    for seed in range(40):
+        cfg = random_config(rng, max_mb=10, steps=3, policy=rng.choice(["bts", "static:2", "adaptive:0.5"]),
+                            staleness=rng.choice([0.0, 0.5, 1.0]))
+        costs = random_costs(rng, ties=rng.random() < 0.5)
+        sched = StepScheduler(cfg, costs, rng.randint(1, 3), trainer_ranks=rng.choice([1, 2, 3]))
+        backend = SimBackend(costs, noise=0.3, seed=seed)
+        launched: list[Action] = []
+        completed: list[Action] = []
+        for a in sched.start(backend.now()):
+            backend.launch(a)
+            launched.append(a)
+        while not sched.done:
+            finished, now = backend.wait()
+            for a, end in finished:
+                sched.on_complete(a, end)
+                completed.append(a)
+            for a in sched.next_actions(now):
+                backend.launch(a)
+                launched.append(a)
+            if sched.train_step >= cfg.steps:
+                continue
+            view = sched.snapshot(now)
+            view = dataclasses.replace(view, scoring_queue=tuple(sorted(view.scoring_queue)))  # a heap
+            assert view == _view_from_log(sched, launched, completed, now), (seed, now)
+            seen["lagging"] += any(g.lagging for g in view.generators)
+            seen["busy_slots"] += bool(view.busy_slots)
+            seen["next_step"] += any(g.next_step for g in view.generators)
+            seen["reserved"] += view.dispatched > sum(a.step == sched.train_step and a.mb is not None
+                                                      and a.kind in ("generate", "tag_generate") for a in launched)
+            seen["generating"] += view.trainer_generating
+            seen["stale_left"] += 0 < view.stale_budget_left < cfg.stale_budget()
+            seen["partial_unit"] += bool(view.scored_per_unit)
+    assert min(seen.values()) > 3, seen
