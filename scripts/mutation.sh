@@ -40,6 +40,9 @@ do_not_mutate=
     verl_digen/schedule/export.py
     verl_digen/schedule/presets.py
 mutate_only_covered_lines=true
+# a mutant whose tests need over 6x their clean CPU time counts as killed (timeout); mutmut's default of
+# 30x lets one mutant that blows up the BTS search hold a core for over 10 minutes
+timeout_multiplier=3
 pytest_add_cli_args_test_selection=
     tests/test_algo_exact.py
     tests/test_advantages_selection_loss.py
