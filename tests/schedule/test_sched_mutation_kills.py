@@ -521,6 +521,13 @@ def test_scheduler_constructor_checks_and_defaults():
         StepScheduler(cfg, costs, 2.0)
     with pytest.raises(ValueError, match="needs at least one rank, got 1.0"):
         StepScheduler(cfg, costs, 1, trainer_ranks=1.0)
+    with pytest.raises(ValueError, match="needs at least one worker, got 0"):
+        StepScheduler(cfg, costs, 0)
+    with pytest.raises(ValueError, match="needs at least one rank, got 0"):
+        StepScheduler(cfg, costs, 1, trainer_ranks=0)
+    sched = StepScheduler(ScheduleConfig(prompts=1, group_size=2, mb_size=1, steps=3, staleness=0.5), costs, 1,
+                          "static:1")
+    assert (sched.policy.name, sched.timeline.steps, sched.timeline.staleness) == ("static", 3, 0.5)
 
 
 # --- refitting a profile from measured samples ----------------------------------------------------

@@ -104,6 +104,25 @@ def test_a_second_policy_under_a_taken_name_is_refused():
         register_tag_policy("Bad-Name")
 
 
+def test_registration_spells_the_usage_and_accepts_the_same_factory_again(toy):
+    load_toy_policy()  # importing the file again registers the same factory again: accepted
+    assert "one_slot[:N]" in tag_policy_usage().split(", ")
+    with pytest.raises(ValueError, match="'sized': arg_required needs an arg converter"):
+        register_tag_policy("sized", arg_required=True)
+    specs = {"plain": ({}, "plain"), "sized": ({"arg": int, "arg_required": True}, "sized:X"),
+             "tuned": ({"arg": float}, "tuned[:X]")}
+    try:
+        for name, (kwargs, usage) in specs.items():
+            register_tag_policy(name, **kwargs)(toy.OneSlot)
+            assert usage in tag_policy_usage().split(", ") and name in tag_policy_names()
+        assert parse_policy("sized:2").bubbles == 2 and parse_policy("tuned").bubbles == 1_000_000
+        with pytest.raises(ValueError, match="sized needs an argument, e.g. sized:X"):
+            parse_policy("sized")
+    finally:
+        for name in specs:
+            unregister_tag_policy(name)
+
+
 def _package_imports(path: Path) -> set[str]:
     """Modules of verl_digen.schedule that ``path`` imports, at module level or inside functions."""
     deps = set()
