@@ -219,6 +219,27 @@ def test_node_cap_falls_back_to_a_valid_plan():
     assert value <= never + 1e-9
 
 
+def test_fixed_rules_played_in_the_model_end_where_the_scheduler_ends():
+    """``play`` with "never" / "every free slot" from a fresh step equals the real scheduler running
+    ``never`` / ``static:M`` (the model BTS searches is the scheduler); ``exhaustive`` counts one leaf per
+    decision sequence (hand-counted on two tiny instances)."""
+    rng = random.Random(31)
+    for _ in range(40):
+        cfg = random_config(rng, max_mb=8)
+        costs = random_costs(rng, ties=rng.random() < 0.5)
+        G, R = rng.randint(1, 3), rng.choice([1, 2])
+        for rule, policy in ((lambda s: False, "never"), (lambda s: True, "static:99")):
+            sched = StepScheduler(replace(cfg, policy=policy), costs, G, trainer_ranks=R)
+            end = _opt_end(execute(sched, costs))
+            params = bts.Params.from_costs(costs, sched.M, sched.unit_size, G, sched.update_size, R)
+            assert bts.play(params, bts.ModelState.fresh(sched.M, G, slots=R), rule) == pytest.approx(end, abs=1e-9)
+    costs = uniform_stage_costs(1.0, 0.5)  # generate 1 s, update 0.5 s, nothing else costs
+    # one generator, one micro-batch: it takes it at once, no bubble, one leaf; generate + update
+    assert bts.exhaustive(bts.Params.from_costs(costs, 1, 1, 1), bts.ModelState.fresh(1, 1)) == (1.5, 1)
+    # two micro-batches: one bubble at time 0 (TAG the second or not), then none: two leaves
+    assert bts.exhaustive(bts.Params.from_costs(costs, 2, 1, 1), bts.ModelState.fresh(2, 1))[1] == 2
+
+
 def test_bts_b128_ratio_01_is_fast_enough_to_run_every_bubble():
     costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
                                 optimizer_step=0.02)
@@ -288,11 +309,12 @@ def test_lower_bound_hand_computed_from_a_mid_step_state():
             GeneratorView("score", 0.25, micro_batch=2), GeneratorView("generate", 2.0, next_step=True),
             GeneratorView("score", 0.5, next_step=True), GeneratorView("weight_sync", 0.75))
 
-    def bound(ranks: int, busy_slots: tuple, tag: float) -> float:
-        view = SchedulerView(dispatched=5, generators=gens, scoring_queue=(3, 1), next_step_scoring=2,
-                             scored_per_unit={0: 1}, update_queue=2, not_updated=6, trainer_generating=True,
+    def bound(ranks: int, busy_slots: tuple, tag: float, dispatched: int = 5, generating: bool = True,
+              **changed: float) -> float:
+        view = SchedulerView(dispatched=dispatched, generators=gens, scoring_queue=(3, 1), next_step_scoring=2,
+                             scored_per_unit={0: 1}, update_queue=2, not_updated=6, trainer_generating=generating,
                              stale_budget_left=3, next_step_undispatched=7, tag_slots=ranks, busy_slots=busy_slots)
-        params = bts.Params.from_costs(replace(costs, tag_generate=tag), 12, 2, 6, 2, ranks)
+        params = bts.Params.from_costs(replace(costs, tag_generate=tag, **changed), 12, 2, 6, 2, ranks)
         return bts.lower_bound(params, bts.ModelState.from_view(view))
 
     # 1 slot busy 1.25 s, TAG 10 s: TAG cannot help, so the pool's side binds. Left to score: 2 queued +
@@ -303,6 +325,16 @@ def test_lower_bound_hand_computed_from_a_mid_step_state():
     # 0.75 = 6.7083; x TAG micro-batches: max(6.7083 - 4x/6, 1.25 + 0.5 + max(1.25, (1.75 + x) / 3)),
     # smallest at x = 5: max(3.375, 4.0) = 4.0 (x = 4: max(4.0417, 3.6667))
     assert bound(3, ((1.25, 0), (0.5, 5)), 1.0) == pytest.approx(4.0, abs=1e-12)
+    # everything dispatched, updates of 2 s: the trainer binds. 3 updates + optimizer = 6.5, + the switch
+    # back to training 0.5 (generating), + the slots' drain max(1.25, 1.75 / 3) = 8.25; pool (1.75 + 5 *
+    # 0.5) / 6 + 2.5 = 3.21
+    assert bound(3, ((1.25, 0), (0.5, 5)), 1.0, dispatched=12, update=2.0) == pytest.approx(8.25, abs=1e-12)
+    # the same in training mode with no slot busy: 6.5 alone
+    assert bound(3, (), 1.0, dispatched=12, generating=False, update=2.0) == pytest.approx(6.5, abs=1e-12)
+    # training mode, nothing on the slots, 7 undispatched: pool (1.75 + 28 + 10 * 0.5) / 6 + 0.75 = 6.5417;
+    # with x TAG: max(6.5417 - 4x/6, 1.25 + switch in 0.25 + switch out 0.5 + x / 3), smallest at x = 5:
+    # max(3.2083, 3.6667) = 2 + 5/3 (x = 4: max(3.875, 3.3333))
+    assert bound(3, (), 1.0, generating=False) == pytest.approx(2.0 + 5.0 / 3.0, abs=1e-12)
 
 
 def test_scheduler_view_reports_next_step_work_and_busy_slots():

@@ -561,3 +561,80 @@ def test_fit_samples_defaults_zero_seconds_and_update_rows_hand_computed():
     for bad in ({"kind": "score"}, {"kind": "score", "seconds": -0.5}):
         with pytest.raises(ValueError, match=r"samples\[0\]: needs non-negative 'seconds'"):
             fit_samples(m, [bad])
+
+
+def test_schedulers_start_at_time_zero_by_default():
+    from verl_digen.schedule.colocated import ColocatedScheduler
+    from verl_digen.schedule.costs import StageCosts
+    from verl_digen.schedule.scheduler import StepScheduler
+
+    costs = StageCosts(generate=1.0, tag_generate=1.0, score=0.0, update=1.0)
+    first = StepScheduler(ScheduleConfig(prompts=1, group_size=2, mb_size=1), costs, 1).start()
+    assert first and {a.start for a in first} == {0.0}
+    colocated = ColocatedScheduler(ScheduleConfig(prompts=1, group_size=2, mb_size=1, mode="colocated"), ["w0"])
+    assert [a.start for a in colocated.start()] == [0.0]
+
+
+def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_bubble():
+    """The scheduler caps a decision at the free slots and the undispatched micro-batches, and one
+    decision covers its bubble: with 2 slots and a policy that asks for 1, no second decision follows at
+    the same instant."""
+    from dataclasses import dataclass
+
+    from verl_digen.schedule.costs import uniform_stage_costs
+    from verl_digen.schedule.scheduler import StepScheduler
+    from verl_digen.schedule.simulator import execute
+
+    @dataclass
+    class Ask:
+        n: int
+        name: str = "ask"
+
+        def decide(self, ctx) -> int:
+            return self.n
+
+    costs = uniform_stage_costs(1.0, 0.1, tag_generate=1.0)
+    cfg = ScheduleConfig(prompts=3, group_size=1, mb_size=1)  # 3 micro-batches, 1 generator, 4 slots
+    greedy = StepScheduler(cfg, costs, 1, Ask(99), trainer_ranks=4)
+    execute(greedy, costs)
+    assert [(d.undispatched, d.slots, d.free_slots) for d in greedy.decisions] == [(2, 2, 4)]
+    assert sum(r.kind == "tag_generate" for r in greedy.timeline.records) == 2
+    one = StepScheduler(ScheduleConfig(prompts=6, group_size=1, mb_size=1), costs, 1, Ask(1), trainer_ranks=2)
+    execute(one, costs)
+    times = [d.time for d in one.decisions]
+    assert len(times) == len(set(times)) and times[0] == 0.0, times
+
+
+def test_profile_dict_round_trip_keeps_keep_fraction_name_and_pools():
+    from verl_digen.schedule.costs import Hardware as Hw
+    from verl_digen.schedule.profile_io import fit_samples, model_from_dict, model_to_dict
+
+    m = CostModel(Pool(HW, 2), Pool(HW, 1), steps_trained=2, keep_fraction=0.5)
+    d = model_to_dict(m)
+    assert d["name"] == "" and d["keep_fraction"] == 0.5
+    assert model_from_dict(d)[0] == m
+    with pytest.raises(ValueError, match="not a verl-digen profile \\(format 'other'\\)"):
+        model_from_dict({**d, "format": "other"})
+    del d["generator"]["hardware"]["generate"]["per_unit"]  # a missing coefficient reads as 0
+    assert model_from_dict(d)[0].generator.hardware.generate == Affine(1.0, 0.0)
+    # a sample names its pool: generation measured on the trainer fits the trainer's hardware
+    f = fit_samples(CostModel(Pool(Hw(), 1), Pool(Hw(), 1)),
+                    [{"kind": "generate", "pool": "trainer", "size": 1, "seconds": 2.0},
+                     {"kind": "generate", "pool": "trainer", "size": 2, "seconds": 3.0}])
+    assert f.trainer.hardware.generate == Affine(1.0, 1.0) and f.generator.hardware.generate == Affine()
+
+
+def test_single_size_samples_scale_the_prior_or_set_a_rate(tmp_path):
+    from verl_digen.schedule.costs import Hardware as Hw
+    from verl_digen.schedule.profile_io import dump_profile, fit_samples, load
+
+    two = [{"kind": "generate", "size": 2, "seconds": 4.0}, {"kind": "generate", "size": 2, "seconds": 2.0}]
+    # a zero prior: no shape to scale, the mean 3 s over 2 samples becomes a per-sample rate
+    assert fit_samples(CostModel(Pool(Hw(), 1), Pool(Hw(), 1)), two).generator.hardware.generate == Affine(0.0, 1.5)
+    # prior 0.25 + 0.125 x 2 = 0.5 s at size 2, measured 3 s: the prior scaled by 6
+    prior = Hw(generate=Affine(0.25, 0.125))
+    fitted = fit_samples(CostModel(Pool(prior, 1), Pool(Hw(), 1)), two).generator.hardware.generate
+    assert fitted == Affine(0.25, 0.125).scaled(6.0)
+    path = tmp_path / "p.yaml"
+    dump_profile(MODEL, path)
+    assert load(path)[0] == MODEL and "name: ''" in path.read_text()

@@ -70,7 +70,6 @@ class _Step:
     scored: dict[int, int] = field(default_factory=dict)  # unit -> scored micro-batches
     uq: deque = field(default_factory=deque)  # Update Queue
     updated: int = 0
-    opt_started: bool = False
     tags: int = 0
     bubbles: int = 0
 
@@ -267,8 +266,6 @@ class StepScheduler:
             v, self._publish_pending = self._publish_pending, None
             return [Action(PUBLISH, (TRAINER,), v - 1, v)]
         st = self._steps[ts]
-        if st.opt_started:
-            return []
         if st.uq or st.updated == self.M:
             if self.trainer_mode == GEN_MODE:
                 if any(self._busy[w] is not None for w in self.slots):
@@ -280,8 +277,7 @@ class StepScheduler:
                 a.count = len(mbs)
                 a.samples = tuple(s for i in mbs for s in self.partition.micro_batches[i].samples)
                 return [a]
-            st.opt_started = True
-            return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]
+            return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]  # its end moves train_step on
         undispatched = self.M - st.next
         free = self.free_slots()
         if undispatched <= 0 or self._skipped or free == 0:
