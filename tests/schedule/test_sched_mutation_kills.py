@@ -63,6 +63,13 @@ def test_colocated_row_has_no_policy_and_no_bounds():
     assert row["label"] == "colocated:native" and row["mode"] == "colocated" and row["baseline"] == "native"
     assert row["policy"] is None and row["ideal"] is None and row["fraction_of_ideal"] is None
     assert row["generator_busy"] == 1.0 and row["trainer_busy"] == 1.0
+    from verl_digen.schedule.colocated import colocated_costs
+
+    res = simulate(cfg, MODEL, baseline="native")
+    # 3 GPUs (2 generator + 1 trainer) run 4 samples a step for 2 steps
+    assert res.makespan == res.timeline.makespan > 0 and res.total_gpus == 3
+    assert res.throughput == pytest.approx(8 / (res.makespan * 3))
+    assert res.stage_costs == colocated_costs(MODEL, cfg.batch, cfg.tsp_degree, "native")
 
 
 def test_ablation_ladder_configs_exactly():
