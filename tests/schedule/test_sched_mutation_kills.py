@@ -283,6 +283,12 @@ def test_stage_costs_carry_every_scalar_and_the_training_loop():
     # while batched 4 samples = 2 rows per rank per pass: 2 x (0.5 + 0.5) = 2.0
     assert m.stage_costs(2, update_samples=4, per_sample=True).update == 3.0
     assert m.stage_costs(2, update_samples=4).update == 2.0
+    from dataclasses import replace
+
+    from verl_digen.schedule.config import PER_SAMPLE
+
+    cfg = ScheduleConfig(prompts=1, group_size=4, mb_size=4, update="micro_batch")  # updates of 4 samples
+    assert cfg.stage_costs(m, 2).update == 2.0 and replace(cfg, train_loop=PER_SAMPLE).stage_costs(m, 2).update == 3.0
     assert trained_steps(10, 1.0) == 10 and trained_steps(10, 0.25) == 2 and trained_steps(3, 0.1) == 1
     with pytest.raises(ValueError, match=r"timestep fraction must be in \(0, 1\], got 1.5"):
         trained_steps(10, 1.5)
