@@ -240,6 +240,37 @@ def test_fixed_rules_played_in_the_model_end_where_the_scheduler_ends():
     assert bts.exhaustive(bts.Params.from_costs(costs, 2, 1, 1), bts.ModelState.fresh(2, 1))[1] == 2
 
 
+def test_the_policy_plans_with_every_trainer_rank():
+    """Through the scheduler (``BtsPolicy.decide`` builds the search parameters from the bubble): at every
+    bubble of jittered runs with 2-4 TAG slots (some still busy) the predicted end is the optimum found by
+    search without a memo from the same state."""
+    from verl_digen.schedule.executor import SimBackend, run
+
+    rng = random.Random(41)
+    checked = busy = 0
+    for i in range(40):
+        cfg = random_config(rng, max_mb=12, steps=2, policy="bts", staleness=rng.choice([0.0, 0.5]))
+        costs = random_costs(rng)
+        G, R = rng.randint(1, 2), rng.choice([2, 3, 4])
+        sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
+        seen, decide = [], sched.policy.decide
+
+        def spy(ctx, seen=seen, decide=decide):
+            k = decide(ctx)
+            seen.append((bts.ModelState.from_view(ctx.snapshot()), ctx.predicted_end - ctx.now, ctx.costs))
+            return k
+
+        sched.policy.decide = spy
+        run(sched, SimBackend(costs, noise=0.3, seed=i))
+        for state, predicted, estimates in seen:  # the profiler's estimates at that bubble
+            params = bts.Params.from_costs(estimates, sched.M, sched.unit_size, G, sched.update_size, R)
+            best, _, stats = bts.solve(params, state, memo=False, node_cap=10**6)
+            assert not stats.capped and predicted == pytest.approx(best, abs=1e-9), (cfg, costs, G, R)
+            checked += 1
+            busy += bool(state.slot_end)
+    assert checked > 50 and busy > 5, (checked, busy)
+
+
 def test_bts_b128_ratio_01_is_fast_enough_to_run_every_bubble():
     costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
                                 optimizer_step=0.02)
