@@ -651,3 +651,11 @@ def test_single_size_samples_scale_the_prior_or_set_a_rate(tmp_path):
     path = tmp_path / "p.yaml"
     dump_profile(MODEL, path)
     assert load(path)[0] == MODEL and "name: ''" in path.read_text()
+
+
+def test_throughput_of_an_empty_run_is_unbounded():
+    import math
+
+    from verl_digen.schedule.bounds import throughput
+
+    assert throughput(8, 2.0, 2) == 2.0 and throughput(8, 0.0, 2) == math.inf
