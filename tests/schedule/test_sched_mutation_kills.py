@@ -659,3 +659,27 @@ def test_throughput_of_an_empty_run_is_unbounded():
     from verl_digen.schedule.bounds import throughput
 
     assert throughput(8, 2.0, 2) == 2.0 and throughput(8, 0.0, 2) == math.inf
+
+
+def test_sim_backend_noise_is_mean_one_log_normal_and_completions_name_their_action():
+    import math
+    import statistics
+
+    from verl_digen.schedule.costs import StageCosts
+    from verl_digen.schedule.executor import SimBackend, run
+    from verl_digen.schedule.scheduler import StepScheduler
+
+    costs = StageCosts(generate=2.0, tag_generate=1.0, score=0.5, update=1.0)
+    backend = SimBackend(costs, noise=0.3, seed=0)
+    n = 20_000
+    for _ in range(n):
+        backend.launch(Action("generate", ("gen0",), 0, 0, 0))
+    ends = [t for t, _, _ in backend._heap]
+    logs = [math.log(t / 2.0) for t in ends]
+    # multiplicative exp(N(0, 0.3) - 0.3^2 / 2): mean 1 (std of the mean ~0.002), log-std 0.3
+    assert statistics.fmean(ends) / 2.0 == pytest.approx(1.0, abs=0.008)
+    assert statistics.pstdev(logs) == pytest.approx(0.3, abs=0.01)
+    seen: list[str] = []
+    sched = StepScheduler(ScheduleConfig(prompts=1, group_size=2, mb_size=1), costs, 1)
+    run(sched, SimBackend(costs), on_complete=lambda a, end: seen.append(a.kind))
+    assert seen == [r.kind for r in sorted(sched.timeline.records, key=lambda r: r.end)]
