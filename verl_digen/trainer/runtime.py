@@ -323,10 +323,12 @@ class DigenRuntime:
 
     def _finish_tracking(self, exit_code: int) -> None:
         """Flush the loggers now (tensorboard's last events, wandb's run state: failed when
-        ``exit_code`` != 0) rather than whenever the garbage collector gets to verl's ``Tracking``."""
-        if self.tracking is not None:
-            self.tracking.finish(exit_code=exit_code)
-            self.tracking = None
+        ``exit_code`` != 0) rather than whenever the garbage collector gets to verl's ``Tracking``
+        (the verl commit that verl-omni pins has no ``finish``: there it is left to the collector)."""
+        finish = getattr(self.tracking, "finish", None)  # verl releases before 0.9 have no finish()
+        if finish is not None:
+            finish(exit_code=exit_code)
+        self.tracking = None
 
     def _fit(self) -> RunResult:
         if self.trn_wg is None:
