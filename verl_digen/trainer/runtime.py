@@ -325,7 +325,7 @@ class DigenRuntime:
         """Flush the loggers now (tensorboard's last events, wandb's run state: failed when
         ``exit_code`` != 0) rather than whenever the garbage collector gets to verl's ``Tracking``
         (the verl commit that verl-omni pins has no ``finish``: there it is left to the collector)."""
-        finish = getattr(self.tracking, "finish", None)  # verl releases before 0.9 have no finish()
+        finish = getattr(self.tracking, "finish", None)
         if finish is not None:
             finish(exit_code=exit_code)
         self.tracking = None
