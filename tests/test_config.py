@@ -52,7 +52,7 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("rollout.n=1", "rollout.n"),
         ("resources.generator.workers=0", "resources.generator.workers"),
         ("resources.trainer.workers=0", "resources.trainer.workers"),
-        ("resources.trainer.workers=3", "rollout.micro_batch_size"),
+        ("digen.tsp.rows_per_pass=0", "digen.tsp.rows_per_pass"),
         ("model.arch=sdxl", "model.arch"),
         ("reward.name=aesthetics", "reward.name"),
         ("digen.tag.policy=greedy", "digen.tag.policy"),
@@ -117,9 +117,14 @@ def test_bad_config_fails_before_ray_starts():
     assert ray.is_initialized() == was_running
 
 
-def test_updates_not_micro_batches_must_split_over_the_trainer_ranks():
-    """TAG slots take whole micro-batches, so only what one update trains has to split over the ranks."""
-    two = ("rollout.n=2", "rollout.micro_batch_size=1", "resources.trainer.workers=2")
-    validate(_compose(*two, "digen.update=unit"))  # a release unit = one group of 2 samples
-    with pytest.raises(ConfigError, match="1 samples each with digen.update=micro_batch"):
-        validate(_compose(*two, "digen.update=micro_batch"))
+def test_any_trainer_pool_size_validates_with_any_update_size():
+    """The ranks split an update's (sample x step) rows, not its samples (``schedule.rows``), so an update
+    need not divide over the trainer pool: one sample per update over 2 or 3 ranks is a valid run."""
+    base = ("rollout.n=2", "rollout.micro_batch_size=1")
+    for extra in (("resources.trainer.workers=2", "digen.update=micro_batch"),
+                  ("resources.trainer.workers=3", "digen.update=unit"),
+                  ("resources.trainer.workers=3", "digen.tsp.rows_per_pass=1")):
+        cfg = _compose(*base, *extra)
+        validate(cfg)
+        assert cfg.worker_config().rows_per_pass == cfg.digen.tsp.rows_per_pass
+        assert cfg.schedule_config().rows_per_pass == cfg.digen.tsp.rows_per_pass

@@ -14,7 +14,8 @@ from verl_digen.trainer.config import ConfigError, compose, validate
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
 
-QWEN_32 = ["digen.profile=qwen-image-20b-32", "resources.trainer.workers=16", "resources.generator.workers=16",
+QWEN_32 = ["model.arch=qwen_image", "model.path=Qwen/Qwen-Image", "digen.profile=qwen-image-20b-32",
+           "resources.trainer.workers=16", "resources.generator.workers=16",
            "data.train_batch_size=16", "rollout.n=8", "rollout.micro_batch_size=16", "actor.kl_coef=0.04",
            "rollout.guidance_scale=4", "model.dtype=bfloat16", "actor.master_dtype=float32"]
 
@@ -23,7 +24,8 @@ def test_dry_run_prints_the_memory_plan_per_pool():
     text = dry_run(compose(["trainer.dry_run=true"]))
     assert "memory plan (tiny flux" in text
     assert "generator  per GPU (1 GPU(s))" in text and "trainer    per GPU (1 GPU(s))" in text
-    assert "not checked" in text
+    assert text.count("not checked") == 1  # said once, for both pools
+    assert " GB" not in text.split("memory plan")[1] and "GiB" in text or "MiB" in text
 
 
 def test_static_parts_equal_the_trainers_tensor_bytes():
@@ -64,11 +66,11 @@ def test_knobs_move_the_estimate_as_the_trainer_is_built():
 
 
 def test_a_run_that_cannot_fit_is_refused_naming_the_knobs():
-    cfg = compose(QWEN_32 + ["resources.trainer.gpu_memory_gb=48"])
+    cfg = compose(QWEN_32 + ["actor.activation_checkpointing=true", "resources.trainer.gpu_memory_gb=48"])
     with pytest.raises(ConfigError, match="resources.trainer.gpu_memory_gb") as err:
         memory.check_fits(cfg)
     assert "actor.param_offload=true" in str(err.value) and "more trainer GPUs" in str(err.value)
-    assert memory.check_fits(compose(QWEN_32 + ["resources.trainer.gpu_memory_gb=80"])).pools[-1].fits
+    assert memory.check_fits(compose(QWEN_32 + ["actor.activation_checkpointing=true"])).pools[-1].fits
     # through validate, before Ray: a tiny run on a (declared) 1 MB GPU
     with pytest.raises(ConfigError, match="resources.trainer.gpu_memory_gb.*actor.activation_checkpointing"):
         validate(compose(["resources.trainer.gpu_memory_gb=0.0055"]))
@@ -97,3 +99,151 @@ def test_cfg_branches_follow_the_adapter_class_not_an_arch_name():
         assert four == (one if cls.pretrained.guidance_distilled else 2 * one), arch
         assert bool(cls.tiny.transformer_kwargs.get("guidance_embeds", False)) == cls.pretrained.guidance_distilled
     assert MODEL_REGISTRY["hunyuan_video"].pretrained.guidance_distilled
+
+
+# -- issue 22 item 5: memory that tells the truth by default --------------------------------------------
+
+def _preset_cfg(preset: str, *extra: str):
+    """A pretrained run sized by ``preset`` (its model's arch and a hub id), on the preset's pools."""
+    from verl_digen.schedule import presets
+
+    spec = presets.SPECS[preset]
+    arch = {"FLUX": "flux", "Qwen": "qwen_image", "Wan2": "wan", "Hunyu": "hunyuan_video"}
+    arch = next(v for k, v in arch.items() if spec.model.name.startswith(k))
+    return compose([f"model.arch={arch}", "model.path=some/hub-id", f"digen.profile={preset}", "model.dtype=bfloat16",
+                    f"resources.generator.workers={spec.gen_workers}",
+                    f"resources.trainer.workers={spec.train_workers}",
+                    "data.train_batch_size=4", f"rollout.n={2 * spec.train_workers}",
+                    f"rollout.micro_batch_size={spec.train_workers}", *extra])
+
+
+def test_every_preset_carries_its_gpu_memory_and_a_declaration_overrides_it():
+    from verl_digen.schedule import presets
+
+    for name, spec in presets.SPECS.items():
+        assert spec.gen.gpu.memory_gb and spec.train.gpu.memory_gb, name
+        plan = memory.memory_plan(_preset_cfg(name))
+        assert [(p.pool, p.capacity_gb) for p in plan.pools] == \
+            [("generator", spec.gen.gpu.memory_gb), ("trainer", spec.train.gpu.memory_gb)], name
+        assert "not checked" not in plan.render() and f"preset {name}" in plan.render()
+    assert presets.SPECS["hunyuanvideo-13b-hetero"].train.gpu.memory_gb == 96  # the hetero trainer's 96 GB
+    plan = memory.memory_plan(_preset_cfg("qwen-image-20b-32", "resources.trainer.gpu_memory_gb=141"))
+    assert [(p.capacity_gb, p.capacity_source) for p in plan.pools] == \
+        [(80, "preset qwen-image-20b-32"), (141, "resources.trainer.gpu_memory_gb")]
+    # colocated spans both pools' GPUs: the smaller one
+    twin = memory.memory_plan(_preset_cfg("hunyuanvideo-13b-hetero", "trainer.mode=colocated"))
+    assert [(p.pool, p.capacity_gb) for p in twin.pools] == [("colocated", 48)]
+    # the dry run of a preset-sized run that cannot fit the preset's GPUs is refused, naming the preset
+    with pytest.raises(ConfigError, match="80 GiB from preset qwen-image-20b-32"):
+        memory.check_fits(_preset_cfg("qwen-image-20b-32", "rollout.n=64", "data.train_batch_size=16"))
+
+
+def test_text_encoders_vae_and_reward_model_are_counted_where_they_live():
+    gib = 2**30
+    with_tag = memory.memory_plan(_preset_cfg("qwen-image-20b-32", "reward.name=ocr"))
+    gen, trn = with_tag.pools
+    # Qwen-Image's Qwen2.5-VL-7B encoder in bf16 (~15.4 GiB) on the generator and in TAG's copy on the trainer
+    assert gen.parts["text encoders"] / gib == pytest.approx(8.29e9 * 2 / gib) == trn.parts["text encoders"] / gib
+    assert 15 < gen.parts["text encoders"] / gib < 16 and 0 < gen.parts["VAE"] < gib
+    assert gen.parts["reward model"] == 0 and with_tag.notes == []  # OCR: RapidOCR's ONNX models run on the CPU
+    no_tag = memory.memory_plan(_preset_cfg("qwen-image-20b-32", "digen.tag.policy=never")).pools[-1]
+    assert "text encoders" not in no_tag.parts and "generation copy" not in no_tag.parts
+    for reward, params in (("pickscore", 0.986e9), ("hpsv2", 0.986e9)):  # CLIP ViT-H-14 in fp32
+        plan = memory.memory_plan(_preset_cfg("flux-12b-32", f"reward.name={reward}"))
+        assert plan.pools[0].parts["reward model"] == pytest.approx(params * 4)
+        assert "reward model" not in plan.pools[1].parts  # rewards run on the generator pool
+    wan = memory.memory_plan(_preset_cfg("wan2.1-14b-32")).pools[0]
+    assert 10 < wan.parts["text encoders"] / gib < 11  # umT5-XXL ~11.4 GB
+    assert "reward model" in memory.memory_plan(_preset_cfg("flux-12b-32", "trainer.mode=colocated",
+                                                            "reward.name=pickscore")).pools[0].parts
+    unknown = memory.memory_plan(_preset_cfg("flux-12b-32", "reward.name=vlm_judge"))
+    assert any("vlm_judge" in n for n in unknown.notes)
+
+
+def test_figures_are_labelled_gib():
+    assert memory._gb(80 * 2**30) == "80 GiB" and memory._gb(5 * 2**20) == "5 MiB"
+    text = memory.memory_plan(_preset_cfg("qwen-image-20b-32")).render()
+    assert "of 80 GiB" in text and " GB" not in text
+
+
+def _refusal(cfg) -> str:
+    with pytest.raises(ConfigError) as err:
+        memory.check_fits(cfg)
+    return str(err.value).split("to fit, try ")[1]
+
+
+def test_suggestions_follow_the_dominant_term_each_with_its_figure():
+    # activations dominate (no checkpointing): checkpointing first, with its figure; not "more GPUs" first
+    act = _preset_cfg("wan2.1-14b-32", "rollout.n=64", "data.train_batch_size=8")
+    assert memory.memory_plan(act).pools[-1].dominant == "activations"
+    tips = _refusal(act).split("; ")
+    assert tips[0].startswith("actor.activation_checkpointing=true (") and "GiB" in tips[0]
+    assert tips[1].startswith("fewer rows per pass: at most ")
+    # model state dominates (few trainer GPUs, checkpointing on): offload and more trainer GPUs first
+    state = _preset_cfg("qwen-image-20b-32", "resources.trainer.workers=2", "rollout.n=4", "rollout.micro_batch_size=2",
+                        "actor.activation_checkpointing=true", "digen.tsp.degree=1", "digen.tag.policy=never")
+    pool = memory.memory_plan(state).pools[-1]
+    assert pool.dominant == "model state"
+    tips = _refusal(state).split("; ")
+    assert tips[0].startswith("actor.optimizer_offload=true (")
+    more = next(t for t in tips if t.startswith("more trainer GPUs"))
+    r = int(more.split("resources.trainer.workers=")[1].split(" ")[0])
+    need = memory.memory_need(state, trainer_workers=r)["trainer"]
+    assert need.fits and f"({need.gib:.3g} GiB)" in more  # the figure is the plan's own
+    assert not memory.memory_need(state, trainer_workers=r - 1)["trainer"].fits  # and the fewest that fit
+
+
+def test_full_fine_tune_keeps_fp32_masters_by_default():
+    bf16 = compose(["model.dtype=bfloat16"])
+    assert memory.master_dtype(bf16) == "float32" and bf16.worker_config().memory.master_dtype == "float32"
+    assert bf16.worker_config().memory.compute("bfloat16") == "bfloat16"  # bf16 compute
+    assert memory.memory_plan(bf16).master_dtype == "float32"
+    assert memory.master_dtype(compose(["model.dtype=float64"])) == "float64"  # exact tests keep their dtype
+    assert memory.master_dtype(compose(["model.dtype=bfloat16", "model.lora_rank=4"])) == "bfloat16"
+    assert validate(bf16) == [] or not any("master_dtype" in w for w in validate(bf16))
+    asked = compose(["model.dtype=bfloat16", "actor.master_dtype=bfloat16"])
+    assert asked.worker_config().memory.master_dtype == "bfloat16"
+    warns = [w for w in validate(asked) if "actor.master_dtype" in w]
+    assert len(warns) == 1 and "rounds away" in warns[0] and "1/256" in warns[0]
+
+
+def test_memory_need_and_max_rows_per_rank_for_the_planner():
+    cfg = _preset_cfg("wan2.1-14b-32", "rollout.n=64", "data.train_batch_size=8")
+    plan = memory.memory_plan(cfg)
+    need = memory.memory_need(cfg)
+    assert {k: v.gib for k, v in need.items()} == {p.pool: p.total / 2**30 for p in plan.pools}
+    assert not need["trainer"].fits and need["trainer"].capacity_gib == 80
+    size = memory.model_size(cfg)
+    for ckpt in (False, True):
+        cap = memory.max_rows_per_rank(cfg, activation_checkpointing=ckpt, size=size)
+        assert cap >= 1
+        assert memory.memory_need(cfg, rows_per_rank=cap, activation_checkpointing=ckpt, size=size)["trainer"].fits
+        assert not memory.memory_need(cfg, rows_per_rank=cap + 1, activation_checkpointing=ckpt,
+                                      size=size)["trainer"].fits
+    assert memory.max_rows_per_rank(cfg, activation_checkpointing=True) > 5 * memory.max_rows_per_rank(cfg)
+    # TAG's generation pipeline costs the trainer its text encoders and VAE while training (its bf16 copy
+    # of the transformer only while generating, with grads and optimizer switched out)
+    on, off = (memory.memory_plan(cfg, tag=t).pools[-1] for t in (True, False))
+    assert on.train_total - off.train_total == pytest.approx(on.parts["text encoders"] + on.parts["VAE"])
+    assert on.gen_total > on.parts["generation copy"] > 26 * 2**30  # 14B in bf16
+    assert memory.memory_need(cfg, tag=True)["trainer"].gib > memory.memory_need(cfg, tag=False)["trainer"].gib
+    # more trainer GPUs shrink the shards; unknown memory: no cap
+    assert memory.memory_need(cfg, trainer_workers=32)["trainer"].gib < need["trainer"].gib
+    assert memory.max_rows_per_rank(compose([])) is None
+
+
+def test_every_recipe_checks_its_memory_and_fits():
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+
+    from verl_digen import recipes
+    from verl_digen.trainer.config import load
+
+    for name in recipes.names():
+        with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
+            cfg = load(hydra_compose(name))
+        plan = memory.memory_plan(cfg)
+        assert plan is not None and "not checked" not in plan.render(), name
+        for pool in plan.pools:
+            assert pool.capacity_gb is not None and pool.fits, (name, pool.render())
+        assert plan.master_dtype == "float32", name

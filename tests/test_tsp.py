@@ -139,3 +139,31 @@ def test_tsp_errors():
     traj.advantages = None
     with pytest.raises(ValueError, match="no advantages"):
         tsp_backward(model, traj, train, 1.0)
+
+
+@pytest.mark.parametrize("world,degree,cap", [(3, None, None), (3, 1, None), (5, 3, 2), (20, None, None), (2, 2, 3)])
+def test_rows_split_over_ranks_sum_to_the_single_process_gradient(world, degree, cap):
+    """Each rank trains its share of the (sample x step) rows (``schedule.rows``), whatever the rank count:
+    the ranks' gradients sum to the sequential one at float64, every row is counted once in the metrics,
+    and every rank runs the same number of forwards (FSDP's collectives stay in step; a rank with fewer
+    rows pads with zero-weight passes, e.g. 20 ranks for 16 rows)."""
+    model = build_tiny_model("flux", dtype=torch.float64, latent_size=8)
+    traj, cfg = _rollout(model)  # 4 samples x 4 trained steps = 16 rows
+    _perturb(model)
+    train = cfg.train_config(LossConfig(clip_range=0.05))
+    scale = 1.0 / (len(traj) * traj.num_trained_steps)
+    model.transformer.zero_grad()
+    seq = sequential_backward(model, traj, train, scale)
+    want = _grads(model)
+    model.transformer.zero_grad()
+    forward, calls = model.velocity, []
+    model.velocity = lambda *a, **k: calls.append(1) or forward(*a, **k)
+    total, rows, clipped, per_rank = 0.0, 0, 0.0, []
+    for rank in range(world):
+        before = len(calls)
+        m = tsp_backward(model, traj, train, scale, degree=degree, rank=rank, world=world, cap=cap)
+        per_rank.append(len(calls) - before)
+        total, rows, clipped = total + m.loss, rows + m.rows, clipped + m.clipped
+    _assert_same_grads(want, _grads(model), rtol=0, atol=1e-12)
+    assert rows == seq.rows == 16 and clipped == seq.clipped and abs(total - seq.loss) < 1e-12
+    assert len(set(per_rank)) == 1, f"ranks ran different numbers of passes: {per_rank}"

@@ -19,6 +19,7 @@ from verl_digen.algo.loss import LossConfig, LossTerms, policy_loss
 from verl_digen.algo.sde import kl_to_reference, sde_step, transition
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.models.base import Conditioning, DiffusionModel
+from verl_digen.schedule.rows import row_plan
 
 #: reference-policy velocity for KL: (latents, sigmas, cond) -> velocity (no grad needed)
 ReferenceFn = Callable[[torch.Tensor, torch.Tensor, Conditioning], torch.Tensor]
@@ -150,38 +151,43 @@ def tsp_backward(
     degree: int | None = None,
     reference: ReferenceFn | None = None,
     version: int | None = None,
+    rank: int = 0,
+    world: int = 1,
+    cap: int | None = None,
+    device: torch.device | str | None = None,
 ) -> TrainMetrics:
-    """Accumulate the gradient of a micro-batch's loss with TSP; returns its metrics.
+    """Accumulate the gradient of ``traj``'s loss with TSP; returns its metrics.
 
     ``degree`` is the number of trained steps per pass (rows per pass = B * degree); ``None`` means all
     K steps in one pass. ``scale`` is 1 / (rows of the whole global step). ``version``: the policy
     version being trained; given, the metrics split rows into stale (sampled by an older version:
-    TCSS) and fresh ones.
+    TCSS) and fresh ones. ``rank`` / ``world``: train only this rank's share of the (sample x step)
+    rows, in passes of at most ``cap`` rows (``schedule.rows``: every rank runs the same number of
+    passes, padding with zero-weight ones, so FSDP's collectives stay in step). ``device``: where each
+    pass's rows are moved to (the rank's compute device; default: where ``traj`` is).
     """
     _check_batch(traj, degree)
     b, k = traj.step_indices.shape
-    degree = k if degree is None else min(degree, k)
-    latent = traj.states.shape[2:]
+    plan = row_plan(b, k, world, degree, cap)
+    order = torch.tensor(plan.order(), dtype=torch.long).reshape(-1, 2)
     stale = None if version is None else traj.versions.reshape(-1) < version
+    advantages = traj.advantages.to(traj.log_probs.dtype)
+    device = traj.states.device if device is None else device
     metrics = TrainMetrics()
-    for c in range(0, k, degree):
-        d = min(degree, k - c)
-        rows = slice(c, c + d)
-        terms = _rows_loss(
-            model,
-            traj.states[:, rows].reshape(b * d, *latent),
-            traj.next_states[:, rows].reshape(b * d, *latent),
-            traj.sigmas[:, rows].reshape(-1),
-            traj.sigmas_next[:, rows].reshape(-1),
-            traj.log_probs[:, rows].reshape(-1),
-            traj.advantages.to(traj.log_probs.dtype).repeat_interleave(d),
-            traj.cond.repeat_interleave(d),
-            cfg,
-            scale,
-            reference,
-        )
+    for span in plan.rank_passes(rank):
+        weight = scale
+        if not len(span):  # nothing left for this rank: one row at weight 0 keeps the collectives in step
+            span, weight = range(1), 0.0
+        s, j = order[span.start:span.stop].unbind(1)
+        # only the pass's rows go to the model's device (the update stays where it arrived)
+        per_row = (traj.states, traj.next_states, traj.sigmas, traj.sigmas_next, traj.log_probs,
+                   advantages[:, None].expand(b, k))
+        x, x_next, sigma, sigma_next, old_lp, adv = (t[s, j].to(device) for t in per_row)
+        terms = _rows_loss(model, x, x_next, sigma, sigma_next, old_lp, adv, traj.cond.index(s).to(device=device),
+                           cfg, weight, reference)
         terms.loss.backward()
-        metrics.add(terms, None if stale is None else stale.repeat_interleave(d))
+        if weight:
+            metrics.add(terms, None if stale is None else stale[s])
     return metrics
 
 

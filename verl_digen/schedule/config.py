@@ -45,6 +45,8 @@ class ScheduleConfig:
     ``micro_batch`` trains each generated micro-batch on its own.
     ``train_loop``: ``batched`` (an update's samples share each pass) or ``per_sample`` (the upstream
     scripts' loop: one sample per pass; the simulator's naive-disaggregation rungs).
+    ``rows_per_pass``: (sample x step) rows per trainer rank per pass (``rows``: row packing);
+    ``None`` = what ``tsp_degree`` gives.
     """
 
     prompts: int
@@ -58,6 +60,7 @@ class ScheduleConfig:
     staleness: float = 0.0
     update: str = "unit"
     train_loop: str = BATCHED
+    rows_per_pass: int | None = None
 
     def __post_init__(self) -> None:
         bad = ScheduleConfigError
@@ -71,6 +74,10 @@ class ScheduleConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, value, "an integer >= 1", f"{name} must be a positive integer, got {value!r}")
+        rpp = self.rows_per_pass
+        if rpp is not None and (not isinstance(rpp, int) or isinstance(rpp, bool) or rpp < 1):
+            raise bad("rows_per_pass", rpp, "null or an integer >= 1",
+                      f"rows_per_pass must be None or a positive integer, got {rpp!r}")
         if not isinstance(self.staleness, (int, float)) or not 0 <= self.staleness <= 1:
             raise bad("staleness", self.staleness, "a fraction in [0, 1]",
                       f"staleness must be in [0, 1], got {self.staleness!r}")
@@ -122,7 +129,7 @@ class ScheduleConfig:
         runtime's prior and the planner all ask here)."""
         unit = self.make_partition(generators).unit_size
         return model.stage_costs(self.mb_size, self.tsp_degree, self.mb_size * self.update_size(unit),
-                                 per_sample=self.train_loop == PER_SAMPLE)
+                                 per_sample=self.train_loop == PER_SAMPLE, rows_per_pass=self.rows_per_pass)
 
 
 def stale_budget(staleness: float, micro_batches: int) -> int:

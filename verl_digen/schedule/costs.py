@@ -23,6 +23,8 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
+from .rows import row_plan
+
 # Action kinds, shared by the scheduler, the timeline, the profiler and the profile format.
 GENERATE = "generate"
 TAG_GENERATE = "tag_generate"
@@ -164,15 +166,6 @@ def passes(steps_trained: int, tsp_degree: int) -> list[int]:
     return [d] * full + ([rest] if rest else [])
 
 
-def _rows_per_rank(rows: float, ranks: int) -> float:
-    # Rows are split over data-parallel ranks; a rank cannot hold less than one whole row.
-    if rows <= 0:
-        return 0.0
-    if rows <= ranks:
-        return min(rows, 1.0)
-    return math.ceil(rows / ranks - 1e-9)
-
-
 @dataclass(frozen=True)
 class BaselineCosts:
     """What the colocated baselines users run pay beyond the idealized one (seconds; 0 = not known,
@@ -232,16 +225,18 @@ class CostModel:
             trainer=Pool(self.trainer.hardware, trainer),
         )
 
-    def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware, per_sample: bool = False) -> float:
+    def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware, per_sample: bool = False,
+                   rows_per_pass: int | None = None) -> float:
         """Forward+backward of ``samples`` generated samples on ``ranks`` data-parallel GPUs
-        (``per_sample``: each rank trains its samples one per pass, as the upstream loops do)."""
+        (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
+        ``rows_per_pass``: rows per rank per pass, ``rows.row_plan``'s ``cap``)."""
         if per_sample:
             each = math.ceil(samples * self.keep_fraction / ranks - 1e-9)
             return each * sum(hw.train_pass(d) for d in passes(self.steps_trained, tsp_degree))
-        return sum(hw.train_pass(r) for r in self._pass_rows(samples, tsp_degree, ranks))
+        return sum(hw.train_pass(r) for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
 
     def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None,
-                    per_sample: bool = False) -> StageCosts:
+                    per_sample: bool = False, rows_per_pass: int | None = None) -> StageCosts:
         """Per-action durations of the disaggregated scheduler for micro-batches of ``mb_size`` samples
         (an update action trains ``update_samples``, by default one micro-batch)."""
         if mb_size < 1:
@@ -251,7 +246,7 @@ class CostModel:
             generate=g_hw.generate(mb_size),
             tag_generate=t_hw.generate(mb_size),
             score=g_hw.score(mb_size),
-            update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw, per_sample),
+            update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw, per_sample, rows_per_pass),
             switch_to_gen=self.switch_to_gen,
             switch_to_train=self.switch_to_train,
             optimizer_step=self.optimizer_step,
@@ -310,9 +305,12 @@ class CostModel:
             })
         return phases
 
-    def _pass_rows(self, samples: float, tsp_degree: int, ranks: int) -> list[float]:
-        kept = samples * self.keep_fraction
-        return [_rows_per_rank(kept * d, ranks) for d in passes(self.steps_trained, tsp_degree)]
+    def _pass_rows(self, samples: float, tsp_degree: int, ranks: int, rows_per_pass: int | None = None) -> list[int]:
+        """Rows per pass on the most-loaded rank, exactly as the trainer runs them (``rows``)."""
+        kept = math.ceil(samples * self.keep_fraction - 1e-9)
+        if kept <= 0:
+            return []
+        return row_plan(kept, self.steps_trained, ranks, tsp_degree, rows_per_pass).pass_rows()
 
 
 def uniform_stage_costs(generate: float, update: float, **kw: float) -> StageCosts:

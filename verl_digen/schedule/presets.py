@@ -34,6 +34,7 @@ class Gpu:
     host_gbs: float = 25.0  # PCIe host<->device (optimizer-state offload, rollout engine sleep/wake)
     mfu_max: float = 0.63  # large-forward MFU of a DiT (sampling and training alike); fit, see below
     tokens_half: float = 590.0  # tokens per forward at which MFU is half of mfu_max; fit, see below
+    memory_gb: float | None = None  # memory of one GPU (datasheet GB, counted as GiB): the memory plan's capacity
 
     def mfu(self, tokens: float) -> float:
         return self.mfu_max * tokens / (tokens + self.tokens_half)
@@ -49,9 +50,11 @@ class Testbed:
 
 # Paper testbeds (seeds text, section 5.1; public-numbers.md). One NIC per node as stated ("200 Gb/s",
 # "400 Gb/s"); intra-node: A and C are PCIe cards, B is NVLink. The dense figures: docs/calibration.md.
-GPU_A = Gpu("A: 48GB, 155 TF dense", 154.9)  # quoted 309.7 TF is with sparsity
-GPU_B = Gpu("B: 80GB, 990 TF dense", 989.5)  # quoted 1,979 TF is with sparsity
-GPU_C = Gpu("C: 96GB, 504 TF", 503.8)
+# Memory per GPU as the testbeds state it (48 GB: L40S / L20 class; 80 GB: H100 / H800 SXM; 96 GB: H20 class):
+# every dry run of a preset checks its memory plan against it (trainer/memory.py).
+GPU_A = Gpu("A: 48GB, 155 TF dense", 154.9, memory_gb=48.0)  # quoted 309.7 TF is with sparsity
+GPU_B = Gpu("B: 80GB, 990 TF dense", 989.5, memory_gb=80.0)  # quoted 1,979 TF is with sparsity
+GPU_C = Gpu("C: 96GB, 504 TF", 503.8, memory_gb=96.0)
 TESTBED_A = Testbed(GPU_A, Fabric(gpus_per_node=8, intra_gbs=12.0, nic_gbs=25.0))
 TESTBED_B = Testbed(GPU_B, Fabric(gpus_per_node=8, intra_gbs=150.0, nic_gbs=50.0))
 TESTBED_C = Testbed(GPU_C, Fabric(gpus_per_node=8, intra_gbs=25.0, nic_gbs=25.0))

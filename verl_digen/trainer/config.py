@@ -87,7 +87,7 @@ class ActorConfig:
     # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
     param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype
     reduce_dtype: str | None = None  # gradient reduction dtype; null = the master dtype
-    master_dtype: str | None = None  # stored params, grads, AdamW state; null = model.dtype (float32: fp32 master)
+    master_dtype: str | None = None  # stored params, grads, AdamW state; null = fp32 (full fine-tune) / model.dtype
     activation_checkpointing: bool = False  # recompute each transformer block in the backward
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and the optimizer step on the host)
     optimizer_offload: bool = False  # AdamW state on the host between optimizer steps
@@ -137,6 +137,8 @@ class GapConfig:
 @dataclass
 class TspConfig:
     degree: int | None = None  # trained steps per pass; None = all K in one pass
+    rows_per_pass: int | None = None  # (sample x step) rows per trainer rank per pass, packed across samples
+    # and micro-batches of an update; None = what degree gives (an update's samples x degree / ranks)
 
 
 @dataclass
@@ -241,6 +243,8 @@ class RunConfig:
         from verl_digen.rewards.custom import with_custom_reward
 
         reward = with_custom_reward(reward, self.custom_reward_function)
+        from verl_digen.trainer.memory import master_dtype  # fp32 masters for a full fine-tune unless asked
+
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
@@ -250,10 +254,12 @@ class RunConfig:
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
-                                     master_dtype=a.master_dtype, activation_checkpointing=a.activation_checkpointing,
+                                     master_dtype=master_dtype(self),
+                                     activation_checkpointing=a.activation_checkpointing,
                                      param_offload=a.param_offload, optimizer_offload=a.optimizer_offload),
             reward=reward,
             tsp_degree=self.digen.tsp.degree,
+            rows_per_pass=self.digen.tsp.rows_per_pass,
             seed=self.trainer.seed,
             device=self.trainer.device,
             sync_backend=self.digen.sync.backend,
@@ -274,6 +280,7 @@ class RunConfig:
             # colocated has no pipeline: its micro-batch layout is irrelevant, so never reject it
             partition="gap" if d.gap.enable or self.trainer.mode == COLOCATED else "batch",
             tsp_degree=d.tsp.degree or self.trained_steps(),
+            rows_per_pass=d.tsp.rows_per_pass,
             policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
             staleness=d.tcss.staleness,  # the scheduler refuses TCSS outside digen
             update=d.update,
@@ -314,7 +321,7 @@ SCHEDULE_KEYS: dict[str, str] = {
     "prompts": "data.train_batch_size", "group_size": "rollout.n", "mb_size": "rollout.micro_batch_size",
     "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
     "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
-    "update": "digen.update",
+    "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass",
 }
 
 
@@ -464,18 +471,12 @@ def validate(cfg: RunConfig) -> list[str]:
         except ValueError as err:
             raise ConfigError("digen.profile", d.profile,
                               f"a profile file or a preset name ({', '.join(names())})") from err
-    sched = checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
-    if t.mode != COLOCATED:  # an update's rows split evenly over the trainer ranks (TAG takes whole micro-batches)
-        per_update = sched.mb_size * sched.update_size(sched.make_partition(gen).unit_size)
-        if per_update % trn:
-            raise ConfigError("rollout.micro_batch_size", r.micro_batch_size,
-                              f"a size whose updates ({per_update} samples each with digen.update={d.update}) "
-                              f"split evenly over resources.trainer.workers = {trn} (each rank trains an equal share)")
+    checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
     from verl_digen.trainer import memory
 
-    memory.check_keys(cfg)
-    memory.check_fits(cfg)  # the memory plan against resources.<pool>.gpu_memory_gb (when declared)
-    warnings = checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
+    warnings = memory.check_keys(cfg)  # and a warning for 16-bit master weights of a full fine-tune
+    memory.check_fits(cfg)  # the memory plan against each pool's GPU memory (declared, else the preset's hardware)
+    warnings += checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
     from verl_digen.trainer import user_inputs
 
     return warnings + user_inputs.check(cfg)  # validation prompts, custom reward function, VLM judge

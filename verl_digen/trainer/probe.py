@@ -56,10 +56,9 @@ def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, An
             t_score = timed([scored, ids])
             measured += [{"pool": "generator", "kind": GENERATE, "size": size, "seconds": t_gen},
                          {"pool": "generator", "kind": SCORE, "size": size, "seconds": t_score}]
-            if size % len(trainers) == 0:  # an update's rows split evenly over the trainer ranks
-                zero_adv = {(pid, s): 0.0 for pid, s in rows}
-                t_update = timed(rt.trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
-                measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
+            zero_adv = {(pid, s): 0.0 for pid, s in rows}  # any size: the ranks split its rows (schedule.rows)
+            t_update = timed(rt.trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
+            measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
         rows, texts = rt._rows(step, pairs[:mb])
         t_to_gen = timed(rt.trn_wg.execute_all_async(SWITCH_TO_GEN))
         t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])

@@ -100,7 +100,7 @@ class TSPActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update(self, traj: Trajectories | list | tuple, scale: float,
                advantages: dict[tuple[int, int], float] | None = None) -> dict[str, float]:
-        """Accumulate this rank's contiguous share of ``traj``'s gradient with TSP (no optimizer step).
+        """Accumulate this rank's share of ``traj``'s (sample x step) rows' gradient with TSP (no optimizer step).
 
         ``traj``: Trajectories, or a list / tuple of Ray object refs to scored Trajectories (the data
         plane: the driver passes references, every rank fetches them itself). ``advantages`` maps
@@ -118,14 +118,13 @@ class TSPActorWorker(Worker):
         if int(traj.versions.max()) > self.version:
             raise ValueError(f"trajectories of version {int(traj.versions.max())} are newer than the "
                              f"trainer's policy version {self.version}")
-        mine = traj.index(list(range(len(traj)))[contiguous_share(len(traj), self.dist_rank, self.dist_world,
-                                                                   "update")])
         if self._nonfinite is None and advantages is not None and not all(map(math.isfinite, advantages.values())):
             self._nonfinite = "reward"  # advantages are finite unless a reward of the groups was not
-        mine = P.to_device(mine, self.device)
-        # rows sampled by an older version than this trainer's (TCSS) are reported apart
-        metrics = tsp_backward(self.model, mine, self.train_cfg, scale, degree=self.cfg.tsp_degree,
-                               reference=self._reference(), version=self.version)
+        # this rank trains its share of the (sample x step) rows (``schedule.rows``: any number of ranks
+        # works with any update size); rows sampled by an older version (TCSS) are reported apart
+        metrics = tsp_backward(self.model, traj, self.train_cfg, scale, degree=self.cfg.tsp_degree,
+                               reference=self._reference(), version=self.version, rank=self.dist_rank,
+                               world=self.dist_world, cap=self.cfg.rows_per_pass, device=self.device)
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
