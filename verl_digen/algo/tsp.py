@@ -175,9 +175,8 @@ def tsp_backward(
     device = traj.states.device if device is None else device
     metrics = TrainMetrics()
     for span in plan.rank_passes(rank):
-        weight = scale
-        if not len(span):  # nothing left for this rank: one row at weight 0 keeps the collectives in step
-            span, weight = range(1), 0.0
+        padding = not len(span)  # nothing left for this rank: one row at weight 0 keeps the collectives in step
+        span, weight = (range(1), 0.0) if padding else (span, scale)
         s, j = order[span.start:span.stop].unbind(1)
         # only the pass's rows go to the model's device (the update stays where it arrived)
         per_row = (traj.states, traj.next_states, traj.sigmas, traj.sigmas_next, traj.log_probs,
@@ -186,7 +185,7 @@ def tsp_backward(
         terms = _rows_loss(model, x, x_next, sigma, sigma_next, old_lp, adv, traj.cond.index(s).to(device=device),
                            cfg, weight, reference)
         terms.loss.backward()
-        if weight:
+        if not padding:
             metrics.add(terms, None if stale is None else stale[s])
     return metrics
 
