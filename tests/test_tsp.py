@@ -40,6 +40,17 @@ def _perturb(model, scale=0.05):
                 p.add_(scale * torch.randn(p.shape, generator=g, dtype=p.dtype))
 
 
+def _sequential_reference(model, traj, cfg):
+    """(train config, scale, metrics, gradients) of the per-step reference loop; leaves the grads zeroed."""
+    train = cfg.train_config(LossConfig(clip_range=0.05))
+    scale = 1.0 / (len(traj) * traj.num_trained_steps)
+    model.transformer.zero_grad()
+    seq = sequential_backward(model, traj, train, scale)
+    grads = _grads(model)
+    model.transformer.zero_grad()
+    return train, scale, seq, grads
+
+
 def _assert_same_grads(a, b, rtol, atol):
     assert a.keys() == b.keys() and a, "no gradients were produced"
     for name in a:
@@ -53,12 +64,7 @@ def test_tsp_gradient_equals_sequential_float64(arch, degree):
     guidance = 1.0 if model.guidance_distilled else 2.0  # exercise CFG on the models that have it
     traj, cfg = _rollout(model, guidance=guidance)
     _perturb(model)
-    train = cfg.train_config(LossConfig(clip_range=0.05))
-    scale = 1.0 / (len(traj) * traj.num_trained_steps)
-    model.transformer.zero_grad()
-    seq = sequential_backward(model, traj, train, scale)
-    g_seq = _grads(model)
-    model.transformer.zero_grad()
+    train, scale, seq, g_seq = _sequential_reference(model, traj, cfg)
     tsp = tsp_backward(model, traj, train, scale, degree=degree)
     g_tsp = _grads(model)
     _assert_same_grads(g_seq, g_tsp, rtol=1e-9, atol=1e-12)
@@ -150,12 +156,7 @@ def test_rows_split_over_ranks_sum_to_the_single_process_gradient(world, degree,
     model = build_tiny_model("flux", dtype=torch.float64, latent_size=8)
     traj, cfg = _rollout(model)  # 4 samples x 4 trained steps = 16 rows
     _perturb(model)
-    train = cfg.train_config(LossConfig(clip_range=0.05))
-    scale = 1.0 / (len(traj) * traj.num_trained_steps)
-    model.transformer.zero_grad()
-    seq = sequential_backward(model, traj, train, scale)
-    want = _grads(model)
-    model.transformer.zero_grad()
+    train, scale, seq, want = _sequential_reference(model, traj, cfg)
     forward, calls = model.velocity, []
     model.velocity = lambda *a, **k: calls.append(1) or forward(*a, **k)
     total, rows, clipped, per_rank = 0.0, 0, 0.0, []

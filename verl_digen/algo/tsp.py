@@ -173,14 +173,14 @@ def tsp_backward(
     stale = None if version is None else traj.versions.reshape(-1) < version
     advantages = traj.advantages.to(traj.log_probs.dtype)
     device = traj.states.device if device is None else device
+    per_row = (traj.states, traj.next_states, traj.sigmas, traj.sigmas_next, traj.log_probs,
+               advantages[:, None].expand(b, k))  # (B, K, ...) each, indexed by (sample, step)
     metrics = TrainMetrics()
     for span in plan.rank_passes(rank):
         padding = not len(span)  # nothing left for this rank: one row at weight 0 keeps the collectives in step
         span, weight = (range(1), 0.0) if padding else (span, scale)
         s, j = order[span.start:span.stop].unbind(1)
         # only the pass's rows go to the model's device (the update stays where it arrived)
-        per_row = (traj.states, traj.next_states, traj.sigmas, traj.sigmas_next, traj.log_probs,
-                   advantages[:, None].expand(b, k))
         x, x_next, sigma, sigma_next, old_lp, adv = (t[s, j].to(device) for t in per_row)
         terms = _rows_loss(model, x, x_next, sigma, sigma_next, old_lp, adv, traj.cond.index(s).to(device=device),
                            cfg, weight, reference)
