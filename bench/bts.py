@@ -1,8 +1,10 @@
 """BTS solve time per re-solve over B x update/generation ratio (the paper's Figure 10 grid).
 
-Each configuration simulates one step of ``digen`` + BTS; every bubble triggers a *cold* re-solve (fresh
-memo, as after a profiler update), and we report the median and max wall time of those solves.
-Usage: python bench/bts.py [--json] [--steps N]
+Each configuration simulates one step of ``digen`` + BTS; every decision point (each event that leaves
+the trainer in a bubble with a free TAG slot) triggers a *cold* re-solve (fresh memo, as after a profiler
+update), and we report the median and max wall time of those solves, how many hit BTS's work cap (their
+plan is the best found, not proven best) and the simulated step time.
+Usage: python bench/bts.py [--json] [--steps N] [--ranks R] [--work-cap W|none] [--fan-out F|none]
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ import argparse
 import json
 import statistics
 
-from verl_digen.schedule.bts import BtsPolicy
+from verl_digen.schedule.bts import DEFAULT_FAN_OUT, DEFAULT_WORK_CAP, BtsPolicy
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.costs import Affine, CostModel, Hardware, Pool
 from verl_digen.schedule.scheduler import StepScheduler
@@ -33,13 +35,15 @@ def cluster(ratio: float, trainer_ranks: int = 1) -> CostModel:
                      switch_to_train=0.05, optimizer_step=0.02, weight_sync=0.1)
 
 
-def run(B: int, ratio: float, steps: int) -> dict:
-    model = cluster(ratio)
+def run(B: int, ratio: float, steps: int, ranks: int = 1, work_cap: int | None = DEFAULT_WORK_CAP,
+        fan_out: int | None = DEFAULT_FAN_OUT) -> dict:
+    model = cluster(ratio, ranks)
     costs = model.stage_costs(1)
     cfg = ScheduleConfig(prompts=B, group_size=1, mb_size=1, steps=steps)
-    policy = BtsPolicy(reuse=False)
-    sched = StepScheduler(cfg, costs, GEN_WORKERS, policy)
-    execute(sched, costs)
+    policy = BtsPolicy(reuse=False, work_cap=work_cap, fan_out=fan_out,
+                       node_cap=None if work_cap is None else BtsPolicy().node_cap)
+    sched = StepScheduler(cfg, costs, GEN_WORKERS, policy, trainer_ranks=ranks)
+    tl = execute(sched, costs)
     ms = [s * 1e3 for s in policy.solve_seconds]
     return {
         "B": B,
@@ -47,7 +51,8 @@ def run(B: int, ratio: float, steps: int) -> dict:
         "solves": len(ms),
         "median_ms": statistics.median(ms) if ms else 0.0,
         "max_ms": max(ms) if ms else 0.0,
-        "capped": bool(policy.last_stats and policy.last_stats.capped),
+        "capped": sum(policy.solve_capped),
+        "step_s": max(r.end for r in tl.records),
     }
 
 
@@ -55,11 +60,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--steps", type=int, default=1)
+    ap.add_argument("--ranks", type=int, default=1, help="trainer ranks = TAG slots (default 1)")
+    ap.add_argument("--work-cap", default=str(DEFAULT_WORK_CAP), help="BTS work cap per solve, or 'none'")
+    ap.add_argument("--fan-out", default=str(DEFAULT_FAN_OUT), help="BTS decisions tried per bubble, or 'none'")
     args = ap.parse_args()
-    rows = [run(B, r, args.steps) for B in B_VALUES for r in RATIOS]
-    print(f"{'B':>4s} {'ratio':>6s} {'solves':>6s} {'median ms':>10s} {'max ms':>8s}")
+    cap = None if args.work_cap == "none" else int(args.work_cap)
+    fan = None if args.fan_out == "none" else int(args.fan_out)
+    rows = [run(B, r, args.steps, args.ranks, cap, fan) for B in B_VALUES for r in RATIOS]
+    print(f"{'B':>4s} {'ratio':>6s} {'solves':>6s} {'median ms':>10s} {'max ms':>8s} {'capped':>6s} {'step s':>8s}")
     for row in rows:
-        print(f"{row['B']:4d} {row['ratio']:6.2f} {row['solves']:6d} {row['median_ms']:10.2f} {row['max_ms']:8.2f}")
+        print(f"{row['B']:4d} {row['ratio']:6.2f} {row['solves']:6d} {row['median_ms']:10.2f} {row['max_ms']:8.2f}"
+              f" {row['capped']:6d} {row['step_s']:8.3f}")
     if args.json:
         print(json.dumps(rows))
 

@@ -44,7 +44,9 @@ def test_bts_equals_exhaustive_on_random_small_instances():
         assert value == pytest.approx(best, rel=1e-9, abs=1e-9), (params, value, best)
         assert _value_of_first_move(params, state, decision) == pytest.approx(value, rel=1e-9, abs=1e-9)
         multi_slot_tag += params.trainer_ranks > 1 and (decision or 0) > 1
-    assert multi_slot_tag > 5  # the larger decision space is exercised
+    # the larger decision space is exercised (fewer multi-slot starts than with one decision per bubble:
+    # deciding again at every event lets BTS start slots one event apart)
+    assert multi_slot_tag > 2
 
 
 def _record_snapshots(sched) -> list:
@@ -76,6 +78,7 @@ def test_bts_equals_unpruned_search_on_larger_instances():
     """M up to 24 (where a wrong memo key or a pruned value stored as exact shows), across generators,
     slots, switch costs and stale work: the full solver equals memoized search without pruning."""
     rng = random.Random(11)
+    capped = 0
     for i in range(30):
         M = rng.randint(11, 24)
         k = rng.choice([d for d in range(1, M + 1) if M % d == 0 and d <= 4])
@@ -83,10 +86,15 @@ def test_bts_equals_unpruned_search_on_larger_instances():
         costs = random_costs(rng, ties=i % 2 == 1)
         params = bts.Params.from_costs(costs, M, k, G, rng.choice([1, k]), R)
         state = bts.ModelState.fresh(M, G, rng.choice([0, rng.randint(1, M)]), slots=R)
-        full = bts.solve(params, state)[0]
-        unpruned, _, stats = bts.solve(params, state, prune=False, node_cap=10**7)
+        full, _, default = bts.solve(params, state)
+        unpruned, _, stats = bts.solve(params, state, prune=False, node_cap=10**7, work_cap=None, fan_out=None)
         assert not stats.capped
+        if default.capped:  # the default work cap bound: a valid plan, never better than the optimum
+            assert full >= unpruned - 1e-9, (params, state)
+            capped += 1
+            continue
         assert full == pytest.approx(unpruned, rel=1e-9, abs=1e-9), (params, state)
+    assert capped < 10, capped  # exact where the cap does not bind, on most of them
 
 
 def _jittered_bubble_states(runs: int, seed: int, max_mb: int):
@@ -113,9 +121,9 @@ def test_bts_memo_equals_search_without_memo_from_jittered_bubbles():
     exhaustive search where that is small enough."""
     busy = lagging = exhaustive = 0
     for params, state in _jittered_bubble_states(60, seed=3, max_mb=24):
-        value = bts.solve(params, state)[0]
-        plain, _, stats = bts.solve(params, state, memo=False, node_cap=10**6)
-        assert not stats.capped
+        value, _, memo = bts.solve(params, state, work_cap=None, fan_out=None)  # the memo, not the caps
+        plain, _, stats = bts.solve(params, state, memo=False, node_cap=10**6, work_cap=None, fan_out=None)
+        assert not stats.capped and not memo.capped
         assert value == pytest.approx(plain, rel=1e-9, abs=1e-9), (params, state)
         if params.micro_batches - state.dispatched <= 6:
             assert value == pytest.approx(bts.exhaustive(params, state)[0], rel=1e-9, abs=1e-9)
@@ -200,8 +208,8 @@ def test_memo_and_pruning_cut_explored_nodes():
     params = bts.Params.from_costs(costs, 16, 1, 1)
     state = bts.ModelState.fresh(16, 1)
     v_full, _, full = bts.solve(params, state)
-    v_plain, _, plain = bts.solve(params, state, memo=False, prune=False, node_cap=10**7)
-    v_memo, _, memo_only = bts.solve(params, state, memo=True, prune=False, node_cap=10**7)
+    v_plain, _, plain = bts.solve(params, state, memo=False, prune=False, node_cap=10**7, work_cap=None, fan_out=None)
+    v_memo, _, memo_only = bts.solve(params, state, memo=True, prune=False, node_cap=10**7, work_cap=None, fan_out=None)
     assert v_full == pytest.approx(v_plain) == pytest.approx(v_memo)
     assert full.nodes * 10 < plain.nodes, (full.nodes, plain.nodes)
     assert memo_only.nodes * 3 < plain.nodes  # memoization alone
@@ -236,8 +244,9 @@ def test_fixed_rules_played_in_the_model_end_where_the_scheduler_ends():
     costs = uniform_stage_costs(1.0, 0.5)  # generate 1 s, update 0.5 s, nothing else costs
     # one generator, one micro-batch: it takes it at once, no bubble, one leaf; generate + update
     assert bts.exhaustive(bts.Params.from_costs(costs, 1, 1, 1), bts.ModelState.fresh(1, 1)) == (1.5, 1)
-    # two micro-batches: one bubble at time 0 (TAG the second or not), then none: two leaves
-    assert bts.exhaustive(bts.Params.from_costs(costs, 2, 1, 1), bts.ModelState.fresh(2, 1))[1] == 2
+    # two micro-batches: decisions at time 0 (TAG the second or not) and, if not, again at 1 when the
+    # generator frees (its scoring takes no time, so the update follows at once): three leaves
+    assert bts.exhaustive(bts.Params.from_costs(costs, 2, 1, 1), bts.ModelState.fresh(2, 1))[1] == 3
 
 
 def test_the_policy_plans_with_every_trainer_rank():
@@ -253,31 +262,118 @@ def test_the_policy_plans_with_every_trainer_rank():
         costs = random_costs(rng)
         G, R = rng.randint(1, 2), rng.choice([2, 3, 4])
         sched = StepScheduler(cfg, costs, G, trainer_ranks=R)
-        seen, decide = [], sched.policy.decide
+        seen, policy = [], sched.policy
+        decide = policy.decide
 
-        def spy(ctx, seen=seen, decide=decide):
+        def spy(ctx, seen=seen, decide=decide, policy=policy):
             k = decide(ctx)
-            seen.append((bts.ModelState.from_view(ctx.snapshot()), ctx.predicted_end - ctx.now, ctx.costs))
+            seen.append((bts.ModelState.from_view(ctx.snapshot()), ctx.predicted_end - ctx.now, ctx.costs,
+                         policy.solve_capped[-1]))
             return k
 
         sched.policy.decide = spy
         run(sched, SimBackend(costs, noise=0.3, seed=i))
-        for state, predicted, estimates in seen:  # the profiler's estimates at that bubble
+        for state, predicted, estimates, capped in seen:  # the profiler's estimates at that bubble
             params = bts.Params.from_costs(estimates, sched.M, sched.unit_size, G, sched.update_size, R)
-            best, _, stats = bts.solve(params, state, memo=False, node_cap=10**6)
-            assert not stats.capped and predicted == pytest.approx(best, abs=1e-9), (cfg, costs, G, R)
+            best, _, stats = bts.solve(params, state, memo=False, node_cap=10**6, work_cap=None, fan_out=None)
+            assert not stats.capped
+            if capped:  # the policy's work cap bound: its plan is valid, never better than the optimum
+                assert predicted >= best - 1e-9
+                continue
+            assert predicted == pytest.approx(best, abs=1e-9), (cfg, costs, G, R)
             checked += 1
             busy += bool(state.slot_end)
     assert checked > 50 and busy > 5, (checked, busy)
 
 
-def test_bts_b128_ratio_01_is_fast_enough_to_run_every_bubble():
+def test_work_cap_binds_on_the_bench_cell_and_keeps_the_optimum_there():
+    """B = 128, ratio 0.1, 4 generators, 1 slot (bench/bts.py's target cell): exact search needs about
+    4,500 nodes (over a million units of work) since BTS decides at every event, so the default work
+    cap binds. The capped plan is a valid one, no better than the optimum and no worse than the best
+    greedy rollout; here it is the optimum (the rollouts already find it)."""
     costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
                                 optimizer_step=0.02)
     params = bts.Params.from_costs(costs, 128, 1, 4)
-    _, _, stats = bts.solve(params, bts.ModelState.fresh(128, 4))
-    assert not stats.capped
+    state = bts.ModelState.fresh(128, 4)
+    value, decision, stats = bts.solve(params, state)
+    assert stats.capped and stats.work <= bts.DEFAULT_WORK_CAP + 10_000
     assert stats.seconds < 2.0  # generous for a shared CI core; bench/bts.py measures the real figure
+    exact, _, full = bts.solve(params, state, node_cap=None, work_cap=None, fan_out=None)
+    assert not full.capped and full.work > 4 * bts.DEFAULT_WORK_CAP
+    s = state.copy()
+    assert not bts.advance(params, s)
+    greedy = min(bts._rollout(params, s, r)[0] for r in bts.RULES) - state.now
+    assert exact - 1e-9 <= value <= greedy + 1e-9
+    assert value == pytest.approx(exact, abs=1e-9) == pytest.approx(30.42, abs=1e-9)
+    assert bts.play(params, state, lambda st, first=[decision]: first.pop() if first else True) >= exact - 1e-9
+
+
+def test_capped_solve_keeps_the_best_rollout():
+    """Capped before its first node, the solve returns the best greedy rollout's value and a first move that
+    reaches it (here 8.0 s, as ``threshold`` from the start; ``never`` 9.25 s and ``always`` 8.75 s)."""
+    costs = StageCosts(generate=1.25, tag_generate=3.0, score=0.25, update=0.25)
+    params = bts.Params.from_costs(costs, 11, 1, 2, 1, 2)
+    state = bts.ModelState.fresh(11, 2, slots=2)
+    s = state.copy()
+    assert not bts.advance(params, s)
+    ends = {r: bts._rollout(params, s, r) for r in bts.RULES}
+    assert {r: e[0] for r, e in ends.items()} == {"never": 9.25, "always": 8.75, "one": 8.75, "threshold": 8.0}
+    value, decision, stats = bts.solve(params, state, node_cap=0)
+    assert stats.capped and value == pytest.approx(8.0, abs=1e-12)
+    c = s.copy()  # the first move it returns reaches 8.0 with one of the rollouts
+    bts.apply(params, c, decision)
+    assert not bts.advance(params, c)
+    assert min(bts._rollout(params, c, r)[0] for r in bts.RULES) == pytest.approx(8.0, abs=1e-12)
+
+
+def test_choices_fan_out_cap():
+    """Every count while at most ``fan_out - 1`` can start; beyond that 0, all, the bound's split and
+    evenly spaced counts, ``fan_out`` in all."""
+    s = bts.ModelState.fresh(40, 1, slots=28)
+    assert bts.choices(s, 40) == list(range(29))
+    assert bts.choices(s, 40, fan_out=5, hint=9) == [0, 7, 9, 14, 28]
+    assert bts.choices(s, 40, fan_out=5, hint=0) == [0, 1, 7, 14, 28]  # the hint is at least 1
+    assert bts.choices(s, 40, fan_out=5, hint=14) == [0, 7, 14, 21, 28]
+    assert bts.choices(s, 3, fan_out=5) == [0, 1, 2, 3]  # 3 undispatched: the cap does not bind
+    small = bts.ModelState.fresh(12, 1, slots=4)
+    assert bts.choices(small, 12, fan_out=bts.DEFAULT_FAN_OUT) == [0, 1, 2, 3, 4]  # R = 4: exact
+
+
+def test_fan_out_cap_binds_with_many_slots_and_few_generators():
+    """The planner's pathological split (2 generators, 28 TAG slots; one solve took 20.6 s before the
+    caps): the fan-out cap binds, each solve stays small, the schedule the scheduler runs is
+    valid (its timeline is checked) and never beats the step's lower bound, and no solve's plan is
+    worse than never using TAG."""
+    import time
+
+    from verl_digen.schedule.bounds import step_bounds
+    from verl_digen.schedule.config import ScheduleConfig
+
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05, tag_generate=0.8, switch_to_gen=0.05, switch_to_train=0.05,
+                                optimizer_step=0.02)
+    cfg = ScheduleConfig(prompts=64, group_size=1, mb_size=1, policy="bts")
+    sched = StepScheduler(cfg, costs, 2, trainer_ranks=28)
+    fanned, decide = [], sched.policy.decide
+
+    def spy(ctx):
+        k = decide(ctx)
+        fanned.append(sched.policy.last_stats.fanned_out)
+        return k
+
+    sched.policy.decide = spy
+    t0 = time.perf_counter()
+    tl = execute(sched, costs)  # check_timeline: the capped plans make a valid schedule
+    elapsed = time.perf_counter() - t0
+    solves = sched.policy.solve_seconds
+    assert fanned[-1] > 0  # the fan-out cap bound (5 of up to 29 counts tried per decision)
+    assert max(solves) < 1.0 and elapsed < 10.0  # generous for a shared core; ~10 ms a solve on CI
+    end = _opt_end(tl)
+    assert end >= step_bounds(costs, sched.M, 2, 1, sched.unit_size, sched.update_size, 28).ideal - 1e-9
+    never = _opt_end(execute(StepScheduler(replace(cfg, policy="never"), costs, 2, trainer_ranks=28), costs))
+    assert end <= never + 1e-9
+    params = bts.Params.from_costs(costs, sched.M, sched.unit_size, 2, sched.update_size, 28)
+    assert end == pytest.approx(sched.decisions[-1].predicted_end, abs=1e-9)  # the last plan is what ran
+    assert bts.lower_bound(params, bts.ModelState.fresh(sched.M, 2, slots=28)) <= end + 1e-9
 
 
 def test_memo_key_tells_training_from_generation_mode():
@@ -297,7 +393,7 @@ def test_pruned_subtrees_are_not_memoized_as_exact():
                        optimizer_step=0.5)
     params = bts.Params.from_costs(costs, 24, 1, 1)
     state = bts.ModelState.fresh(24, 1)
-    unpruned = bts.solve(params, state, prune=False, node_cap=10**7)[0]
+    unpruned = bts.solve(params, state, prune=False, node_cap=10**7, work_cap=None, fan_out=None)[0]
     assert bts.solve(params, state)[0] == pytest.approx(unpruned) == pytest.approx(23.25)
 
 

@@ -588,10 +588,11 @@ def test_schedulers_start_at_time_zero_by_default():
     assert [a.start for a in colocated.start()] == [0.0]
 
 
-def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_bubble():
-    """The scheduler caps a decision at the free slots and the undispatched micro-batches, and one
-    decision covers its bubble: with 2 slots and a policy that asks for 1, no second decision follows at
-    the same instant."""
+def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_event():
+    """The scheduler caps a decision at the free slots and the undispatched micro-batches, and decides
+    once per event: with 2 slots and a policy that asks for 1, the decision at 0 switches to generation
+    mode (free here), the switch's end (a new event, also at 0) decides for the other slot, and the next
+    decision comes when the slots and the generator free at 1."""
     from dataclasses import dataclass
 
     from verl_digen.schedule.costs import uniform_stage_costs
@@ -614,8 +615,8 @@ def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_bubble
     assert sum(r.kind == "tag_generate" for r in greedy.timeline.records) == 2
     one = StepScheduler(ScheduleConfig(prompts=6, group_size=1, mb_size=1), costs, 1, Ask(1), trainer_ranks=2)
     execute(one, costs)
-    times = [d.time for d in one.decisions]
-    assert len(times) == len(set(times)) and times[0] == 0.0, times
+    assert [(d.time, d.undispatched, d.slots, d.free_slots) for d in one.decisions] == [
+        (0.0, 5, 1, 2), (0.0, 4, 1, 1), (1.0, 3, 1, 2)]
 
 
 def test_profile_dict_round_trip_keeps_keep_fraction_name_and_pools():

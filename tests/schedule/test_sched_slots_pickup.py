@@ -34,7 +34,7 @@ def test_trainer_ranks_are_independent_tag_slots():
     for r in tags:
         starts.setdefault(r.start, set()).add(r.worker)
     assert max(len(ws) for ws in starts.values()) == 3  # three slots generating side by side
-    assert max(d.slots for d in sched.decisions) == 3
+    assert sum(d.slots for d in sched.decisions) == len(tags)  # every TAG micro-batch was decided
     # three slots beat one: the same step with a single trainer rank is slower
     one = StepScheduler(cfg, costs, 2, trainer_ranks=1)
     assert tl.makespan < execute(one, costs).makespan - 0.5

@@ -6,8 +6,11 @@ the rest of the current step as counts and clocks relative to now. :func:`advanc
 scheduler's rules forward on it (same rules as :mod:`.scheduler`, micro-batches being
 interchangeable apart from their release unit; generators that still hold the previous version pick
 the new one up at their next boundary) until the next bubble or the end of the step's optimizer step.
-The search tries every branch at each bubble (start ``k`` TAG micro-batches on ``k`` of the free
-trainer slots, ``k = 0 .. min(free, undispatched)``; 0 skips the bubble) and keeps the smallest end:
+The scheduler asks at every event that leaves the trainer in a bubble with a free TAG slot (once per
+event: after a skip it asks again when a generator, a TAG slot or the trainer frees), and the model
+decides at the same points. The search tries the branches at each decision (start ``k`` TAG
+micro-batches on ``k`` of the free trainer slots, ``k = 0 .. min(free, undispatched)``; 0 skips) and
+keeps the smallest end:
 
 - memoization on the compressed state (counts, queue contents, clocks relative to the bubble,
   rounded to a tiny quantum); values are *remaining* times so equal states met at different absolute
@@ -15,8 +18,16 @@ trainer slots, ``k = 0 .. min(free, undispatched)``; 0 skips the bubble) and kee
 - branch and bound with an admissible lower bound (:func:`lower_bound`: trainer work left vs. the
   generator pool's mandatory work, with the best fractional split of the remaining generations
   between both, solved in closed form);
-- an incumbent from greedy rollouts (never / always / threshold) before the search, and a node cap
-  after which the best plan found so far is used (reported as not exact).
+- an incumbent from greedy rollouts (never / always / one / threshold) from each decision open now,
+  which also orders the search (the decision with the best rollout first).
+
+Caps bound one solve (:class:`Solver`; None lifts one). The *fan-out cap* (``DEFAULT_FAN_OUT`` = 5)
+tries at most 5 counts per decision: all of them while at most 4 slots can start, else 0, all, the
+bound's best split and evenly spaced counts (:func:`choices`). The *work cap* (``DEFAULT_WORK_CAP``)
+bounds the events played (rollouts included) to about 35 ms on a 2-core machine, at any split; past it
+the best plan found, or the best rollout's first move if better, is used (``SearchStats.capped``:
+not proven best). Where neither binds (at most 4 free slots, small steps) the solve is exact; the
+decision space per event is at most ``fan_out``, the depth the number of events left in the step.
 
 :func:`exhaustive` enumerates every decision sequence without memo or pruning; tests hold BTS to it.
 The objective is the end of the current step's optimizer step: what happens after (weight sync, the
@@ -40,6 +51,10 @@ IDLE, GEN, SCORE_CUR, GEN_NEXT, SCORE_NEXT, PICKUP = 0, 1, 2, 3, 4, 5
 T_IDLE, T_UPDATE, T_SWITCH_TO_GEN, T_SWITCH_TO_TRAIN, T_OPT = 0, 1, 3, 4, 5
 EPS = 1e-9
 INF = math.inf
+# Search work (the unit of the work cap), calibrated on the 2-core CI machine: one unit is about
+# 0.13 us. Each ``advance`` call costs CALL_WORK (with the copy, memo key and bound around it in the
+# search) plus, per event it plays, EVENT_WORK + one per generator.
+CALL_WORK, EVENT_WORK = 140, 6
 
 
 @dataclass(frozen=True)
@@ -93,8 +108,8 @@ class ModelState:
     and ``gen_lagging`` (holds the previous version: picks the new one up when next idle). Next step
     (TCSS): ``next_score_queue`` (generated, waiting to be scored), ``next_undispatched``,
     ``stale_left`` (budget). Trainer unit: ``trainer_task`` / ``trainer_end``, ``generating`` (1 =
-    generation mode), ``reserved`` (TAG micro-batches waiting for the switch), ``decided`` (this
-    bubble's decision is taken; the next comes after a trainer action or a freed slot). TAG slots:
+    generation mode), ``reserved`` (TAG micro-batches waiting for the switch), ``decided`` (the decision
+    of this event is taken; the next comes at the next event). TAG slots:
     ``slot_end`` and ``slot_mb`` of the busy ones (``slots`` in all). Clocks are absolute (``now``).
     """
 
@@ -102,7 +117,7 @@ class ModelState:
         "now", "dispatched", "gen_end", "gen_task", "gen_mb", "gen_lagging", "score_queue",
         "next_score_queue", "scored", "update_queue", "not_updated", "generating", "trainer_end",
         "trainer_task", "stale_left", "next_undispatched", "decided", "slots", "slot_end", "slot_mb",
-        "reserved",
+        "reserved", "work",
     )
 
     def __init__(
@@ -141,6 +156,7 @@ class ModelState:
         self.slot_end = list(slot_end or [])
         self.slot_mb = list(slot_mb or [])
         self.reserved = list(reserved or [])
+        self.work = 0  # search work spent playing this state forward (events x workers), for the budget
 
     @classmethod
     def fresh(cls, micro_batches: int, gen_workers: int, stale_budget: int = 0, slots: int = 1,
@@ -202,6 +218,7 @@ class ModelState:
         n.stale_left, n.next_undispatched = self.stale_left, self.next_undispatched
         n.trainer_end, n.trainer_task, n.decided = self.trainer_end, self.trainer_task, self.decided
         n.slots, n.slot_end, n.slot_mb, n.reserved = self.slots, self.slot_end[:], self.slot_mb[:], self.reserved[:]
+        n.work = self.work
         return n
 
     @property
@@ -244,7 +261,9 @@ def advance(p: Params, s: ModelState) -> bool:
     stale_left, next_undispatched = s.stale_left, s.next_undispatched
     score, generate, tag_generate, unit_size = p.score, p.generate, p.tag_generate, p.unit_size
     done = False
+    events = 0
     while True:
+        events += 1
         # generators
         if IDLE in gen_task:
             for w in range(n_gen):
@@ -274,15 +293,12 @@ def advance(p: Params, s: ModelState) -> bool:
                 slot_end.append(now + tag_generate)
                 slot_mb.append(mb)
             s.reserved = []
-            decided = True
         if not trainer_task:
             if update_queue or not_updated == 0:
                 if generating:
                     if not slot_end:
-                        decided = False
                         trainer_task, trainer_end = T_SWITCH_TO_TRAIN, now + p.switch_to_train
                 else:
-                    decided = False
                     if update_queue:
                         update_queue -= p.update_size
                         trainer_task, trainer_end = T_UPDATE, now + p.update
@@ -328,7 +344,6 @@ def advance(p: Params, s: ModelState) -> bool:
                     if e > t_max:
                         t_max = e
                     heappush(score_queue, i)
-                    decided = False  # a slot came free
                 else:
                     keep_end.append(e)
                     keep_mb.append(i)
@@ -348,18 +363,33 @@ def advance(p: Params, s: ModelState) -> bool:
                 t_max = trainer_end
                 done = True
         now = t_max
+        decided = False  # a new event: a decision is due again (at most one per event)
         if done:
             break
     s.now, s.dispatched, s.next_score_queue = now, dispatched, next_scoring
     s.update_queue, s.not_updated, s.generating = update_queue, not_updated, generating
     s.trainer_task, s.trainer_end, s.decided = trainer_task, trainer_end, decided
     s.stale_left, s.next_undispatched = stale_left, next_undispatched
+    s.work += CALL_WORK + events * (n_gen + EVENT_WORK)
     return done
 
 
-def choices(s: ModelState, micro_batches: int) -> range:
-    """The decisions open at a bubble: how many TAG micro-batches to start (0 = skip)."""
-    return range(min(s.free, micro_batches - s.dispatched) + 1)
+def choices(s: ModelState, micro_batches: int, fan_out: int | None = None, hint: int = 1) -> list[int]:
+    """The decisions open at a bubble: how many TAG micro-batches to start (0 = skip), ascending.
+
+    Every count ``0 .. most`` (``most`` = min(free slots, undispatched)) while ``most + 1 <= fan_out``
+    (or ``fan_out`` is None). Beyond that the fan-out cap keeps ``fan_out`` of them: 0, ``most``, ``hint``
+    (the lower bound's best number of TAG micro-batches, clamped to ``1 .. most``), then evenly spaced
+    counts in between."""
+    most = min(s.free, micro_batches - s.dispatched)
+    if fan_out is None or most + 1 <= fan_out:
+        return list(range(most + 1))
+    keep = {0, most, min(max(1, hint), most)}
+    for k in [round(most * i / (fan_out - 1)) for i in range(1, fan_out - 1)] + list(range(1, most)):
+        if len(keep) >= fan_out:
+            break
+        keep.add(k)
+    return sorted(keep)
 
 
 def apply(p: Params, s: ModelState, k: int) -> None:
@@ -380,14 +410,21 @@ def apply(p: Params, s: ModelState, k: int) -> None:
 
 
 def lower_bound(p: Params, s: ModelState) -> float:
-    """Admissible bound on the time left (from ``s.now``) until the optimizer step ends.
+    """Admissible bound on the time left until the optimizer step ends (:func:`bound_and_split`)."""
+    return bound_and_split(p, s)[0]
+
+
+def bound_and_split(p: Params, s: ModelState) -> tuple[float, int]:
+    """(bound, x): an admissible bound on the time left (from ``s.now``) until the optimizer step ends.
 
     Trainer: every update left, the optimizer step, a switch back to training if needed, plus ``x``
     TAG generations spread perfectly over the slots (and their switches). Generator pool: in-flight
     current-step work, the ``U - x`` remaining generations and every scoring left, spread perfectly
     over G workers, then at least one update and the optimizer step. Minimized over the split ``x``.
-    Weight pickups are left out (a generator may do its pickup after the step's last scoring). Called
-    at decision states only: the trainer unit is idle and no TAG waits for a switch.
+    Weight pickups are left out (a generator may do its pickup after the step's last scoring). ``x``:
+    the number of further TAG micro-batches at which the bound is smallest (0: none); the fan-out cap
+    keeps it among the choices. Called at decision states only: the trainer unit is idle and no TAG waits
+    for a switch.
     """
     now = s.now
     n_gen, ranks = p.gen_workers, p.trainer_ranks
@@ -409,11 +446,11 @@ def lower_bound(p: Params, s: ModelState) -> float:
         slot_sum = drain = 0.0
     trainer_no_tag = train_left + (p.switch_to_train if s.generating else 0.0) + max(drain, slot_sum / ranks)
     if n_score == 0:
-        return trainer_no_tag
+        return trainer_no_tag, 0
     pool_no_tag = (busy + undispatched * p.generate + n_score * p.score) / n_gen + tail
-    best = max(pool_no_tag, trainer_no_tag)
+    best, best_x = max(pool_no_tag, trainer_no_tag), 0
     if undispatched == 0:
-        return best
+        return best, 0
     # x >= 1 more TAG micro-batches: the slots share x * tag_generate, plus a switch in (if training) and out
     trainer_with_tag = train_left + (0.0 if s.generating else p.switch_to_gen) + p.switch_to_train
     pool_saving = p.generate / n_gen  # pool time saved per micro-batch moved to TAG
@@ -430,17 +467,19 @@ def lower_bound(p: Params, s: ModelState) -> float:
                    (pool_no_tag - trainer_with_tag - drain) / pool_saving if pool_saving > 0 else 1):
             lo = min(max(1, math.floor(xc)), undispatched)
             xs.update((lo, min(lo + 1, undispatched)))
-    for x in xs:
+    for x in sorted(xs):
         v = value(x)
         if v < best:
-            best = v
-    return best
+            best, best_x = v, x
+    return best, best_x
 
 
-def _rollout(p: Params, s: ModelState, rule: str) -> float:
-    """End time of a greedy policy from ``s`` (used as the initial incumbent)."""
+def _rollout(p: Params, s: ModelState, rule: str) -> tuple[float, int, int]:
+    """A greedy policy played from ``s`` (a decision state; the incumbent): (end time, first decision,
+    search work spent)."""
     s = s.copy()
-    while not advance(p, s):
+    work, first = s.work, None
+    while first is None or not advance(p, s):
         most = min(s.free, p.micro_batches - s.dispatched)
         if rule == "never":
             k = 0
@@ -450,11 +489,17 @@ def _rollout(p: Params, s: ModelState, rule: str) -> float:
             k = min(1, most)
         else:
             k = most if (p.micro_batches - s.dispatched) >= 0.3 * p.micro_batches else 0
+        if first is None:
+            first = k
         apply(p, s, k)
-    return s.now
+    return s.now, first, s.work - work
 
 
 RULES = ("never", "always", "one", "threshold")
+
+DEFAULT_FAN_OUT = 5  # decisions tried per bubble: exact while at most 4 TAG slots are free
+DEFAULT_WORK_CAP = 250_000  # search work per solve (rollouts included): about 35 ms on the 2-core CI machine
+DEFAULT_NODE_CAP = 200_000
 
 
 @dataclass
@@ -462,62 +507,95 @@ class SearchStats:
     nodes: int = 0
     memo_hits: int = 0
     pruned: int = 0
-    capped: bool = False
+    capped: bool = False  # the last solve hit its node or work cap: its plan is the best found, not proven best
     seconds: float = 0.0
+    work: int = 0  # search work (CALL_WORK, EVENT_WORK), rollouts included
+    fanned_out: int = 0  # bubbles where the fan-out cap left decisions out (the solve may be inexact)
 
 
 @dataclass
 class Solver:
-    """Memoized branch-and-bound over TAG decisions for one set of costs."""
+    """Memoized branch-and-bound over TAG decisions for one set of costs.
+
+    Caps (None lifts one): ``fan_out`` decisions tried per bubble (:func:`choices`), ``work_cap`` units
+    of search work and ``node_cap`` nodes per solve; past a cap the best plan found so far, or the best
+    greedy rollout if that is better, is used (``stats.capped``). Where no cap binds the solve is exact."""
 
     params: Params
     memo: bool = True
     prune: bool = True
-    node_cap: int = 200_000
+    node_cap: int | None = DEFAULT_NODE_CAP
+    work_cap: int | None = DEFAULT_WORK_CAP
+    fan_out: int | None = DEFAULT_FAN_OUT
     exact: dict = field(default_factory=dict)
     lbs: dict = field(default_factory=dict)
     stats: SearchStats = field(default_factory=SearchStats)
-    _budget: int = 0
+    _node_budget: float = INF
+    _work_budget: float = INF
+
+    def _choices(self, s: ModelState, hint: int) -> list[int]:
+        ks = choices(s, self.params.micro_batches, self.fan_out, hint)
+        if self.fan_out is not None and len(ks) < min(s.free, self.params.micro_batches - s.dispatched) + 1:
+            self.stats.fanned_out += 1
+        return ks
 
     def solve(self, state: ModelState) -> tuple[float, int | None]:
         """Best remaining time from ``state`` (at a bubble or before one) and the decision to take
         now: TAG micro-batches to start (None if no bubble comes before the optimizer step ends)."""
         t_start = time.perf_counter()
-        self.stats.capped = False
-        self._budget = self.stats.nodes + self.node_cap
+        st = self.stats
+        st.capped = False
+        self._node_budget = INF if self.node_cap is None else st.nodes + self.node_cap
+        work0 = st.work
+        self._work_budget = INF if self.work_cap is None else work0 + self.work_cap
         p = self.params
         s = state.copy()
         t0 = s.now
-        if advance(p, s):
-            self.stats.seconds += time.perf_counter() - t_start
+        done = advance(p, s)
+        st.work += s.work - state.work
+        if done:
+            st.seconds += time.perf_counter() - t_start
             return s.now - t0, None
         base = s.now - t0
-        ub = INF
-        if self.prune:
-            ub = min(_rollout(p, s, r) for r in RULES) - s.now + 1e-7 * (1 + abs(s.now))
-        best, decision = INF, 0
-        for k in choices(s, p.micro_batches):
+        # the decisions open now, each played to the next decision; then greedy rollouts from each (the
+        # incumbent, and the order in which they are searched: the best rollout first)
+        kids = []  # [best rollout value (exact if the step ended), k, child state, time to it, step ended]
+        for k in self._choices(s, bound_and_split(p, s)[1]):
             c = s.copy()
             apply(p, c, k)
-            dt = c.now - s.now
-            if advance(p, c):
-                v = c.now - s.now
-            else:
-                v = (c.now - s.now) + self._search(c, min(ub, best) - dt)
+            done = advance(p, c)
+            st.work += c.work - s.work
+            kids.append([c.now - s.now if done else INF, k, c, c.now - s.now, done])
+        if self.prune:
+            for r in RULES:  # on a huge step the rollouts alone could eat the budget: keep half for the search
+                for kid in kids:
+                    if self.work_cap is not None and st.work - work0 > self.work_cap / 2 and kid[0] < INF:
+                        continue
+                    if not kid[4]:
+                        end, _, work = _rollout(p, kid[2], r)
+                        st.work += work
+                        kid[0] = min(kid[0], end - s.now)
+        incumbent = min(((kid[0], kid[1]) for kid in kids), default=(INF, 0))
+        ub = incumbent[0] + 1e-7 * (1 + abs(s.now)) if self.prune else INF
+        best, decision = INF, 0
+        for _rolled, k, c, dt, done in sorted(kids, key=lambda kid: (kid[0], kid[1])):
+            v = dt if done else dt + self._search(c, min(ub, best) - dt)
             if v < best - EPS:
                 best, decision = v, k
-        if best == INF:  # node cap hit before any plan was completed: fall back to the greedy rules
-            self.stats.capped = True
-            ends = {r: _rollout(p, s, r) for r in ("never", "always")}
+        if st.capped and incumbent[0] < best - EPS:
+            best, decision = incumbent  # the search stopped short of the best rollout
+        if best == INF:  # capped before any plan was completed (no rollouts): fall back to the greedy rules
+            st.capped = True
+            ends = {r: _rollout(p, s, r)[0] for r in ("never", "always")}
             decision = min(s.free, p.micro_batches - s.dispatched) if ends["always"] < ends["never"] else 0
             best = min(ends.values()) - s.now
-        self.stats.seconds += time.perf_counter() - t_start
+        st.seconds += time.perf_counter() - t_start
         return base + best, decision
 
     def _search(self, s: ModelState, ub: float) -> float:
         st = self.stats
         st.nodes += 1
-        if st.nodes > self._budget:
+        if st.nodes > self._node_budget or st.work > self._work_budget:
             st.capped = True
             return INF
         p = self.params
@@ -531,16 +609,22 @@ class Solver:
             if self.lbs.get(key, -INF) >= ub:
                 st.memo_hits += 1
                 return INF
-        if self.prune and lower_bound(p, s) >= ub:
+        if self.prune or self.fan_out is not None:
+            lb, hint = bound_and_split(p, s)
+        else:
+            lb, hint = -INF, 1
+        if self.prune and lb >= ub:
             st.pruned += 1
             if key is not None:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
             return INF
         best = INF
-        for k in reversed(choices(s, p.micro_batches)):  # the most TAG first: finds a good incumbent early
+        for k in reversed(self._choices(s, hint)):  # the most TAG first: finds a good incumbent early
             c = s.copy()
             apply(p, c, k)
-            if advance(p, c):
+            done = advance(p, c)
+            st.work += c.work - s.work
+            if done:
                 v = c.now - s.now
             else:
                 dt = c.now - s.now
@@ -556,9 +640,11 @@ class Solver:
 
 
 def solve(params: Params, state: ModelState, memo: bool = True, prune: bool = True,
-          node_cap: int = 200_000) -> tuple[float, int | None, SearchStats]:
-    """One BTS solve from scratch: (best remaining time, decision now, search statistics)."""
-    solver = Solver(params, memo=memo, prune=prune, node_cap=node_cap)
+          node_cap: int | None = DEFAULT_NODE_CAP, work_cap: int | None = DEFAULT_WORK_CAP,
+          fan_out: int | None = DEFAULT_FAN_OUT) -> tuple[float, int | None, SearchStats]:
+    """One BTS solve from scratch: (best remaining time, decision now, search statistics). Pass
+    ``work_cap=None, fan_out=None`` (and a large ``node_cap``) for a search that is exact everywhere."""
+    solver = Solver(params, memo=memo, prune=prune, node_cap=node_cap, work_cap=work_cap, fan_out=fan_out)
     value, decision = solver.solve(state)
     return value, decision, solver.stats
 
@@ -597,19 +683,25 @@ def play(params: Params, state: ModelState, decisions) -> float:
 
 @register_tag_policy("bts")
 class BtsPolicy:
-    """The ``bts`` TAG policy: re-solve at every bubble with the current cost estimates.
+    """The ``bts`` TAG policy: re-solve at every decision point (each event that leaves the trainer in
+    a bubble with a free TAG slot) with the current cost estimates.
 
     The memo is kept while the cost estimates stay the same (values are relative times, so later
-    bubbles of the step reuse earlier work) and dropped when the profiler changes them.
+    decisions of the step reuse earlier work) and dropped when the profiler changes them. The caps
+    (:class:`Solver`) bound each solve; ``solve_capped`` says which solves hit one.
     """
 
     name = "bts"
 
-    def __init__(self, node_cap: int = 200_000, reuse: bool = True) -> None:
+    def __init__(self, node_cap: int | None = DEFAULT_NODE_CAP, reuse: bool = True,
+                 work_cap: int | None = DEFAULT_WORK_CAP, fan_out: int | None = DEFAULT_FAN_OUT) -> None:
         self.node_cap = node_cap
+        self.work_cap = work_cap
+        self.fan_out = fan_out
         self.reuse = reuse
         self._solver: Solver | None = None
         self.solve_seconds: list[float] = []
+        self.solve_capped: list[bool] = []
         self.last_stats: SearchStats | None = None
 
     def __str__(self) -> str:
@@ -619,10 +711,11 @@ class BtsPolicy:
         params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers,
                                    ctx.update_size, ctx.trainer_ranks)
         if not self.reuse or self._solver is None or self._solver.params != params:
-            self._solver = Solver(params, node_cap=self.node_cap)
+            self._solver = Solver(params, node_cap=self.node_cap, work_cap=self.work_cap, fan_out=self.fan_out)
         before = self._solver.stats.seconds
         value, decision = self._solver.solve(ModelState.from_view(ctx.snapshot()))
         self.solve_seconds.append(self._solver.stats.seconds - before)
+        self.solve_capped.append(self._solver.stats.capped)
         self.last_stats = self._solver.stats
         ctx.predicted_end = ctx.now + value
         return int(decision or 0)

@@ -26,9 +26,10 @@ scheduling core"):
   it themselves); update from the Update Queue if non-empty (switching back from generation mode
   first, once every TAG slot has finished); after the step's last update, the optimizer step.
   Otherwise it is in a *bubble*: if micro-batches are still waiting to be generated, the TAG policy
-  decides how many of the free TAG slots generate one each (0 = wait for the Update Queue). A
-  decision covers the slots free at that moment; the next one comes when a TAG slot finishes (in
-  generation mode) or after the trainer's next action (in training mode).
+  decides how many of the free TAG slots generate one each (0 = wait for the Update Queue). It
+  decides at every event (a batch of completions at one instant: a generator, a TAG slot or the
+  trainer freeing) that leaves the trainer so, at most once per event: after a skip the next decision
+  comes at the next event, not only after the trainer's next action.
 
 Worker names: generators ``gen0..gen{G-1}``; the trainer pool as one training unit ``trainer``; its
 ranks as TAG generation slots ``tag0..tag{R-1}`` (busy only between a ``switch_to_gen`` and the next
@@ -130,7 +131,7 @@ class StepScheduler:
         self.published = 0  # newest version the trainer has published
         self.train_step = 0
         self.trainer_mode = TRAIN_MODE
-        self._skipped = False
+        self._decided = False  # a TAG decision was taken at this event
         self._reserved: list[int] = []  # TAG micro-batches waiting for the switch to generation mode
         self._publish_pending: int | None = None
         self._started = False
@@ -165,10 +166,9 @@ class StepScheduler:
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
                                      action.stale, action.count, len(action.samples)))
         kind, s = action.kind, action.step
+        self._decided = False  # a new event: a TAG decision may be due again
         if kind in (GENERATE, TAG_GENERATE):
             heapq.heappush(self._sq[s], action.mb)
-            if kind == TAG_GENERATE:
-                self._skipped = False  # a slot came free: a new decision is due
         elif kind == SCORE:
             st = self._steps[s]
             unit = action.mb // self.unit_size
@@ -204,7 +204,6 @@ class StepScheduler:
         if self._reserved and self.trainer_mode == GEN_MODE:
             out.extend(self._launch(a, now) for a in self._tag_actions(self._reserved))
             self._reserved = []
-            self._skipped = True  # the decision that reserved them covered every free slot
         if self._busy[TRAINER] is None:
             out.extend(self._launch(a, now) for a in self._trainer_tasks(now))
         return out
@@ -214,8 +213,6 @@ class StepScheduler:
         a.start = now
         for w in a.workers:
             self._busy[w] = a
-        if a.workers == (TRAINER,) and a.kind != SWITCH_TO_GEN:
-            self._skipped = False
         return a
 
     def _mb_action(self, kind: str, worker: str, step: int, version: int, mb: int, stale: bool = False) -> Action:
@@ -280,7 +277,7 @@ class StepScheduler:
             return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]  # its end moves train_step on
         undispatched = self.M - st.next
         free = self.free_slots()
-        if undispatched <= 0 or self._skipped or free == 0:
+        if undispatched <= 0 or self._decided or free == 0:
             return []
         st.bubbles += 1
         ctx = BubbleContext(
@@ -301,7 +298,7 @@ class StepScheduler:
         )
         k = max(0, min(int(self.policy.decide(ctx)), free, undispatched))
         self.decisions.append(Decision(ts, now, undispatched, k, free, ctx.predicted_end))
-        self._skipped = True
+        self._decided = True
         if k == 0:
             return []
         mbs = list(range(st.next, st.next + k))

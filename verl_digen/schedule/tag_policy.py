@@ -1,9 +1,10 @@
 """The TAG-policy interface, the neutral view of the scheduler it may look at, and the policy registry.
 
-A TAG policy answers one question at each trainer bubble (the trainer idle while micro-batches of its
-step still wait to be generated): how many free TAG slots (trainer ranks) generate one micro-batch
-each now, 0 = wait for the Update Queue (docs/architecture.md, "The scheduling core"). The scheduler
-clamps the answer to ``[0, min(ctx.free_slots, ctx.undispatched)]``.
+A TAG policy answers one question at each decision point of a trainer bubble (the trainer idle while
+micro-batches of its step still wait to be generated; the scheduler asks at every event of the bubble,
+once per event): how many free TAG slots (trainer ranks) generate one micro-batch each now, 0 = wait
+for the Update Queue (docs/architecture.md, "The scheduling core"). The scheduler clamps the answer to
+``[0, min(ctx.free_slots, ctx.undispatched)]``.
 
 Policies register under a name with :func:`register_tag_policy` (as verl's ``core_algos`` registers
 advantage estimators), and specs such as ``static:2`` are parsed against the registry, so a new policy
@@ -69,7 +70,7 @@ class BubbleContext:
     micro_batches: int
     undispatched: int
     tags: int  # TAG micro-batches already inserted in this step
-    bubble: int  # 1-based index of this bubble in the step
+    bubble: int  # 1-based index of this decision in the step (the scheduler asks at every event of a bubble)
     costs: StageCosts
     costs_version: int
     unit_size: int
