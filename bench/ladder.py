@@ -4,7 +4,9 @@ with the three colocated baselines for reference, simulated under each one's cos
 
 Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated
 (against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni}.
-The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung.
+The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung, and each
+recipe as shipped (its planned configuration) against colocated:verl-omni and the ceiling (the step's
+work over every GPU: colocated:ideal with its best TSP degree; ``ceiling_s``, ``of_ceiling``).
 Usage: python bench/ladder.py [--json] [--steps N]
 """
 
@@ -21,7 +23,7 @@ from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.costs import BASELINES, VERL_OMNI, CostModel
 from verl_digen.schedule.simulator import ablation_configs, simulate
 from verl_digen.trainer.config import load
-from verl_digen.trainer.plan import cluster_costs
+from verl_digen.trainer.plan import cluster_costs, resource_plan
 
 
 def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel) -> list[dict]:
@@ -48,13 +50,26 @@ def preset_rows(steps: int) -> list[dict]:
 
 
 def recipe_rows(steps: int) -> list[dict]:
+    """Each recipe's ladder, then the recipe as shipped (the planner's configuration: its split, row
+    packing and update size), priced against the same colocated baselines."""
     rows = []
     for name in recipes.names():
         if name.endswith("-colocated"):
             continue
         with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
             cfg = load(compose(name))
-        rows += ladder("recipe", name, cfg.schedule_config(steps=steps), cluster_costs(cfg))
+        model = cluster_costs(cfg)
+        sched = cfg.schedule_config(steps=steps)
+        part = ladder("recipe", name, sched, model)
+        t = simulate(sched, model).step_time
+        colo = {b: next(r["step_s"] for r in part if r["rung"] == f"colocated:{b}") for b in BASELINES}
+        naive = next(r["step_s"] for r in part if r["rung"] == "naive (separate)")
+        top = resource_plan(cfg).ceiling_s
+        part.append({"source": "recipe", "preset": name, "rung": "as shipped", "step_s": t,
+                     "speedup_vs_naive": naive / t, "speedup_vs_colocated": colo[VERL_OMNI] / t,
+                     **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()},
+                     "ceiling_s": top, "of_ceiling": top / t})
+        rows += part
     return rows
 
 
@@ -76,6 +91,11 @@ def main() -> None:
     for (source, name), ratio in ratios.items():
         print(f"TCSS vs synchronous, {source} {name}: {ratio:.3f}x")
     print(f"TCSS vs synchronous: min {min(ratios.values()):.3f}x over {len(ratios)} presets and recipes")
+    for r in rows:  # the targets of issue 22: the recipes as shipped against verl-omni and the ceiling
+        if r["rung"] == "as shipped":
+            print(f"recipe {r['preset']} as shipped: {r['step_s']:.1f} s/step, {r['speedup_vs_colocated']:.2f}x "
+                  f"colocated:verl-omni, {r['of_ceiling']:.0%} of the ceiling ({r['ceiling_s']:.1f} s/step; on "
+                  "mixed GPUs no ceiling)")
     if args.json:
         print(json.dumps(rows))
 

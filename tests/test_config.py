@@ -117,6 +117,19 @@ def test_bad_config_fails_before_ray_starts():
     assert ray.is_initialized() == was_running
 
 
+def test_update_units_reach_the_schedule_and_must_divide_the_step():
+    cfg = _compose("rollout.n=2", "rollout.micro_batch_size=2", "digen.update_units=2")  # 4 units per step
+    validate(cfg)
+    assert cfg.schedule_config().update_units == 2 and cfg.schedule_config().update_size(1) == 2
+    for bad, expected in (("digen.update_units=3", "a divisor of the step's 4 release unit"),
+                          ("digen.update_units=0", "an integer >= 1")):
+        with pytest.raises(ConfigError, match=expected) as err:
+            validate(_compose("rollout.n=2", "rollout.micro_batch_size=2", bad))
+        assert err.value.key == "digen.update_units"
+    with pytest.raises(ConfigError, match="digen.update_units"):
+        validate(_compose("trainer=separate", "digen.update_units=2"))
+
+
 def test_any_trainer_pool_size_validates_with_any_update_size():
     """The ranks split an update's (sample x step) rows, not its samples (``schedule.rows``), so an update
     need not divide over the trainer pool: one sample per update over 2 or 3 ranks is a valid run."""

@@ -18,14 +18,15 @@ from verl_digen.schedule import presets
 from verl_digen.trainer.config import RunConfig, load, validate
 from verl_digen.trainer.plan import ResourcePlan, resource_plan
 
-#: setting -> (GPUs, generator workers, trainer workers, diffusers hub id); the paper's section 5
+#: setting -> (GPUs, generator workers, trainer workers, diffusers hub id); the paper's section 5 (the split is
+#: the planner's: ``test_every_recipe_is_the_planners_choice``)
 SETTINGS = {
-    "flux-12b-32": (32, 16, 16, "black-forest-labs/FLUX.1-dev"),
-    "qwen-image-20b-32": (32, 16, 16, "Qwen/Qwen-Image"),
-    "wan2.1-14b-16": (16, 8, 8, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "wan2.1-14b-32": (32, 16, 16, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "hunyuanvideo-13b-16": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
-    "hunyuanvideo-13b-32": (32, 16, 16, "hunyuanvideo-community/HunyuanVideo"),
+    "flux-12b-32": (32, 2, 30, "black-forest-labs/FLUX.1-dev"),
+    "qwen-image-20b-32": (32, 2, 30, "Qwen/Qwen-Image"),
+    "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "hunyuanvideo-13b-16": (16, 3, 13, "hunyuanvideo-community/HunyuanVideo"),
+    "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
 }
 TWIN = "-colocated"
@@ -70,8 +71,9 @@ def test_recipe_composes_validates_and_its_plan_adds_up(name):
     cfg, plan = _dry_run(name)
     colocated = name.endswith(TWIN)
     assert cfg.trainer.mode == ("colocated" if colocated else "digen")
-    # the split and the GPU count
-    assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (gen, trn)
+    # the split and the GPU count (the twin colocates on all of them)
+    if not colocated:
+        assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (gen, trn)
     assert cfg.total_workers == plan.total_workers == gpus
     if colocated:
         assert [(p, n) for p, n, _ in plan.pools] == [("colocated", gpus)]
@@ -80,7 +82,8 @@ def test_recipe_composes_validates_and_its_plan_adds_up(name):
     # the batch layout
     assert plan.batch == cfg.data.train_batch_size * cfg.rollout.n
     assert plan.micro_batches * cfg.rollout.micro_batch_size == plan.batch
-    assert plan.micro_batches >= 2 * gen, "fewer than two micro-batches per generator worker: nothing to pipeline"
+    if not colocated:
+        assert plan.micro_batches >= 2 * gen, "fewer than two micro-batches per generator worker: nothing to pipeline"
     assert plan.trained_steps == int(cfg.rollout.num_steps * cfg.rollout.timestep_fraction)
     # the prediction: the preset named like the setting, with both step times
     assert cfg.digen.profile == _setting(name) and cfg.digen.profile in presets.names()
@@ -107,11 +110,11 @@ def test_latent_size_matches_the_paper_resolution(name):
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_digen_recipe_uses_tag_bts_and_its_twin_the_same_workload(name):
+def test_digen_recipe_uses_gap_and_its_twin_the_same_workload(name):
     cfg, plan = _dry_run(name)
     twin, twin_plan = _dry_run(name + TWIN)
     d = cfg.digen
-    assert d.gap.enable and d.tag.policy == "bts" and 0 <= d.tcss.staleness <= 0.5
+    assert d.gap.enable and d.tag.policy in ("never", "adaptive", "bts") and 0 <= d.tcss.staleness <= 0.5
     assert d.tsp.degree is None or 1 <= d.tsp.degree <= plan.trained_steps
     # the twin: the colocated baseline's knobs (no TAG, no TCSS, per-step training as upstream)
     assert (twin.digen.tag.policy, twin.digen.tcss.staleness, twin.digen.tsp.degree) == ("never", 0.0, 1)
@@ -193,27 +196,59 @@ def test_dry_run_through_the_command_line(tmp_path):
     assert "profile: hunyuanvideo-13b-hetero" in text
     assert re.search(r"generator\s+8 worker\(s\)\s+on nodes with resource 'gpu_48gb'", text), text
     assert re.search(r"trainer\s+8 worker\(s\)\s+on nodes with resource 'gpu_96gb'", text), text
-    assert "batch      512 samples = 64 micro-batch(es)" in text
+    _, plan = _dry_run("hunyuanvideo-13b-hetero")
+    assert f"batch      512 samples = {plan.micro_batches} micro-batch(es)" in text
+    assert "ceiling    none from colocated:ideal on mixed hardware" in text
     predicted = re.search(r"predicted\s+([\d.]+) s/step \(simulator\)", text)
     assert predicted and float(predicted.group(1)) > 0
-    _, plan = _dry_run("hunyuanvideo-13b-hetero")
     assert float(predicted.group(1)) == pytest.approx(plan.predicted_step_s, abs=0.01)
     assert not (tmp_path / "outputs").exists(), "a dry run must not create run outputs"
 
 
 def test_readme_table_is_what_the_dry_run_says():
-    """recipes/README.md lists every setting with the step times its dry runs predict."""
+    """recipes/README.md lists every setting with the step times, ratios and memory its dry runs give."""
+    from verl_digen.trainer.memory import memory_plan
+
     text = (recipes.RECIPES_DIR / "README.md").read_text()
-    row = re.compile(r"^\| [^|]+ \| (\d+) \| [^|]+ \| `([^`]+)` \| `recipes/launch/(\S+)\.sh` \| "
-                     r"([\d.]+) s/step \| ([\d.]+) s/step \| ([\d.]+) s/step \| ([\d.]+) s/step \|$", re.M)
-    rows = {m.group(3): m for m in row.finditer(text)}
+    sec = r" ([\d.]+) s/step \|"
+    row = re.compile(r"^\| [^|]+ \| (\d+) \| ([^|]+) \| `([^`]+)` \| `recipes/launch/(\S+)\.sh` \|" + sec * 4 +
+                     r" ([\d.]+)x \| ([^|]+) \| (\d+) / (\d+) of (\d+) / (\d+) GiB \|$", re.M)
+    rows = {m.group(4): m for m in row.finditer(text)}
     assert sorted(rows) == sorted(SETTINGS)
     for name, m in rows.items():
-        gpus, _, _, model_id = SETTINGS[name]
-        _, plan = _dry_run(name)
+        gpus, gen, trn, model_id = SETTINGS[name]
+        cfg, plan = _dry_run(name)
         _, twin_plan = _dry_run(name + TWIN)
-        assert (int(m.group(1)), m.group(2)) == (gpus, model_id), name
-        assert float(m.group(4)) == pytest.approx(plan.predicted_step_s, abs=0.051), (name, plan.render())
-        assert float(m.group(5)) == pytest.approx(twin_plan.predicted_step_s, abs=0.051), (name, twin_plan.render())
-        assert float(m.group(6)) == pytest.approx(plan.predicted_colocated["native"], abs=0.051), name
-        assert float(m.group(7)) == pytest.approx(plan.predicted_colocated["verl-omni"], abs=0.051), name
+        assert (int(m.group(1)), m.group(3)) == (gpus, model_id), name
+        assert m.group(2).startswith(f"{gen} ") and f" {trn}" in m.group(2), name
+        assert float(m.group(5)) == pytest.approx(plan.predicted_step_s, abs=0.051), (name, plan.render())
+        assert float(m.group(6)) == pytest.approx(twin_plan.predicted_step_s, abs=0.051), (name, twin_plan.render())
+        assert float(m.group(7)) == pytest.approx(plan.predicted_colocated["native"], abs=0.051), name
+        omni = plan.predicted_colocated["verl-omni"]
+        assert float(m.group(8)) == pytest.approx(omni, abs=0.051), name
+        assert float(m.group(9)) == pytest.approx(omni / plan.predicted_step_s, abs=0.0051), name
+        if plan.heterogeneous:
+            assert m.group(10).strip() == "none (mixed GPUs)"
+        else:
+            share = plan.ceiling_s / plan.predicted_step_s
+            assert m.group(10).strip() == f"{share:.0%}", name
+        mem = memory_plan(cfg)
+        want = [round(p.total / 2**30) for p in mem.pools] + [round(p.capacity_gb) for p in mem.pools]
+        assert [int(m.group(k)) for k in range(11, 15)] == want, name
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_every_recipe_is_the_planners_choice(name):
+    """``digen plan --recipe <name>``'s best configuration is the recipe, and every configuration it would
+    print passes ``validate()`` with its memory check."""
+    from verl_digen.trainer import planning
+
+    cfg, plan = _dry_run(name)
+    planned = planning.plan_config(cfg, keep=3)
+    best = planned.best
+    assert best.result.step_time == pytest.approx(plan.predicted_step_s, rel=1e-9), planning.describe(best, planned)
+    assert planning.apply(cfg, best).schedule_config() == cfg.schedule_config()
+    assert (best.generators, best.trainers) == (cfg.resources.generator.workers, cfg.resources.trainer.workers)
+    for row in planned.plan.rows:
+        validate(planning.apply(cfg, row))  # the memory plan included (ConfigError if it did not fit)
+        assert planning.overrides(row)[0] == "trainer=digen"

@@ -156,37 +156,117 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_plan(args: argparse.Namespace) -> int:
-    from verl_digen.schedule.split_search import colocated_baselines, search, verdict
+def _prices(spec: str | None) -> dict[str, float]:
+    """``--gpu-price A=1.2,C=2.0``: price per GPU-hour by hardware class (the name before its colon)."""
+    out: dict[str, float] = {}
+    for item in filter(None, (spec or "").split(",")):
+        name, eq, value = item.partition("=")
+        try:
+            price = float(value) if eq else -1.0
+        except ValueError:
+            price = -1.0
+        if not name.strip() or price < 0:
+            raise ValueError(f"--gpu-price {item!r}: expected <hardware>=<price per GPU-hour>, e.g. A=1.2,C=2.0")
+        out[name.strip()] = price
+    return out
 
-    name, model, wl, fixed = _load_source(args)
-    total = args.gpus or model.total_workers
+
+def _price_of(prices: dict[str, float], hardware: str) -> float:
+    for key in (hardware, hardware.split(":")[0].strip()):
+        if key in prices:
+            return prices[key]
+    raise ValueError(f"--gpu-price names no price for GPU {hardware!r} (known: {', '.join(prices)}); "
+                     f"add {hardware.split(':')[0].strip()}=<price per GPU-hour>")
+
+
+def _plan_source(args: argparse.Namespace):
+    """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
+    config or None)."""
+    from verl_digen.schedule.split_search import ceiling, colocated_baselines, search
+
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
-    rows = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers,
-                  fixed_split=fixed, progress=lambda m: print(f"  searching {m}", file=sys.stderr, flush=True))
+    progress = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
+    if args.recipe or args.overrides:
+        from verl_digen.trainer import planning
+        from verl_digen.trainer.config import compose
+
+        cfg = compose(args.overrides, config_name=args.recipe or "digen",
+                      config_dir=_recipes_dir() if args.recipe else None)
+        cp = planning.plan_config(cfg, gpus=args.gpus, policies=policies, stalenesses=stal,
+                                  min_trainers=args.min_trainers, keep=args.top, progress=progress)
+        return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
+                cp.ceiling, cfg)
+    name, model, wl, fixed = _load_source(args)
+    total = args.gpus or model.total_workers
+    plan = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers,
+                  fixed_split=fixed, progress=progress, keep=args.top)
+    plan.notes.append("memory not checked: a preset or profile has no run config (plan one with --recipe <name> "
+                      "or Hydra overrides to bound the rows per pass by its memory plan)")
     cluster = model if total == model.total_workers else model.with_workers(max(1, total // 2),
                                                                               total - max(1, total // 2))
-    colos = colocated_baselines(cluster, wl)
+    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None
+
+
+def _recipes_dir() -> str:
+    from verl_digen import recipes
+
+    return str(recipes.RECIPES_DIR)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from verl_digen.schedule.split_search import ceiling_line, verdict
+
+    prices = _prices(args.gpu_price)
+    name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args)
+    total = cluster.total_workers
     colo = colos[args.baseline]
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
           (" (pools fixed by the hardware)" if fixed else ""))
     print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))
-    head = (f"{'gen':>4s} {'train':>5s} {'mb':>3s} {'policy':>12s} {'stale':>5s} {'step (s)':>9s} {'vs colo*':>8s} "
-            f"{'of ideal':>8s}")
+    print(f"searched {plan.candidates} configurations, simulated {plan.simulated} (the others' lower bounds "
+          f"cannot beat the best {args.top})")
+    for note in plan.notes:
+        print(f"note: {note}")
+    best = plan.best
+    per_hour = None
+    if prices:
+        g_hw, t_hw = cluster.generator.hardware.name, cluster.trainer.hardware.name
+        per_hour = lambda row: row.generators * _price_of(prices, g_hw) + row.trainers * _price_of(prices, t_hw)  # noqa: E731
+    head = (f"{'gen':>4s} {'train':>5s} {'mb':>3s} {'tsp':>3s} {'rows':>4s} {'units':>5s} {'policy':>12s} "
+            f"{'stale':>5s} {'step (s)':>9s} {'vs colo*':>8s} {'of ideal':>8s}" + (f" {'samples/$':>10s}" if prices
+                                                                                  else ""))
     print(head)
     print("-" * len(head))
-    for row in rows[: args.top]:
+    for row in plan.rows:
         r = row.result
-        print(f"{row.generators:4d} {row.trainers:5d} {row.mb_size:3d} {row.policy:>12s} {row.staleness:5.2f} "
-              f"{r.step_time:9.2f} {colo.step_time / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
-    print(f"* vs colocated:{args.baseline}")
-    for line in verdict(rows[0], colos, cluster, args.baseline):
+        line = (f"{row.generators:4d} {row.trainers:5d} {row.mb_size:3d} {row.tsp_degree:3d} "
+                f"{_fmt(row.rows_per_pass, '4d')} {row.update_units:5d} {row.policy:>12s} {row.staleness:5.2f} "
+                f"{r.step_time:9.2f} {colo.step_time / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
+        if per_hour:
+            line += f" {wl.prompts * wl.group_size / (r.step_time / 3600 * per_hour(row)):10.1f}"
         print(line)
+    print(f"* vs colocated:{args.baseline}; rows: (sample x step) rows per trainer rank per pass (- : what the "
+          "TSP degree gives); units: release units per update")
+    print(ceiling_line(best.result.step_time, ceiling_s, colos, total, heterogeneous=fixed))
+    if per_hour:
+        price = per_hour(best)
+        colo_cost = colo.step_time / 3600 * price
+        print(f"cost: {best.result.step_time / 3600 * price:.3f} per step at {price:g}/hour for these "
+              f"{total} GPUs, colocated:{args.baseline} {colo_cost:.3f} on the same GPUs")
+    for line in verdict(best, colos, cluster, args.baseline):
+        print(line)
+    if cfg is not None:
+        from verl_digen.trainer import planning
+
+        launch = (f"recipes/launch/{args.recipe}.sh" if args.recipe else "python -m verl_digen.main")
+        print("launch: " + " ".join([launch, *args.overrides, *planning.overrides(best)]))
     if args.json:
         print(json.dumps([{**row.as_dict(), **{f"speedup_vs_colocated_{b.replace('-', '_')}":
-                                               c.step_time / row.result.step_time for b, c in colos.items()}}
-                          for row in rows[: args.top]]))
+                                               c.step_time / row.result.step_time for b, c in colos.items()},
+                           **({"samples_per_cost": wl.prompts * wl.group_size /
+                               (row.result.step_time / 3600 * per_hour(row))} if per_hour else {})}
+                          for row in plan.rows]))
     return 0
 
 
@@ -233,8 +313,14 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dump-profile", help="write the cost model (and workload) as a profile YAML/JSON")
     sim.set_defaults(func=cmd_simulate)
 
-    plan = sub.add_parser("plan", help="best generator/trainer split, TAG policy and staleness for a budget")
+    plan = sub.add_parser("plan", help="best split, micro-batch, rows per pass, update size, TAG policy and staleness")
     _add_source_args(plan)
+    plan.add_argument("--recipe", help="plan a recipe's job (its batch, model, pools, memory); "
+                      "see python -m verl_digen.recipes")
+    plan.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe (or of the packaged config): "
+                      "plan that run config")
+    plan.add_argument("--gpu-price", dest="gpu_price",
+                      help="price per GPU-hour by hardware class, e.g. A=1.2,C=2.0: adds samples per unit of cost")
     plan.add_argument("--gpus", type=int, help="total GPU budget (default: the preset's)")
     plan.add_argument("--generators", type=int, help=argparse.SUPPRESS)
     plan.add_argument("--trainers", type=int, help=argparse.SUPPRESS)

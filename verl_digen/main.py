@@ -14,6 +14,7 @@ import hydra
 from omegaconf import DictConfig
 
 from verl_digen.trainer.config import ConfigError, RunConfig, load, validate
+from verl_digen.trainer.planning import resolve_auto
 
 
 def _pair(rows, pool: str, avg) -> str:
@@ -77,7 +78,7 @@ def _hydra_main(raw: DictConfig) -> None:
     from verl_digen.trainer.runtime import RunStopped
 
     try:
-        cfg = load(raw)
+        cfg = resolve_auto(load(raw))  # digen.plan=auto: the planner's configuration for this job
         warnings = validate(cfg)
     except ConfigError as err:
         print(f"invalid configuration: {err}", file=sys.stderr)

@@ -34,6 +34,19 @@ def test_bounds_hand_computed_with_a_publish_between_two_steps():
     assert b.as_dict() == {"area": 2.75, "bottleneck": 2.25, "critical_path": 2.125, "ideal": 2.75}
 
 
+def test_synchronous_bounds_count_every_steps_fill_and_drain():
+    c = StageCosts(generate=1.0, tag_generate=2.0, score=0.5, update=0.25, optimizer_step=0.5, publish=1.0)
+    b = step_bounds(c, micro_batches=2, gen_workers=1, steps=2, synchronous=True)
+    # generators idle from each step's last scoring to the next publish: 2 x (0.25 + 0.5) + 1 x 1.0 = 2.5, so
+    # gen(x) = 2 x ((2 - x) x 1 + 2 x 0.5) + 2.5 = 8.5 - 2x against trainer(x) = 2 x (2x + 1.5): x = 11/12,
+    # area = (4 x 11/12 + 3) / 2 = 10/3; each step waits for its first unit (1 + 0.5) before its 1.5 of work
+    assert b.area == pytest.approx(10 / 3, abs=1e-12)
+    assert (b.bottleneck, b.critical_path) == (3.0, 2.125)
+    # a run with TCSS may overlap the steps: only the first step's fill counts (the bounds above: 2.75, 2.25)
+    loose = step_bounds(c, micro_batches=2, gen_workers=1, steps=2)
+    assert (loose.area, loose.bottleneck) == (2.75, 2.25)
+
+
 def test_bounds_with_free_generation():
     b = step_bounds(StageCosts(generate=0.0, tag_generate=0.0, score=1.0, update=0.5), 2, 2)
     # generators score 2 mbs on 2 workers (1 s), then one update (0.5): 1.5; trainer: first score + 2 updates

@@ -51,7 +51,9 @@ def test_simulated_row_hand_computed():
     assert row["label"] == "digen gap m=2 never" and row["mode"] == "digen" and row["policy"] == "never"
     assert row["baseline"] is None and row["step_time"] == 7.0
     assert row["throughput"] == pytest.approx(8 / (14 * 3))  # 4 samples x 2 steps / (14 s x 3 GPUs)
-    assert row["ideal"] == 5.75 and row["fraction_of_ideal"] == pytest.approx(5.75 / 7)
+    # on-policy, every step waits for its first unit (2 + 0.5) before its 4.5 s of trainer work: the
+    # synchronous bottleneck bound is 7, the step itself
+    assert row["ideal"] == 7.0 and row["fraction_of_ideal"] == 1.0
     # each generator works 2.5 s per step of 7; the trainer 4.5 s
     assert row["generator_busy"] == pytest.approx(5 / 14) and row["trainer_busy"] == pytest.approx(9 / 14)
     assert simulate(CFG, MODEL, label="mine").row()["label"] == "mine"
@@ -118,28 +120,32 @@ def _plan_wl():
     return Workload(prompts=2, group_size=2, mb_size=2, tsp_degree=1, staleness=0.5, steps=2)
 
 
-def test_search_enumerates_splits_sizes_policies_and_stalenesses():
-    from verl_digen.schedule.gap import default_gap_mb_size
-    from verl_digen.schedule.split_search import search
+def test_search_enumerates_splits_sizes_units_policies_and_stalenesses():
+    from verl_digen.schedule.split_search import mb_sizes_for, search
 
     said = []
-    rows = search(MODEL, _plan_wl(), 3, policies=("never",), progress=said.append)
-    assert said == ["split 1 generate + 2 train", "split 2 generate + 1 train"]
-    # micro-batch sizes per split: the workload's (2) and GAP's default for that many generators
-    sizes = {g: sorted({2, default_gap_mb_size(2, g)}) for g in (1, 2)}
-    expected = {(g, 3 - g, mb, "never", st) for g in (1, 2) for mb in sizes[g] for st in (0.0, 0.5)}
-    assert {(r.generators, r.trainers, r.mb_size, r.policy, r.staleness) for r in rows} == expected
-    assert len(rows) == len(expected)
+    plan = search(MODEL, _plan_wl(), 3, policies=("never",), progress=said.append, tsp_degrees=(1,), keep=None)
+    rows = plan.rows
+    assert said[0] == f"{plan.candidates} configurations priced by their lower bounds; simulating from the cheapest"
+    # keep=None simulates everything: micro-batch sizes 2 (the workload's, a group) and 4 (two groups), and 1
+    # on 2 generators (GAP's default there: a group spread over both); one release unit (a group) per update
+    # or both of the step, except at 4 where the step is one unit
+    assert (mb_sizes_for(_plan_wl(), 1), mb_sizes_for(_plan_wl(), 2)) == ([2, 4], [1, 2, 4])
+    expected = {(g, 3 - g, mb, u, "never", st) for g in (1, 2) for mb in ((2, 4) if g == 1 else (1, 2, 4))
+                for st in (0.0, 0.5) for u in ((1,) if mb == 4 else (1, 2))}
+    got = {(r.generators, r.trainers, r.mb_size, r.update_units, r.policy, r.staleness) for r in rows}
+    assert got == expected and len(rows) == len(expected) == plan.candidates == plan.simulated
     for r in rows:
         cfg = r.result.config
-        assert (cfg.steps, cfg.mode, cfg.policy, cfg.staleness, cfg.mb_size) == (2, "digen", "never", r.staleness,
-                                                                                  r.mb_size)
+        assert (cfg.steps, cfg.mode, cfg.policy, cfg.staleness, cfg.mb_size, cfg.update_units) == (
+            2, "digen", "never", r.staleness, r.mb_size, r.update_units)
         # each row simulates its own split (not the given cluster's)
         want = simulate(cfg, MODEL.with_workers(r.generators, r.trainers))
         assert r.result.step_time == want.step_time
         d = r.as_dict()
         assert d == {"generators": r.generators, "trainers": r.trainers, "mb_size": r.mb_size, "policy": "never",
-                     "staleness": r.staleness, "step_time": r.result.step_time, "throughput": r.result.throughput,
+                     "staleness": r.staleness, "tsp_degree": 1, "update_units": r.update_units, "rows_per_pass": None,
+                     "step_time": r.result.step_time, "throughput": r.result.throughput,
                      "fraction_of_ideal": r.result.fraction_of_ideal}
     assert [r.result.step_time for r in rows] == sorted(r.result.step_time for r in rows)
     # each row ran on its own split: its generate actions used exactly that many generators
@@ -148,12 +154,51 @@ def test_search_enumerates_splits_sizes_policies_and_stalenesses():
         assert gens == {f"gen{i}" for i in range(r.generators)}
 
 
+def test_search_prunes_by_the_bounds_and_keeps_the_exact_best():
+    from verl_digen.schedule.profile_io import Workload
+    from verl_digen.schedule.split_search import search
+
+    wl = Workload(prompts=4, group_size=4, mb_size=2, tsp_degree=2, staleness=0.25, steps=2)
+    every = search(MODEL, wl, 5, keep=None)
+    pruned = search(MODEL, wl, 5, keep=3)
+    assert pruned.candidates == every.candidates == every.simulated > pruned.simulated  # the bounds pruned some
+    key = lambda r: (r.generators, r.mb_size, r.tsp_degree, r.update_units, r.policy, r.staleness)  # noqa: E731
+    assert [r.result.step_time for r in pruned.rows] == [r.result.step_time for r in every.rows[:3]]
+    assert [key(r) for r in pruned.rows] == [key(r) for r in every.rows[:3]]
+    # no simulated step beats its own bound, which is what makes the pruning exact
+    assert all(r.result.step_time >= r.result.bounds.ideal - 1e-9 for r in every.rows)
+    with pytest.raises(ValueError, match="keep must be >= 1"):
+        search(MODEL, wl, 5, keep=0)
+
+
+def test_search_bounds_rows_per_pass_by_the_memory_cap():
+    from verl_digen.schedule.profile_io import Workload
+    from verl_digen.schedule.split_search import search
+
+    wl = Workload(prompts=4, group_size=4, mb_size=2, tsp_degree=2, staleness=0.0, steps=1)
+    asked = []
+
+    def cap(trainers: int, mb: int, tag: bool) -> int | None:
+        asked.append((trainers, mb, tag))
+        if trainers == 1:
+            return 0  # one trainer GPU holds nothing
+        return 1 if tag else None  # TAG's generation copy leaves room for one row per pass
+
+    plan = search(MODEL, wl, 4, policies=("never", "bts"), row_cap=cap, keep=None)
+    assert {(r.generators, r.trainers) for r in plan.rows} == {(1, 3), (2, 2)}
+    assert plan.unfit > 0 and "do not fit" in plan.notes[0]
+    assert {t for t, _, _ in asked} == {1, 2, 3} and {tag for _, _, tag in asked} == {False, True}
+    for r in plan.rows:
+        assert r.rows_per_pass == (1 if r.policy == "bts" else None)
+        assert r.result.config.rows_per_pass == r.rows_per_pass
+
+
 def test_search_options_min_trainers_fixed_split_and_default_policies():
     from verl_digen.schedule.split_search import search
 
     wl = _plan_wl()
-    assert {(r.generators, r.trainers) for r in search(MODEL, wl, 2, policies=("never",))} == {(1, 1)}
-    rows = search(MODEL, wl, 4, policies=("never",), stalenesses=(0.0,), min_trainers=2)
+    assert {(r.generators, r.trainers) for r in search(MODEL, wl, 2, policies=("never",), keep=None).rows} == {(1, 1)}
+    rows = search(MODEL, wl, 4, policies=("never",), stalenesses=(0.0,), min_trainers=2, keep=None).rows
     assert {(r.generators, r.trainers) for r in rows} == {(1, 3), (2, 2)}
     with pytest.raises(ValueError, match="at least 2 GPUs, got 1"):
         search(MODEL, wl, 1)
@@ -162,7 +207,7 @@ def test_search_options_min_trainers_fixed_split_and_default_policies():
         raise AssertionError("a fixed split must not resize the cluster")
 
     fixed = CostModel(Pool(HW, 2), Pool(HW, 1), steps_trained=2, optimizer_step=0.5, resize=no_resize)
-    rows = search(fixed, wl, 3, stalenesses=(0.0,), fixed_split=True)
+    rows = search(fixed, wl, 3, stalenesses=(0.0,), fixed_split=True, keep=None).rows
     assert {(r.generators, r.trainers) for r in rows} == {(2, 1)}
     assert {r.policy for r in rows} == {"never", "adaptive", "bts"}  # the default policies
     with pytest.raises(ValueError, match="fixed by its hardware"):

@@ -14,6 +14,12 @@ table. Over ``S`` steps (per-step values are totals / S):
 - ``critical_path``: one micro-batch's chain (generate, score, update, optimizer step, publish) for
   the first step, then the trainer's mandatory work for the others.
 
+``synchronous`` (no TCSS: nothing of a step is generated before the previous step's version is
+published) tightens the area and the bottleneck to what every step pays, not only the first: the
+generators hold no work of a step between its last scoring and the publish that follows its optimizer
+step (the last update, the optimizer step and the publish), and the trainer waits for each step's first
+release unit to be generated and scored after that publish.
+
 A real run reports the bound per step, over the step's *window* (the previous optimizer step's end to
 this one's): ``window_bounds``, priced with the fastest measured instance of each action kind so that
 jitter cannot lift it above the real step. Under TCSS part of a step's generation ran in the previous window and the
@@ -48,11 +54,12 @@ class Bounds:
 
 def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: int = 1,
                 unit_size: int = 1, update_size: int = 1, trainer_ranks: int = 1,
-                generated: int | None = None) -> Bounds:
+                generated: int | None = None, synchronous: bool = False) -> Bounds:
     """Per-step lower bounds (see module docstring).
 
     ``generated``: how many of the step's micro-batches the span must generate and score (default all
-    ``micro_batches``; fewer in a TCSS window, whose other micro-batches were generated before it)."""
+    ``micro_batches``; fewer in a TCSS window, whose other micro-batches were generated before it).
+    ``synchronous``: the run has no TCSS (a zero stale budget)."""
     M, G, S, R = micro_batches, gen_workers, steps, trainer_ranks
     F = M if generated is None else generated
     if not 0 <= F <= M:
@@ -64,8 +71,12 @@ def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: 
     # after the span's last own scoring, its update and the optimizer step remain
     tail = u + opt if F else 0.0
 
+    sync = synchronous and F == M
+    # synchronous: every step leaves the generators idle from its last scoring to the next publish
+    idle = S * tail + (S - 1) * costs.publish if sync else tail
+
     def gen_side(x: float) -> float:
-        return S * ((F - x) * g + F * c) / G + tail
+        return S * ((F - x) * g + F * c) / G + idle
 
     def trainer_side(x: float) -> float:
         return S * (x * gt / R + trainer_work)
@@ -76,7 +87,7 @@ def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: 
     fastest = min(g, costs.switch_to_gen + gt)
     # the first update waits for a generated unit, unless stale micro-batches are ready at the start
     head = math.ceil(unit_size / (G + R)) * min(g, gt) + c if F == M else 0.0
-    bottleneck = (head + S * trainer_work) / S
+    bottleneck = (S * head if sync else head) / S + trainer_work
     chain = (fastest + c if F else 0.0) + u + opt
     critical = (chain + (S - 1) * ((M // update_size) * u + opt + costs.publish)) / S
     return Bounds(area, bottleneck, critical)

@@ -24,7 +24,7 @@ keeps the smallest end:
 Caps bound one solve (:class:`Solver`; None lifts one). The *fan-out cap* (``DEFAULT_FAN_OUT`` = 5)
 tries at most 5 counts per decision: all of them while at most 4 slots can start, else 0, all, the
 bound's best split and evenly spaced counts (:func:`choices`). The *work cap* (``DEFAULT_WORK_CAP``)
-bounds the events played (rollouts included) to about 35 ms on a 2-core machine, at any split; past it
+bounds the events played (rollouts included) to about 7 ms on a 2-core machine, at any split; past it
 the best plan found, or the best rollout's first move if better, is used (``SearchStats.capped``:
 not proven best). Where neither binds (at most 4 free slots, small steps) the solve is exact; the
 decision space per event is at most ``fan_out``, the depth the number of events left in the step.
@@ -498,7 +498,7 @@ def _rollout(p: Params, s: ModelState, rule: str) -> tuple[float, int, int]:
 RULES = ("never", "always", "one", "threshold")
 
 DEFAULT_FAN_OUT = 5  # decisions tried per bubble: exact while at most 4 TAG slots are free
-DEFAULT_WORK_CAP = 250_000  # search work per solve (rollouts included): about 35 ms on the 2-core CI machine
+DEFAULT_WORK_CAP = 60_000  # search work per solve (rollouts included): about 7 ms on the 2-core CI machine
 DEFAULT_NODE_CAP = 200_000
 
 

@@ -20,8 +20,8 @@ scheduling core"):
   else generate the next micro-batch of the step its weights belong to; else (TCSS) generate a
   next-step micro-batch with its current, one-version-old weights while the stale budget lasts and
   no TAG micro-batch is in flight (its output needs a free generator to score it promptly).
-- A micro-batch enters the Update Queue once every micro-batch of its release unit (its GRPO groups;
-  the whole batch in ``separate`` mode) is scored.
+- A micro-batch enters the Update Queue once every micro-batch of its release unit (its GRPO groups,
+  ``update_units`` consecutive units of them; the whole batch in ``separate`` mode) is scored.
 - Trainer, when idle: publish the version its last optimizer step produced (once; generators fetch
   it themselves); update from the Update Queue if non-empty (switching back from generation mode
   first, once every TAG slot has finished); after the step's last update, the optimizer step.
@@ -108,8 +108,11 @@ class StepScheduler:
         self.config = config
         self.partition = config.make_partition(gen_workers)
         self.M = self.partition.count
-        self.unit_size = self.M if config.mode == SEPARATE else self.partition.unit_size
-        self.update_size = config.update_size(self.unit_size)
+        config.check_update_units(gen_workers)
+        # the release unit: a micro-batch becomes trainable once its unit is scored; ``update_units``
+        # consecutive GRPO units release (and train) together
+        self.unit_size = config.release_unit(gen_workers)
+        self.update_size = config.update_size(self.partition.unit_size)
         self.G = gen_workers
         self.R = trainer_ranks
         self.gens = [gen_worker(i) for i in range(gen_workers)]

@@ -93,7 +93,8 @@ def simulate(
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
     tl = execute(sched, costs, noise, seed)
     span = tl.makespan
-    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R)
+    bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R,
+                         synchronous=sched.stale_budget == 0)
     return SimResult(
         label=label or describe(config),
         config=config,

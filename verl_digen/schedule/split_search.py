@@ -1,15 +1,38 @@
-"""``digen plan``: search the generator/trainer split, TAG policy and staleness for a GPU budget."""
+"""``digen plan``: the joint search over how to run one workload on a GPU budget.
+
+A configuration is a split (generator + trainer GPUs), a micro-batch size, a TSP degree, the rows per
+trainer rank per pass (bounded by memory), the update granularity (release units per update), a TCSS
+staleness and a TAG policy. Every candidate is priced first by its lower bounds (``bounds.step_bounds``,
+which no schedule of it can beat, any policy and staleness included); candidates are simulated
+cheapest bound first, and the search stops once the next bound is no better than the ``keep``-th best
+simulated step, so the rows it returns are exactly the best ``keep`` of the whole space.
+
+Memory enters through ``row_cap``: the caller (``trainer.planning``, which has the run config and its
+memory plan) says how many rows per rank per pass fit for a trainer pool size, micro-batch size and
+TAG on or off. Without it (a bare preset or profile) rows per pass are unbounded.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass, replace
+import heapq
+import math
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field, replace
 
-from .config import COLOCATED, DIGEN, ScheduleConfig
+from .bounds import step_bounds
+from .config import COLOCATED, DIGEN, ScheduleConfig, ScheduleConfigError, stale_budget
 from .costs import BASELINES, IDEAL, VERL_OMNI, CostModel
 from .gap import default_gap_mb_size
 from .profile_io import Workload
+from .rows import row_plan
 from .simulator import SimResult, simulate
+
+DEFAULT_POLICIES = ("never", "adaptive", "bts")
+MAX_UPDATE_UNITS = 8  # beyond this the first update of a step waits for most of the batch
+
+#: (trainer GPUs, micro-batch size, TAG on) -> the most (sample x step) rows per trainer rank per pass that
+#: fit in memory; 0: this trainer pool or micro-batch size does not fit at all; None: not known (no limit)
+RowCap = Callable[[int, int, bool], "int | None"]
 
 
 @dataclass
@@ -20,6 +43,9 @@ class PlanRow:
     policy: str
     staleness: float
     result: SimResult
+    tsp_degree: int = 1
+    update_units: int = 1
+    rows_per_pass: int | None = None  # None: what the TSP degree gives (no memory limit known or needed)
 
     def as_dict(self) -> dict:
         r = self.result
@@ -29,51 +55,168 @@ class PlanRow:
             "mb_size": self.mb_size,
             "policy": self.policy,
             "staleness": self.staleness,
+            "tsp_degree": self.tsp_degree,
+            "update_units": self.update_units,
+            "rows_per_pass": self.rows_per_pass,
             "step_time": r.step_time,
             "throughput": r.throughput,
             "fraction_of_ideal": r.fraction_of_ideal,
         }
 
 
+@dataclass
+class Plan:
+    """The search's best rows (fastest first) and how much of the space it had to simulate."""
+
+    rows: list[PlanRow]
+    candidates: int = 0  # configurations priced by their bounds
+    simulated: int = 0
+    unfit: int = 0  # configurations the memory cap ruled out
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def best(self) -> PlanRow:
+        if not self.rows:
+            raise ValueError("no configuration fits: " + "; ".join(self.notes or ["the search space is empty"]))
+        return self.rows[0]
+
+
+def mb_sizes_for(workload: Workload, generators: int) -> list[int]:
+    """Micro-batch sizes worth trying: the workload's, GAP's default for ``generators``, the group size's
+    divisors from 2 up and twice the group (1-sample micro-batches only when the group is that small)."""
+    n, batch = workload.group_size, workload.prompts * workload.group_size
+    sizes = {workload.mb_size, default_gap_mb_size(n, generators), 2 * n}
+    sizes.update(d for d in range(2, n + 1) if n % d == 0)
+    return sorted(s for s in sizes if s <= batch and batch % s == 0 and (n % s == 0 or s % n == 0))
+
+
+def tsp_degrees_for(workload: Workload, trained_steps: int) -> list[int]:
+    """TSP degrees worth trying: 1 (per-timestep passes), the workload's, 2, 4, K/2 and K."""
+    k = trained_steps
+    return sorted({d for d in (1, 2, 4, k // 2, k, min(workload.tsp_degree, k)) if 1 <= d <= k})
+
+
+def update_units_for(config: ScheduleConfig, generators: int, limit: int = MAX_UPDATE_UNITS) -> list[int]:
+    """Release units per update that divide a step's units, up to ``limit``."""
+    part = config.make_partition(generators)
+    units = part.count // part.unit_size
+    return [u for u in range(1, min(units, limit) + 1) if units % u == 0]
+
+
+def _rows_per_pass(model: CostModel, config: ScheduleConfig, generators: int, cap: int) -> int:
+    """The rows per rank per pass a memory ``cap`` leaves: what the TSP degree gives, at most ``cap``."""
+    samples = config.mb_size * config.update_size(config.make_partition(generators).unit_size)
+    kept = max(1, math.ceil(samples * model.keep_fraction - 1e-9))
+    natural = row_plan(kept, model.steps_trained, model.trainer.workers, config.tsp_degree).cap
+    return min(natural, cap)
+
+
 def search(
     model: CostModel,
     workload: Workload,
     total: int,
-    policies: tuple[str, ...] = ("never", "adaptive", "bts"),
+    policies: tuple[str, ...] = DEFAULT_POLICIES,
     stalenesses: tuple[float, ...] | None = None,
     min_trainers: int = 1,
     fixed_split: bool = False,
     progress: Callable[[str], object] | None = None,
-) -> list[PlanRow]:
-    """Every split G + R = total (R >= min_trainers), each TAG policy and staleness; best first.
+    *,
+    mb_sizes: Iterable[int] | None = None,
+    tsp_degrees: Iterable[int] | None = None,
+    update_units: Iterable[int] | None = None,
+    row_cap: RowCap | None = None,
+    keep: int | None = 10,
+) -> Plan:
+    """The best ``keep`` configurations of ``workload`` on ``total`` GPUs (``None``: simulate them all).
 
-    ``fixed_split``: the pools are given by the hardware (a heterogeneous cluster: moving a GPU from
-    one pool to the other would be another cluster), so only the schedule is searched.
+    ``mb_sizes`` / ``tsp_degrees`` / ``update_units``: the values to try (default: ``mb_sizes_for``,
+    ``tsp_degrees_for``, ``update_units_for``). ``fixed_split``: the pools are given by the hardware (a
+    heterogeneous cluster: moving a GPU from one pool to the other would be another cluster), so only
+    the schedule is searched. ``stalenesses`` default to 0 and the workload's.
     """
     if total < 2:
         raise ValueError(f"a disaggregated run needs at least 2 GPUs, got {total}")
     if fixed_split and total != model.total_workers:
         raise ValueError(f"the pools of this cluster are fixed by its hardware ({model.generator.workers} + "
                          f"{model.trainer.workers} GPUs); --gpus {total} would be another cluster")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be >= 1 (or None for every configuration), got {keep}")
     if stalenesses is None:
         stalenesses = tuple(sorted({0.0, workload.staleness}))
-    rows: list[PlanRow] = []
-    n = workload.group_size
+    say = progress or (lambda _msg: None)
+    n, K = workload.group_size, model.steps_trained
     splits = [model.generator.workers] if fixed_split else range(1, total - min_trainers + 1)
+    models: dict[int, CostModel] = {}
+    cands: list[tuple[float, int, int, ScheduleConfig]] = []
+    plan = Plan(rows=[])
+    tsps = sorted(set(tsp_degrees) if tsp_degrees is not None else tsp_degrees_for(workload, K), reverse=True)
+    tags = sorted({p != "never" for p in policies})
     for g in splits:
-        if progress is not None:
-            progress(f"split {g} generate + {total - g} train")
-        m = model if fixed_split else model.with_workers(g, total - g)
-        mbs = sorted({workload.mb_size, default_gap_mb_size(n, g)})
-        for mb in mbs:
-            base = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
-                                  mode=DIGEN, tsp_degree=workload.tsp_degree)
-            for pol in policies:
-                for st in stalenesses:
-                    cfg = replace(base, policy=pol, staleness=st)
-                    rows.append(PlanRow(g, total - g, mb, pol, st, simulate(cfg, m)))
-    rows.sort(key=lambda r: r.result.step_time)
-    return rows
+        m = models[g] = model if fixed_split else model.with_workers(g, total - g)
+        r = m.trainer.workers
+        for mb in (sorted(set(mb_sizes)) if mb_sizes is not None else mb_sizes_for(workload, g)):
+            try:
+                shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
+                                       mode=DIGEN)
+            except ScheduleConfigError:
+                continue  # a layout this batch cannot have
+            unit = shape.make_partition(g).unit_size
+            units = update_units_for(shape, g)
+            if update_units is not None:
+                units = [u for u in units if u in set(update_units)]
+            for tag in tags:
+                cap = row_cap(r, mb, tag) if row_cap else None
+                mine = [p for p in policies if (p != "never") == tag]
+                if cap == 0:
+                    plan.unfit += len(units) * len(tsps) * len(stalenesses) * len(mine)
+                    continue
+                for u in units:
+                    seen: set[int] = set()  # TSP degrees that give the same rows per pass cost the same
+                    for tsp in tsps:
+                        cfg = replace(shape, tsp_degree=min(tsp, K), update_units=u)
+                        if cap is not None:
+                            cfg = replace(cfg, rows_per_pass=_rows_per_pass(m, cfg, g, cap))
+                        costs = cfg.stage_costs(m, g)
+                        if costs.update in seen:
+                            continue
+                        seen.add(costs.update)
+                        for st in stalenesses:
+                            sync = stale_budget(st, cfg.micro_batches) == 0
+                            bound = step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
+                                                cfg.update_size(unit), r, synchronous=sync).ideal
+                            for pol in mine:
+                                cands.append((bound, len(cands), g, replace(cfg, staleness=st, policy=pol)))
+    plan.candidates = len(cands)
+    if plan.unfit:
+        plan.notes.append(f"{plan.unfit} configuration(s) do not fit the GPUs' memory")
+    cands.sort()
+    say(f"{len(cands)} configurations priced by their lower bounds; simulating from the cheapest")
+    best: list[float] = []  # max-heap (negated) of the keep best step times
+    for bound, _, g, cfg in cands:
+        if keep is not None and len(best) >= keep and bound >= -best[0] * (1 - 1e-12):
+            break  # no remaining configuration can enter the best ``keep``
+        res = simulate(cfg, models[g])
+        plan.simulated += 1
+        plan.rows.append(PlanRow(g, total - g, cfg.mb_size, cfg.policy, cfg.staleness, res, cfg.tsp_degree,
+                                 cfg.update_units, cfg.rows_per_pass))
+        heapq.heappush(best, -res.step_time)
+        if keep is not None and len(best) > keep:
+            heapq.heappop(best)
+        if plan.simulated % 50 == 0:
+            say(f"simulated {plan.simulated} (best {-max(best):.2f} s/step, next bound {bound:.2f} s)")
+    plan.rows.sort(key=_rank)
+    if keep is not None:
+        plan.rows = plan.rows[:keep]
+    say(f"simulated {plan.simulated} of {len(cands)}; the rest cannot beat the best {keep or len(cands)}")
+    return plan
+
+
+def _rank(row: PlanRow) -> tuple:
+    """Fastest first; among equal steps the simpler run: on-policy, smaller updates, fewer rows per pass
+    (less memory), then the simpler policy."""
+    order = {p: i for i, p in enumerate(DEFAULT_POLICIES)}
+    return (round(row.result.step_time, 6), row.staleness, row.update_units, row.rows_per_pass or 0,
+            order.get(row.policy, len(order)), -row.tsp_degree)
 
 
 def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimResult]:
@@ -81,6 +224,31 @@ def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimRe
     cfg = ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
                          steps=workload.steps, mode=COLOCATED, partition="batch")
     return {b: simulate(cfg, model, label=f"colocated:{b}", baseline=b) for b in BASELINES}
+
+
+def ceiling(model: CostModel, workload: Workload) -> float:
+    """The step's work spread over every GPU: colocated:ideal with the TSP degree that trains it in the
+    fewest, largest passes (``tsp_degrees_for``). On one kind of GPU no schedule beats it."""
+    shape = dict(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
+                 steps=workload.steps, mode=COLOCATED, partition="batch")
+    return min(simulate(ScheduleConfig(**shape, tsp_degree=d), model).step_time
+               for d in tsp_degrees_for(workload, model.steps_trained))
+
+
+def ceiling_line(step_time: float, ceiling_s: float, colocated: dict[str, SimResult], total: int,
+                 heterogeneous: bool = False) -> str:
+    """The physics: on one kind of GPU no schedule beats the step's total work spread over all of them
+    (``ceiling``); how much of it ``step_time`` reaches, and verl-omni's. On mixed hardware a colocated
+    run waits for the slower GPUs in every phase, so it bounds nothing."""
+    omni = colocated[VERL_OMNI].step_time
+    if heterogeneous:
+        ideal = colocated[IDEAL].step_time
+        return (f"ceiling: none from colocated:ideal ({ideal:.2f} s/step) on mixed hardware: a colocated run "
+                f"waits for the slower GPUs in every phase, a disaggregated one gives each pool its own stage "
+                f"(this plan: {ideal / step_time:.2f}x colocated:ideal)")
+    return (f"ceiling: {ceiling_s:.2f} s/step (the step's work over all {total} GPUs: colocated:ideal with its "
+            f"best TSP degree); this plan reaches {ceiling_s / step_time:.0%} of it, colocated:verl-omni "
+            f"{ceiling_s / omni:.0%} (at most {omni / ceiling_s:.2f}x verl-omni is possible here)")
 
 
 def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, against: str = VERL_OMNI) -> list[str]:

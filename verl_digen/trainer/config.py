@@ -164,6 +164,8 @@ class DigenConfig:
     tcss: TcssConfig = field(default_factory=TcssConfig)
     sync: SyncConfig = field(default_factory=SyncConfig)
     update: str = "unit"  # unit | micro_batch
+    update_units: int = 1  # release units packed into one update (update=unit, trainer=digen)
+    plan: str | None = None  # auto: the planner's best configuration for this config and cluster, at start
     profile: str | None = None  # cost estimates: a measured profile file or a simulator preset name
 
 
@@ -284,6 +286,7 @@ class RunConfig:
             policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
             staleness=d.tcss.staleness,  # the scheduler refuses TCSS outside digen
             update=d.update,
+            update_units=d.update_units,
         )
 
 
@@ -321,7 +324,7 @@ SCHEDULE_KEYS: dict[str, str] = {
     "prompts": "data.train_batch_size", "group_size": "rollout.n", "mb_size": "rollout.micro_batch_size",
     "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
     "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
-    "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass",
+    "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass", "update_units": "digen.update_units",
 }
 
 
@@ -329,7 +332,10 @@ def checked_schedule_config(cfg: RunConfig) -> ScheduleConfig:
     """``cfg.schedule_config()``, with a scheduler error re-raised as a ``ConfigError`` naming the config key
     that set the bad field (``SCHEDULE_KEYS``) and its value there."""
     try:
-        return cfg.schedule_config()
+        sched = cfg.schedule_config()
+        if cfg.trainer.mode != COLOCATED:
+            sched.check_update_units(cfg.resources.generator.workers)
+        return sched
     except ScheduleConfigError as err:
         key = SCHEDULE_KEYS.get(err.field)
         if key is None:  # a field the config does not set: a bug here, not a user error
@@ -471,6 +477,11 @@ def validate(cfg: RunConfig) -> list[str]:
         except ValueError as err:
             raise ConfigError("digen.profile", d.profile,
                               f"a profile file or a preset name ({', '.join(names())})") from err
+    if d.plan is not None and d.plan != "auto":
+        raise ConfigError("digen.plan", d.plan, "null or 'auto' (the planner's configuration, resolved at start)")
+    if d.plan == "auto" and not d.profile:
+        raise ConfigError("digen.plan", d.plan, "null unless digen.profile names the costs to plan with "
+                          "(a profile file or a preset)")
     checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
     from verl_digen.trainer import memory
 
@@ -493,10 +504,13 @@ def load(cfg: DictConfig | dict) -> RunConfig:
     return OmegaConf.to_object(merged)
 
 
-def compose(overrides: list[str] | None = None, config_name: str = "digen") -> RunConfig:
-    """The packaged Hydra config with ``overrides`` applied (for Python callers, tests and recipes)."""
+def compose(overrides: list[str] | None = None, config_name: str = "digen", config_dir: str | None = None) -> RunConfig:
+    """The packaged Hydra config (or ``config_name`` in ``config_dir``, e.g. a recipe) with ``overrides``
+    applied (for Python callers, tests, recipes and ``digen plan``)."""
     from hydra import compose as hydra_compose
-    from hydra import initialize_config_module
+    from hydra import initialize_config_dir, initialize_config_module
 
-    with initialize_config_module("verl_digen.config", version_base=None):
+    init = (initialize_config_module("verl_digen.config", version_base=None) if config_dir is None
+            else initialize_config_dir(str(config_dir), version_base=None))
+    with init:
         return load(hydra_compose(config_name, overrides=list(overrides or [])))

@@ -426,10 +426,13 @@ def memory_need(cfg: RunConfig, *, rows_per_rank: int | None = None, activation_
 
 
 def max_rows_per_rank(cfg: RunConfig, *, activation_checkpointing: bool | None = None, tag: bool | None = None,
-                      trainer_workers: int | None = None, size: ModelSize | None = None) -> int | None:
-    """The most (sample x trained step) rows per trainer rank per pass whose peak fits the trainer
-    (or colocated) pool's GPU memory: 0 when not even one does, ``None`` when the memory or the model
-    size is unknown. Activations are linear in the rows, so it is solved, not searched."""
+                      trainer_workers: int | None = None, size: ModelSize | None = None,
+                      usable: float = 1.0) -> int | None:
+    """The most (sample x trained step) rows per trainer rank per pass whose peak fits ``usable`` (a
+    fraction) of the trainer (or colocated) pool's GPU memory: 0 when not even one does, ``None`` when the
+    memory or the model size is unknown. Activations are linear in the rows, so it is solved, not searched."""
+    if not 0 < usable <= 1:
+        raise ValueError(f"usable must be a fraction in (0, 1], got {usable}")
     cfg = _variant(cfg, activation_checkpointing, None, trainer_workers)
     size = size or model_size(cfg)
     if size is None:
@@ -437,7 +440,7 @@ def max_rows_per_rank(cfg: RunConfig, *, activation_checkpointing: bool | None =
     zero, one = (memory_plan(cfg, size, rows=r, tag=tag).pools[-1] for r in (0, 1))
     if zero.capacity_gb is None:
         return None
-    cap = zero.capacity_gb * GIB
+    cap = zero.capacity_gb * GIB * usable
     if zero.gen_total > cap:
         return 0
     per_row = one.parts["activations"] - zero.parts["activations"]

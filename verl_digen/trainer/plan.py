@@ -9,13 +9,15 @@ from dataclasses import dataclass, field, replace
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
+from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import simulate
+from verl_digen.schedule.split_search import ceiling
 from verl_digen.trainer.config import ConfigError, RunConfig
 
 
-def cluster_costs(cfg: RunConfig) -> CostModel | None:
-    """The run's cost model, resized to its pools, when ``digen.profile`` names one; a preset is
-    re-derived for the run's sampling steps and trained steps."""
+def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
+    """(the run's cost model resized to its pools, whether its pools are fixed by their hardware), when
+    ``digen.profile`` names one; a preset is re-derived for the run's sampling steps and trained steps."""
     if not cfg.digen.profile:
         return None
     try:
@@ -24,7 +26,14 @@ def cluster_costs(cfg: RunConfig) -> CostModel | None:
         raise ConfigError("digen.profile", cfg.digen.profile, "a profile file or a preset name") from err
     if spec is not None:
         model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps()).model
-    return model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
+    model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
+    return model, bool(spec is not None and spec.heterogeneous)
+
+
+def cluster_costs(cfg: RunConfig) -> CostModel | None:
+    """The run's cost model (``cluster``), or None without ``digen.profile``."""
+    found = cluster(cfg)
+    return None if found is None else found[0]
 
 
 def prior_stage_costs(cfg: RunConfig) -> StageCosts:
@@ -45,6 +54,8 @@ class ResourcePlan:
     tsp_passes: int
     predicted_step_s: float | None
     predicted_colocated: dict[str, float] = field(default_factory=dict)  # baseline -> s/step (costs.BASELINES)
+    heterogeneous: bool = False  # pools of two hardware types (then there is no ceiling)
+    ceiling_s: float | None = None  # the step's work over every GPU (schedule.split_search.ceiling)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -71,6 +82,13 @@ class ResourcePlan:
             for b, colo in self.predicted_colocated.items():
                 lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
                              f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
+            if self.heterogeneous:
+                lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
+                             "in every phase)")
+            elif self.ceiling_s is not None:
+                lines.append(f"  ceiling    {self.ceiling_s:.2f} s/step: the step's work over all {self.total_workers} "
+                             f"workers (colocated:ideal, best TSP degree); this run reaches "
+                             f"{self.ceiling_s / self.predicted_step_s:.0%} of it")
             real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL}
             if real and min(real.values()) < self.predicted_step_s:
                 best = min(real, key=real.get)
@@ -94,17 +112,22 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
-    predicted, colocated = None, {}
-    model = cluster_costs(cfg)
-    if model is not None:
+    predicted, colocated, hetero, top = None, {}, False, None
+    found = cluster(cfg)
+    if found is not None:
+        model, hetero = found
         predicted = simulate(sched, model).step_time
         if cfg.trainer.mode == COLOCATED:
             colocated = {IDEAL: predicted}
         else:  # what users run colocated: per-timestep training (TSP is verl-digen's)
             colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
-                           policy="never", tsp_degree=1)
+                           policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
             colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
+        shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
+                         tsp_degree=sched.tsp_degree)
+        top = ceiling(model, shape)
     return ResourcePlan(
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
+        heterogeneous=hetero, ceiling_s=top,
     )

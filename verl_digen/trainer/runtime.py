@@ -106,6 +106,9 @@ class DigenRuntime:
     (context switches and a micro-batch generated on a trainer rank, which a ``never`` run does not do)."""
 
     def __init__(self, cfg: RunConfig, log=print, probe: bool = False) -> None:
+        from verl_digen.trainer.planning import resolve_auto
+
+        cfg = resolve_auto(cfg, log)  # digen.plan=auto (the command line resolves it before the dry run)
         self.warnings = validate(cfg)
         self.cfg = cfg
         self.log = log

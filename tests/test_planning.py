@@ -1,0 +1,132 @@
+"""``digen plan`` for a run config (trainer/planning.py): a search bounded by the config's memory plan, the
+overrides that launch its winner, ``digen.plan=auto``, and the command line. Nothing starts Ray."""
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from verl_digen import recipes
+from verl_digen.cli import main
+from verl_digen.trainer import memory, planning
+from verl_digen.trainer.config import ConfigError, compose, validate
+
+SMALL = ("data.train_batch_size=4",)  # 64 samples per step: the recipe's model, GPUs and memory, a quick plan
+
+
+def _recipe(name: str, *overrides: str):
+    return compose(list(overrides), config_name=name, config_dir=str(recipes.RECIPES_DIR))
+
+
+@pytest.fixture(scope="module")
+def video_plan():
+    cfg = _recipe("hunyuanvideo-13b-16", *SMALL)
+    return cfg, planning.plan_config(cfg, keep=3)
+
+
+def test_every_planned_configuration_fits_and_launches_as_printed(video_plan):
+    cfg, planned = video_plan
+    assert planned.memory_checked and planned.plan.unfit > 0 and len(planned.plan.rows) == 3
+    for row in planned.plan.rows:
+        run = planning.apply(cfg, row)
+        validate(run)  # the memory check included
+        need = memory.memory_need(run)
+        for pool in need.values():  # the planner leaves headroom: at most 90 % of each GPU by the plan
+            assert pool.gib <= planning.MEMORY_USABLE * pool.capacity_gib + 1e-9, (row.as_dict(), pool)
+        # the printed overrides compose to the same run
+        again = _recipe("hunyuanvideo-13b-16", *SMALL, *planning.overrides(row))
+        assert again.schedule_config() == run.schedule_config()
+        assert (again.resources.generator.workers, again.resources.trainer.workers) == (row.generators, row.trainers)
+        assert again.digen.tsp.rows_per_pass == row.rows_per_pass and again.actor.activation_checkpointing
+    assert [r.result.step_time for r in planned.plan.rows] == sorted(r.result.step_time for r in planned.plan.rows)
+
+
+def test_rows_per_pass_are_the_most_the_memory_plan_holds(video_plan):
+    cfg, planned = video_plan
+    from verl_digen.schedule.rows import row_plan
+
+    bound = 0
+    for row in planned.plan.rows:
+        run = planning.apply(cfg, row)
+        sched = run.schedule_config()
+        samples = sched.mb_size * sched.update_size(sched.make_partition(row.generators).unit_size)
+        natural = row_plan(samples, cfg.trained_steps(), row.trainers, row.tsp_degree).cap
+        assert row.rows_per_pass is not None and row.rows_per_pass <= natural
+        if row.rows_per_pass < natural:  # memory bound it: one row more would not fit in 90 % of the GPU
+            bound += 1
+            over = memory.memory_need(run, rows_per_rank=row.rows_per_pass + 1)["trainer"]
+            assert over.gib > planning.MEMORY_USABLE * over.capacity_gib
+    assert bound, "the memory plan bounds none of the best rows: this test checks nothing"
+
+
+def test_plan_auto_runs_the_planners_choice(video_plan):
+    cfg, planned = video_plan
+    said = []
+    auto = planning.resolve_auto(_recipe("hunyuanvideo-13b-16", *SMALL, "digen.plan=auto"), log=said.append)
+    best = planned.best
+    assert auto.digen.plan is None and auto.schedule_config() == planning.apply(cfg, best).schedule_config()
+    assert (auto.resources.generator.workers, auto.resources.trainer.workers) == (best.generators, best.trainers)
+    validate(auto)
+    text = "\n".join(said)
+    assert "planned: " in text and "launch it without the planner: " + " ".join(planning.overrides(best)) in text
+    assert planning.resolve_auto(cfg) is cfg  # digen.plan=null: the config as given
+
+
+@pytest.mark.parametrize("overrides, match", [
+    (("digen.plan=auto", "digen.profile=null"), "digen.profile names the costs"),
+    (("digen.plan=sometimes",), "null or 'auto'"),
+])
+def test_bad_plan_settings_are_named(overrides, match):
+    cfg = compose(list(overrides))
+    with pytest.raises(ConfigError, match=match) as err:
+        validate(cfg)
+    assert err.value.key == "digen.plan"
+    with pytest.raises(ConfigError, match="digen.plan"):
+        planning.resolve_auto(cfg)
+
+
+def test_plan_auto_refuses_a_colocated_run():
+    cfg = compose(["trainer=colocated", "digen.plan=auto", "digen.profile=flux-12b-16"])
+    with pytest.raises(ConfigError, match="trainer=digen"):
+        planning.resolve_auto(cfg)
+
+
+def test_cli_plans_a_recipe_with_prices_and_prints_the_launch(capsys):
+    args = ["plan", "--recipe", "hunyuanvideo-13b-hetero", *SMALL, "--top", "2", "--gpu-price", "A=1,C=2.5", "--json"]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    rows = json.loads(out.strip().splitlines()[-1])
+    assert len(rows) == 2 and {(r["generators"], r["trainers"]) for r in rows} == {(8, 8)}
+    for r in rows:  # 64 samples per step over (8 x 1 + 8 x 2.5) per hour
+        assert r["samples_per_cost"] == pytest.approx(64 / (r["step_time"] / 3600 * 28.0))
+    launch = next(line for line in out.splitlines() if line.startswith("launch: "))
+    assert launch.startswith("launch: recipes/launch/hunyuanvideo-13b-hetero.sh data.train_batch_size=4 trainer=digen")
+    assert f"rollout.micro_batch_size={rows[0]['mb_size']}" in launch
+    assert "ceiling: none from colocated:ideal (" in out and "on mixed hardware" in out and "cost: " in out
+    assert main(["plan", "--recipe", "hunyuanvideo-13b-hetero", *SMALL, "--gpu-price", "A=1"]) == 2
+    assert "no price for GPU 'C: 96GB" in capsys.readouterr().err
+    assert main(["plan", "--preset", "flux-12b-16", "--gpu-price", "A=cheap"]) == 2
+    assert "expected <hardware>=<price per GPU-hour>" in capsys.readouterr().err
+
+
+def test_cli_plan_of_a_preset_says_memory_was_not_checked(capsys):
+    assert main(["plan", "--preset", "flux-12b-16", "--top", "2"]) == 0
+    out = capsys.readouterr().out
+    assert "note: memory not checked" in out and "launch:" not in out
+    assert "ceiling: " in out and "of it, colocated:verl-omni" in out
+
+
+def test_dry_run_with_plan_auto_prints_the_planned_run(tmp_path):
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    out = subprocess.run([sys.executable, "-m", "verl_digen.main", "--config-dir", str(recipes.RECIPES_DIR),
+                          "--config-name", "hunyuanvideo-13b-hetero", *SMALL, "digen.plan=auto",
+                          "trainer.dry_run=true", f"hydra.run.dir={tmp_path / 'hydra'}"],
+                         capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "digen.plan=auto: planning 64 samples per step on 16 GPUs" in out.stdout
+    planned = next(line for line in out.stdout.splitlines() if line.startswith("planned: "))
+    mb = int(planned.split("micro-batch ")[1].split(",")[0])
+    assert f"micro_batch_size: {mb}" in out.stdout and "plan: null" in out.stdout
+    assert "ceiling    none from colocated:ideal" in out.stdout
