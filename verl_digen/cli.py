@@ -179,7 +179,14 @@ def _price_of(prices: dict[str, float], hardware: str) -> float:
                      f"add {hardware.split(':')[0].strip()}=<price per GPU-hour>")
 
 
-def _plan_source(args: argparse.Namespace):
+def _check_prices(prices: dict[str, float], model: CostModel) -> None:
+    """Every pool's GPU has a price (before any search runs)."""
+    if prices:
+        for hw in (model.generator.hardware.name, model.trainer.hardware.name):
+            _price_of(prices, hw)
+
+
+def _plan_source(args: argparse.Namespace, prices: dict[str, float]):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
     config or None)."""
     from verl_digen.schedule.split_search import ceiling, colocated_baselines, search
@@ -190,14 +197,19 @@ def _plan_source(args: argparse.Namespace):
     if args.recipe or args.overrides:
         from verl_digen.trainer import planning
         from verl_digen.trainer.config import compose
+        from verl_digen.trainer.plan import cluster
 
         cfg = compose(args.overrides, config_name=args.recipe or "digen",
                       config_dir=_recipes_dir() if args.recipe else None)
+        found = cluster(cfg)
+        if found is not None:
+            _check_prices(prices, found[0])
         cp = planning.plan_config(cfg, gpus=args.gpus, policies=policies, stalenesses=stal,
                                   min_trainers=args.min_trainers, keep=args.top, progress=progress)
         return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
                 cp.ceiling, cfg)
     name, model, wl, fixed = _load_source(args)
+    _check_prices(prices, model)
     total = args.gpus or model.total_workers
     plan = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers,
                   fixed_split=fixed, progress=progress, keep=args.top)
@@ -218,7 +230,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from verl_digen.schedule.split_search import ceiling_line, verdict
 
     prices = _prices(args.gpu_price)
-    name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args)
+    name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args, prices)
     total = cluster.total_workers
     colo = colos[args.baseline]
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +

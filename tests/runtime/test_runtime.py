@@ -41,15 +41,19 @@ def _assert_params_close(a, b, atol):
     assert worst <= atol, f"parameters differ by {worst:.3e}"
 
 
-def test_digen_with_tag_gap_tsp_equals_colocated_after_one_step(ray_session, tmp_path):
+def test_digen_with_tag_gap_tsp_and_packing_equals_colocated_after_one_step(ray_session, tmp_path):
     common = ["digen.tag.policy=static:2", "digen.tsp.degree=2", "digen.gap.enable=true", "rollout.micro_batch_size=1"]
     digen = compose_run("trainer=digen", *common, tmp_path=tmp_path / "d")
-    # two trainer ranks (FSDP2): each is a TAG slot of its own with the full weights it gathered
-    digen_2 = compose_run("trainer=digen", *common, "resources.trainer.workers=2", tmp_path=tmp_path / "d2")
+    # two trainer ranks (FSDP2): each is a TAG slot of its own with the full weights it gathered; and row
+    # packing across updates: both groups of the step in one update (update_units=2), its 8 rows split 4 + 4
+    # over the ranks and trained in passes of 3 + 1 rows that cross sample and micro-batch boundaries
+    digen_2 = compose_run("trainer=digen", *common, "resources.trainer.workers=2", "digen.update_units=2",
+                          "digen.tsp.rows_per_pass=3", tmp_path=tmp_path / "d2")
     colocated = compose_run("trainer=colocated", tmp_path=tmp_path / "c")
     res_d, params_d = _train(digen)
     res_d2, params_d2 = _train(digen_2)
     res_c, params_c = _train(colocated)
+    assert [r.count for r in res_d2.timeline.records if r.kind == "update"] == [4]
     for res in (res_d, res_d2):
         assert [r for r in res.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
     assert {r.worker for r in res_d2.timeline.records if r.kind == TAG_GENERATE} == {"tag0", "tag1"}
