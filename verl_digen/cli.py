@@ -189,7 +189,7 @@ def _check_prices(prices: dict[str, float], model: CostModel) -> None:
 def _plan_source(args: argparse.Namespace, prices: dict[str, float]):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
     config or None)."""
-    from verl_digen.schedule.split_search import ceiling, colocated_baselines, search
+    from verl_digen.schedule.split_search import ceiling, colocated_baselines, on_budget, search
 
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
@@ -215,8 +215,7 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float]):
                   fixed_split=fixed, progress=progress, keep=args.top)
     plan.notes.append("memory not checked: a preset or profile has no run config (plan one with --recipe <name> "
                       "or Hydra overrides to bound the rows per pass by its memory plan)")
-    cluster = model if total == model.total_workers else model.with_workers(max(1, total // 2),
-                                                                              total - max(1, total // 2))
+    cluster = on_budget(model, total)
     return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None
 
 

@@ -81,6 +81,15 @@ class Plan:
         return self.rows[0]
 
 
+def on_budget(model: CostModel, total: int) -> CostModel:
+    """``model`` resized to ``total`` GPUs split evenly (the cluster the colocated baselines run on for a
+    ``--gpus`` budget); ``model`` itself when it already has that many."""
+    if total == model.total_workers:
+        return model
+    half = max(1, total // 2)
+    return model.with_workers(half, total - half)
+
+
 def mb_sizes_for(workload: Workload, generators: int) -> list[int]:
     """Micro-batch sizes worth trying: the workload's, GAP's default for ``generators``, the group size's
     divisors from 2 up and twice the group (1-sample micro-batches only when the group is that small)."""

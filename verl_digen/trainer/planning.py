@@ -23,6 +23,7 @@ from verl_digen.schedule.split_search import (
     RowCap,
     ceiling,
     colocated_baselines,
+    on_budget,
     search,
 )
 from verl_digen.trainer import memory
@@ -102,14 +103,14 @@ def plan_config(cfg: RunConfig, *, gpus: int | None = None, policies: tuple[str,
                           "configurations with its costs")
     model, fixed = found
     total = gpus or cfg.total_workers
-    if not fixed and total != model.total_workers:
-        model = model.with_workers(max(1, total // 2), total - max(1, total // 2))
+    if not fixed:
+        model = on_budget(model, total)
     cap = row_cap(cfg, total)
-    plan = search(model, workload(cfg), total, policies=policies, stalenesses=stalenesses,
+    wl = workload(cfg)
+    plan = search(model, wl, total, policies=policies, stalenesses=stalenesses,
                   min_trainers=min_trainers, fixed_split=fixed, progress=progress, row_cap=cap, keep=keep)
     if cap is None:
         plan.notes.append("memory not checked (model size or GPU memory unknown): rows per pass are unbounded")
-    wl = workload(cfg)
     return ConfigPlan(cfg, plan, colocated_baselines(model, wl), model, fixed, cap is not None, ceiling(model, wl))
 
 
