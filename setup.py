@@ -64,7 +64,10 @@ setup(
         "matplotlib",
     ],
     extras_require={
-        "test": ["pytest>=8", "ruff", "build", "rapidocr-onnxruntime", "tensorboard"],
+        # pytest-xdist: the suite's two workers (pytest.ini); setuptools: the pip check's offline build of
+        # verl-digen (tests/test_verl_versions.py) in a venv that sees this environment's packages
+        "test": ["pytest>=8", "pytest-xdist>=3.5", "setuptools>=70.1", "ruff", "build", "rapidocr-onnxruntime",
+                 "tensorboard"],
         "vllm": ["vllm", "vllm-omni"],
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
     },

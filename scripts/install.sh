@@ -47,7 +47,7 @@ print(f"torch {torch.__version__} ({build} build)")
 EOF
 
 python -m pip install -q -e ".[test]"
-# verl-omni's own registry dependencies that verl-digen lacks, for tests/test_verl_omni_real.py (verl-omni
-# itself is not on the registry; the tests use the snapshot in ../shared/third_party)
+# verl-omni's own registry dependencies that verl-digen lacks, for tests/integrations/test_verl_omni_real.py
+# (verl-omni itself is not on the registry; the tests use the snapshot in ../shared/third_party)
 python -m pip install -q "TransferQueue==0.1.8" cachetools uvicorn fastapi
 echo "verl-digen installed: $(python -c 'import verl_digen; print(verl_digen.__version__)')"

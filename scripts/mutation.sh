@@ -44,11 +44,11 @@ mutate_only_covered_lines=true
 # 30x lets one mutant that blows up the BTS search hold a core for over 10 minutes
 timeout_multiplier=3
 pytest_add_cli_args_test_selection=
-    tests/test_algo_exact.py
-    tests/test_advantages_selection_loss.py
-    tests/test_sde.py
-    tests/test_rollout.py
-    tests/test_tsp.py
+    tests/algo/test_algo_exact.py
+    tests/algo/test_advantages_selection_loss.py
+    tests/algo/test_sde.py
+    tests/rollout/test_rollout.py
+    tests/algo/test_tsp.py
     tests/schedule/
 CFG
 cd "$work"

@@ -26,7 +26,9 @@ def ray_session():
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False, runtime_env={"env_vars": WORKER_ENV})
+        # "local": a Ray instance of this test process's own (each xdist worker has one)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": WORKER_ENV})
     yield ray
     ray.shutdown()
 
@@ -40,3 +42,21 @@ def verl_omni_snapshots(tmp_path_factory):
     if not tarballs_present():
         pytest.skip(SKIP_REASON)
     return extract_snapshots(tmp_path_factory.mktemp("third_party"))
+
+
+def pytest_collection_modifyitems(items):
+    """A test that uses the shared Ray session is a ``ray`` test, and every ``ray`` test is ``slow``.
+
+    Then files with ``ray`` tests run first, then files with other ``slow`` tests, then the rest (each
+    group in collection order): xdist hands out whole files in this order (``--no-loadscope-reorder`` in
+    pytest.ini), so the long files start early and the many short ones fill the gaps at the end."""
+    for item in items:
+        if "ray_session" in item.fixturenames:
+            item.add_marker(pytest.mark.ray)
+        if item.get_closest_marker("ray"):
+            item.add_marker(pytest.mark.slow)
+    rank: dict[str, int] = {}
+    for item in items:
+        weight = 0 if item.get_closest_marker("ray") else 1 if item.get_closest_marker("slow") else 2
+        rank[item.path] = min(rank.get(item.path, 2), weight)
+    items.sort(key=lambda item: rank[item.path])  # stable: collection order within a group

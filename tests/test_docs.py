@@ -20,17 +20,25 @@
     - commands run in order (README.md first, then docs/*.md by name, each file top to bottom), in the
       repository root, and write only under the git-ignored ``outputs/`` (checked: no new untracked file
       appears); later commands may read what earlier ones wrote (``outputs/trace/digen_profile.json``);
+    - README's main job and every command that is not ``digen`` or ``python -m verl_digen.main`` run in a
+      shell, as a newcomer types them; the other ``digen`` and ``python -m verl_digen.main`` commands run in
+      this process through the same entry points (``verl_digen.cli.main``, the Hydra main) with their
+      exit code and output captured, on the suite's Ray session: no interpreter, import and Ray start-up
+      per command (the console script and ``python -m`` themselves are run by README's main job and by
+      ``tests/test_packaging.py``);
     - where a command prints a table, its output must contain the word listed in ``EXPECT``;
     - each command's output is kept in ``outputs/test_docs/NN.log``.
 
-    All commands together take about 4 minutes on 2 cores, most of it Ray and worker start-up of the
-    five real training runs.
+    All commands together take about 2 minutes on 2 cores, most of it worker start-up of the five real
+    training runs.
 (d) README keeps its two set-up commands, and every relative link in README.md and docs/*.md resolves
     (file and heading anchor).
 """
 
 from __future__ import annotations
 
+import contextlib
+import io
 import os
 import re
 import shlex
@@ -55,7 +63,7 @@ MAIN = "python -m verl_digen.main"
 SKIP: dict[str, str] = {
     # docs/migrating-from-verl-omni.md: a template with a placeholder for a recipe's own overrides; it
     # also needs verl-omni and the recipe's model. The mapping it relies on is tested in
-    # tests/test_verl_omni_integration.py.
+    # tests/integrations/test_verl_omni_integration.py.
     "python3 -m verl_omni.trainer.main_diffusion_v1 <the recipe's existing overrides, unchanged> "
     "trainer.use_v1=true trainer.v1.trainer_mode=digen +trainer=digen +resources.generator.workers=1 "
     "+resources.trainer.workers=1 algorithm.global_std=False "
@@ -341,7 +349,58 @@ def test_console_metric_names_parses_the_console_block():
     assert console_metric_names(text) == set(metrics)
 
 
-def test_docs_commands_run():
+@contextlib.contextmanager
+def _in_root():
+    """The repository root as the working directory (commands read and write relative paths)."""
+    saved = os.getcwd()
+    os.chdir(ROOT)
+    try:
+        yield
+    finally:
+        os.chdir(saved)
+
+
+def run_in_process(cmd: str) -> tuple[int, str] | None:
+    """(exit code, stdout + stderr) of a ``digen`` or ``python -m verl_digen.main`` command run in this process
+    through its entry point; None for a command that runs in a shell (README's main job, anything else)."""
+    import verl_digen.main as entry
+    from verl_digen import cli
+
+    argv = shlex.split(cmd, comments=True)
+    if argv[0] == "digen":
+        call = lambda: cli.main(argv[1:])  # noqa: E731
+    elif cmd.startswith(MAIN + " ") and all(c not in cmd for c in ";&|<>$"):
+        def call():
+            saved = sys.argv
+            sys.argv = ["verl_digen.main", *argv[len(MAIN.split()):]]  # what Hydra and resume lines read
+            try:
+                entry.main()
+            finally:
+                sys.argv = saved
+            return 0
+    else:
+        return None
+    out = io.StringIO()
+    with _in_root(), contextlib.redirect_stdout(out), contextlib.redirect_stderr(out):
+        try:
+            code = call()
+        except SystemExit as stop:
+            code = stop.code if isinstance(stop.code, int) else 1
+    return code or 0, out.getvalue()
+
+
+def test_in_process_commands_keep_their_exit_code_and_output():
+    """A refused command fails here as it does in a shell; a shell-only command is left to the shell."""
+    code, out = run_in_process("digen simulate --preset no-such-preset")
+    assert code == 2 and "no-such-preset" in out
+    code, out = run_in_process(f"{MAIN} trainer.dry_run=true rollout.n=0")
+    assert code == 2 and "rollout.n" in out
+    code, out = run_in_process(f"{MAIN} trainer.dry_run=true")
+    assert code == 0 and EXPECT_DRY_RUN in out
+    assert run_in_process("recipes/launch/hunyuanvideo-13b-hetero.sh trainer.dry_run=true") is None
+
+
+def test_docs_commands_run(ray_session):
     commands = doc_commands()
     assert any(cmd == MAIN for _, cmd, _ in commands), "README's main job is no longer in a ```bash block"
     env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # each run starts its own local Ray
@@ -355,24 +414,29 @@ def test_docs_commands_run():
         done.add(cmd)
         run = cmd + (" " + SHORTEN[cmd][0] if cmd in SHORTEN else "")
         t0 = time.perf_counter()
-        try:
-            proc = subprocess.run(["bash", "-c", run], cwd=ROOT, env=env, capture_output=True, text=True,
-                                  timeout=600)
-        except subprocess.TimeoutExpired:
-            failures.append(f"{where}: timed out: {run}")
-            continue
+        done_here = None if cmd == MAIN else run_in_process(run)
+        if done_here is not None:
+            returncode, output = done_here
+            stdout = output
+        else:
+            try:
+                proc = subprocess.run(["bash", "-c", run], cwd=ROOT, env=env, capture_output=True, text=True,
+                                      timeout=600)
+            except subprocess.TimeoutExpired:
+                failures.append(f"{where}: timed out: {run}")
+                continue
+            returncode, output, stdout = proc.returncode, proc.stdout + proc.stderr, proc.stdout
         timings.append((time.perf_counter() - t0, where, run))
-        output = proc.stdout + proc.stderr
         LOG_DIR.mkdir(parents=True, exist_ok=True)
-        (LOG_DIR / f"{len(timings):02d}.log").write_text(f"$ {run}\n# {where}, exit {proc.returncode}\n{output}")
-        if proc.returncode != 0:
-            failures.append(f"{where}: exit {proc.returncode}: {run}\n{output[-3000:]}")
+        (LOG_DIR / f"{len(timings):02d}.log").write_text(f"$ {run}\n# {where}, exit {returncode}\n{output}")
+        if returncode != 0:
+            failures.append(f"{where}: exit {returncode}: {run}\n{output[-3000:]}")
             continue
         word = _expected_word(cmd)
         if word is not None and word not in output:
             failures.append(f"{where}: output lacks {word!r}: {run}\n{output[-3000:]}")
         if cmd.startswith(MAIN) and "trainer.dry_run=true" not in cmd:  # the console lines' metric names
-            logged = console_metric_names(proc.stdout)
+            logged = console_metric_names(stdout)
             if not logged and ("trainer.logger=" not in cmd or "console" in cmd):  # default logger: console
                 failures.append(f"{where}: no console metric block found in the output: {run}")
             missing = logged - documented_metric_names()

@@ -99,6 +99,7 @@ print(json.dumps(out))
 """
 
 
+@pytest.mark.slow
 def test_0001_cpu_platform(tmp_path, pristine):
     import torch
 
@@ -155,6 +156,7 @@ except TypeError as err:
 """
 
 
+@pytest.mark.slow
 def test_0002_cpu_resource_pools(tmp_path, pristine):
     import torch
 
@@ -226,6 +228,7 @@ def _fake_trainer_distribution(dest: Path) -> Path:
     return dest
 
 
+@pytest.mark.slow
 def test_0003_trainer_entry_points(tmp_path, pristine):
     root = _copy_verl(tmp_path / "verl_root")
     _apply(_patch("0003"), root)

@@ -183,6 +183,7 @@ def test_run_sh_rejects_an_unknown_recipe(tmp_path):
     assert out.returncode == 2 and "no recipe 'flux-12b-64'" in out.stderr
 
 
+@pytest.mark.slow
 def test_dry_run_through_the_command_line(tmp_path):
     """The launch script -> run.sh -> ``python -m verl_digen.main --config-dir recipes --config-name ...``
     with ``trainer.dry_run=true``: prints the resolved config and the plan, starts nothing."""
@@ -237,10 +238,11 @@ def test_readme_table_is_what_the_dry_run_says():
         assert [int(m.group(k)) for k in range(11, 15)] == want, name
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_every_recipe_is_the_planners_choice(name):
     """``digen plan --recipe <name>``'s best configuration is the recipe, and it passes ``validate()`` with
-    its memory check (every row ``digen plan`` prints does: ``tests/test_planning.py``)."""
+    its memory check (every row ``digen plan`` prints does: ``tests/trainer/test_planning.py``)."""
     from verl_digen.trainer import planning
 
     cfg, plan = _dry_run(name)

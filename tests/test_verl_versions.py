@@ -1,7 +1,7 @@
 """The supported verl range: what setup.py declares, the compat aliases, and pip keeping verl-omni's verl.
 
 The pip check installs verl-omni's pinned verl (the 8a69493 snapshot, reports 0.9.0.dev0) into a virtual
-environment that sees this machine's other packages, then asks pip what installing verl-digen would change
+environment that sees the test interpreter's packages, then asks pip what installing verl-digen would change
 (``--dry-run --report``): verl must stay. Skipped when the snapshot is absent.
 """
 
@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import site
 import subprocess
 import sys
+import sysconfig
 import types
 from pathlib import Path
 
@@ -30,6 +32,12 @@ def test_tested_range_holds_both_verls_and_nothing_newer():
     assert compat.is_tested_verl("0.9.0.dev") and compat.is_tested_verl("0.9.1")
     assert not compat.is_tested_verl("0.9.2") and not compat.is_tested_verl("0.8.5")
     assert compat.is_tested_verl()  # the verl installed here
+
+
+def venv_site_packages(python: str) -> Path:
+    out = subprocess.run([python, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                         capture_output=True, text=True, check=True)
+    return Path(out.stdout.strip())
 
 
 def _package(tmp: Path, name: str, files: dict[str, str]) -> None:
@@ -69,6 +77,7 @@ def test_alias_serves_a_moved_module_only_where_it_is_missing(tmp_path, alias_fi
     assert isinstance(sys.modules["moved_pkg.old"], types.ModuleType)
 
 
+@pytest.mark.slow
 def test_plugin_installs_the_chat_template_alias_lazily():
     code = ("import json, sys, verl; from verl_digen import compat; "
             "print(json.dumps({'finder': any(isinstance(f, compat._AliasFinder) for f in sys.meta_path), "
@@ -80,13 +89,18 @@ def test_plugin_installs_the_chat_template_alias_lazily():
     assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"finder": True, "imported": False}
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not tarballs_present(), reason=SKIP_REASON)
 def test_pip_keeps_verl_omnis_pinned_verl(verl_omni_snapshots, tmp_path):
     """A venv holding verl-omni's verl (seeing this machine's other packages): installing verl-digen changes
     nothing but verl-digen."""
     venv = tmp_path / "venv"
-    subprocess.run([sys.executable, "-m", "venv", "--system-site-packages", "--without-pip", str(venv)], check=True)
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
     py = str(venv / "bin" / "python")
+    # the new venv sees this interpreter's packages (a .pth file), not the base interpreter's: with
+    # --system-site-packages a venv made from inside a venv would see the base's, where setuptools may lack
+    see_these = venv_site_packages(py) / "test_env.pth"
+    see_these.write_text("\n".join(site.getsitepackages() + [sysconfig.get_paths()["purelib"]]) + "\n")
     pip = [sys.executable, "-m", "pip", "--python", py, "--disable-pip-version-check"]
     install = subprocess.run([*pip, "install", "-q", "--no-deps", "--no-build-isolation",
                               str(verl_omni_snapshots.verl_pin)], capture_output=True, text=True, timeout=300)

@@ -314,7 +314,7 @@ def example_scripts(omni: Path) -> list[Path]:
     return sorted((omni / "examples").rglob("*.sh"))
 
 
-#: the example the tests run for real (tests/test_verl_omni_real.py)
+#: the example the tests run for real (tests/integrations/test_verl_omni_real.py)
 RUN_TINY = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
 
 

@@ -15,6 +15,8 @@ from verl_digen.trainer.ray_backend import RayBackend
 from verl_digen.trainer.runtime import DigenTrainer
 from verl_digen.trainer.trace_stream import read_stream
 
+pytestmark = pytest.mark.ray
+
 
 def _pid(actor) -> int:
     import ray

@@ -12,6 +12,8 @@ from runtime_helpers import compose_run
 from verl_digen.trainer.runtime import DigenTrainer, RunStopped
 from verl_digen.workers import checkpoint as ckpt
 
+pytestmark = pytest.mark.ray
+
 
 def _fit(cfg, **kw):
     trainer = DigenTrainer(cfg, log=kw.pop("log", lambda _: None))

@@ -17,6 +17,8 @@ from verl_digen.schedule.profile_io import load_profile
 from verl_digen.trainer.config import ConfigError
 from verl_digen.trainer.runtime import DigenTrainer
 
+pytestmark = pytest.mark.ray
+
 
 def _run(cfg, inspect=None):
     """Run ``cfg``; returns its result and ``inspect(trainer)`` taken before the workers go away."""

@@ -16,6 +16,8 @@ from verl_digen.trainer.runtime import DigenTrainer
 from verl_digen.trainer.trace_stream import read_stream
 from verl_digen.workers import policy as P
 
+pytestmark = pytest.mark.ray
+
 VAL_PROMPTS = ["a red circle", "a blue square", "a green triangle", "two cats", "a yellow sun"]
 #: 2 prompts x 2 samples per step; validation every 2 steps of 3 -> after steps 2 and 3
 RUN = ["trainer.total_steps=3", "trainer.test_freq=2", "trainer.log_val_generations=4", "digen.tag.policy=never"]

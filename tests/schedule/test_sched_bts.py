@@ -36,6 +36,7 @@ def _instances(n: int, seed: int):
                bts.ModelState.fresh(M, G, stale, slots=R, lagging=lagging))
 
 
+@pytest.mark.slow
 def test_bts_equals_exhaustive_on_random_small_instances():
     multi_slot_tag = 0
     for params, state in _instances(240, seed=1):
@@ -74,6 +75,7 @@ def _value_of_first_move(params, state, decision) -> float:
     return s.now - state.now + bts.exhaustive(params, s)[0]
 
 
+@pytest.mark.slow
 def test_bts_equals_unpruned_search_on_larger_instances():
     """M up to 24 (where a wrong memo key or a pruned value stored as exact shows), across generators,
     slots, switch costs and stale work: the full solver equals memoized search without pruning."""
@@ -115,6 +117,7 @@ def _jittered_bubble_states(runs: int, seed: int, max_mb: int):
         yield from ((params, snap) for snap in snaps)
 
 
+@pytest.mark.slow
 def test_bts_memo_equals_search_without_memo_from_jittered_bubbles():
     """The memo key against search without a memo (branch and bound alone is exact), M up to 24, from
     bubbles with busy slots, lagging generators, partly scored units and TCSS work; and against
@@ -249,6 +252,7 @@ def test_fixed_rules_played_in_the_model_end_where_the_scheduler_ends():
     assert bts.exhaustive(bts.Params.from_costs(costs, 2, 1, 1), bts.ModelState.fresh(2, 1))[1] == 3
 
 
+@pytest.mark.slow
 def test_the_policy_plans_with_every_trainer_rank():
     """Through the scheduler (``BtsPolicy.decide`` builds the search parameters from the bubble): at every
     bubble of jittered runs with 2-4 TAG slots (some still busy) the predicted end is the optimum found by

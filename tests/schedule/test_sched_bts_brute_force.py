@@ -21,6 +21,8 @@ from verl_digen.schedule.executor import SimBackend
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
 
+pytestmark = pytest.mark.slow
+
 
 class _Scripted:
     """Answers ``k`` (clamped by the scheduler) and records that a decision was asked, and its range."""

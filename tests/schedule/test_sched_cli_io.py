@@ -81,6 +81,7 @@ def test_chrome_trace_and_gantt(tmp_path):
     assert png.read_bytes()[:4] == b"\x89PNG"
 
 
+@pytest.mark.slow
 def test_cli_simulate_plan_and_errors(tmp_path, capsys):
     trace, png, prof = tmp_path / "t.json", tmp_path / "g.png", tmp_path / "p.yaml"
     assert main(["simulate", "--preset", "flux-12b-16", "--steps", "2", "--trace", str(trace), "--png", str(png),
@@ -122,6 +123,7 @@ def test_cli_single_modes_take_any_micro_batch_size(capsys):
     assert row["baseline"] == "native" and row["rung"] == "colocated:native"
 
 
+@pytest.mark.slow
 def test_plan_keeps_a_heterogeneous_cluster_and_says_when_colocated_wins(capsys):
     assert main(["plan", "--preset", "hunyuanvideo-13b-hetero", "--top", "4", "--json"]) == 0
     out = capsys.readouterr().out

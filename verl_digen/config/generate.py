@@ -8,7 +8,7 @@ trainer YAML from a script. Edit the dataclasses, then run
     python -m verl_digen.config.generate          # rewrite the YAML files
     python -m verl_digen.config.generate --check  # exit 1 naming each file that differs
 
-``tests/test_config_generated.py`` fails while the committed YAML differs from what this writes.
+``tests/config/test_config_generated.py`` fails while the committed YAML differs from what this writes.
 """
 
 from __future__ import annotations

@@ -40,7 +40,7 @@ class Wan22Model(WanModel):
     """Timestep convention: as Wan2.1 (``t = sigma * 1000``). The TI2V pipeline passes that timestep
     once per latent token (``expand_timesteps``) so that an image-conditioned first frame can sit at
     t = 0; in text-to-video every token of a row has the row's t, which the transformer computes
-    identically from one timestep per row (tests/test_models.py checks the two agree), so the adapter
+    identically from one timestep per row (tests/models/test_models.py checks the two agree), so the adapter
     passes one per row and skips computing a time embedding per token."""
 
     arch = "wan2_2"

@@ -75,9 +75,12 @@ def ensure_ray(cfg: RunConfig) -> None:
     env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
-    address = os.environ.get("RAY_ADDRESS")
+    # a CPU run without RAY_ADDRESS starts a Ray instance of its own (``address=None`` would join a cluster
+    # that ``ray start`` left on this host, someone else's, and refuse the num_cpus below); a GPU run joins
+    # the ``ray start`` cluster of its head node
+    address = os.environ.get("RAY_ADDRESS") or ("local" if cfg.trainer.device == "cpu" else None)
     kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
                               "log_to_driver": True}
-    if address is None and cfg.trainer.device == "cpu":
+    if address == "local":
         kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
     ray.init(address=address, **kwargs)

@@ -1,4 +1,4 @@
-"""A weight-sync backend in one file (tests/test_sync_registry.py loads it): registering is all it takes
+"""A weight-sync backend in one file (tests/workers/test_sync_registry.py loads it): registering is all it takes
 for ``digen.sync.backend=toy_relay`` to pass validation and for ``WeightSync`` to drive it."""
 
 from typing import Any

@@ -51,6 +51,7 @@ def test_mode_groups_set_only_the_mode_and_its_digen_section():
     assert "\ndigen:" not in main and "  mode:" not in main  # `_self_` would override the group
 
 
+@pytest.mark.slow
 def test_check_names_a_stale_file_and_the_command(tmp_path, monkeypatch, capsys):
     shutil.copytree(generate.CONFIG_DIR, tmp_path / "config", ignore=shutil.ignore_patterns("*.py", "__pycache__"))
     monkeypatch.setattr(generate, "CONFIG_DIR", tmp_path / "config")

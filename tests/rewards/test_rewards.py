@@ -316,6 +316,7 @@ def test_ocr_reward_with_injected_recognizer():
     importlib.util.find_spec("rapidocr_onnxruntime") is None,
     reason="rapidocr-onnxruntime not installed (optional: pip install verl-digen[rewards])",
 )
+@pytest.mark.slow
 def test_ocr_reward_with_rapidocr():
     from PIL import Image, ImageDraw, ImageFont
 

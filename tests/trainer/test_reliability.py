@@ -21,7 +21,7 @@ from verl_digen.trainer import checks
 from verl_digen.trainer.config import ConfigError, compose, validate
 from verl_digen.workers import checkpoint as ckpt
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 # ------------------------------------------------------------------------------------ helpers

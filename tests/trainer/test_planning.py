@@ -26,6 +26,7 @@ def video_plan():
     return cfg, planning.plan_config(cfg, keep=3)
 
 
+@pytest.mark.slow
 def test_every_planned_configuration_fits_and_launches_as_printed(video_plan):
     cfg, planned = video_plan
     assert planned.memory_checked and planned.plan.unfit > 0 and len(planned.plan.rows) == 3
@@ -61,6 +62,7 @@ def test_rows_per_pass_are_the_most_the_memory_plan_holds(video_plan):
     assert bound, "the memory plan bounds none of the best rows: this test checks nothing"
 
 
+@pytest.mark.slow
 def test_plan_auto_runs_the_planners_choice(video_plan):
     cfg, planned = video_plan
     said = []
@@ -93,6 +95,7 @@ def test_plan_auto_refuses_a_colocated_run():
         planning.resolve_auto(cfg)
 
 
+@pytest.mark.slow
 def test_cli_plans_a_recipe_with_prices_and_prints_the_launch(capsys):
     args = ["plan", "--recipe", "hunyuanvideo-13b-hetero", *SMALL, "--top", "2", "--gpu-price", "A=1,C=2.5", "--json"]
     assert main(args) == 0
@@ -111,6 +114,7 @@ def test_cli_plans_a_recipe_with_prices_and_prints_the_launch(capsys):
     assert "expected <hardware>=<price per GPU-hour>" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_cli_plan_of_a_preset_says_memory_was_not_checked(capsys):
     assert main(["plan", "--preset", "flux-12b-16", "--top", "2"]) == 0
     out = capsys.readouterr().out
@@ -118,6 +122,7 @@ def test_cli_plan_of_a_preset_says_memory_was_not_checked(capsys):
     assert "ceiling: " in out and "of it, colocated:verl-omni" in out
 
 
+@pytest.mark.slow
 def test_dry_run_with_plan_auto_prints_the_planned_run(tmp_path):
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     out = subprocess.run([sys.executable, "-m", "verl_digen.main", "--config-dir", str(recipes.RECIPES_DIR),

@@ -1,4 +1,4 @@
-"""Exact values for the schedule modules the earlier mutation runs left unreached or weakly pinned.
+"""Hand-computed values for the simulator, split search, cost model, timeline, fabric and profiler.
 
 Written for survivors of the schedule mutation run (docs/testing.md, "Mutation testing"): the
 simulator's result rows, labels and ablation ladder, the split search's rows, options and verdict, action
@@ -154,6 +154,7 @@ def test_search_enumerates_splits_sizes_units_policies_and_stalenesses():
         assert gens == {f"gen{i}" for i in range(r.generators)}
 
 
+@pytest.mark.slow
 def test_search_prunes_by_the_bounds_and_keeps_the_exact_best():
     from verl_digen.schedule.profile_io import Workload
     from verl_digen.schedule.split_search import search

@@ -12,7 +12,7 @@ import pytest
 from verl_digen.schedule.config import ScheduleConfig, ScheduleConfigError
 from verl_digen.trainer.config import SCHEDULE_KEYS, ConfigError, RunConfig, checked_schedule_config, compose, validate
 
-PACKAGE = Path(__file__).resolve().parents[1] / "verl_digen"
+PACKAGE = Path(__file__).resolve().parents[2] / "verl_digen"
 
 
 def _get(cfg, dotted):

@@ -18,6 +18,8 @@ import pytest
 
 from verl_digen.trainer.local import LocalRunConfig, run_local, summarize
 
+pytestmark = pytest.mark.slow
+
 GAP_Z = 10.0  # the up/down gap over its standard error
 DIRECTION_Z = 5.0  # each run's own reward, last two steps vs first two, over its standard error
 

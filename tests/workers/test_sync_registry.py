@@ -41,7 +41,7 @@ def toy_backend():
 
 @pytest.fixture
 def toy_policy():
-    yield _load(TESTS / "schedule" / "toy_tag_policy.py")
+    yield _load(TESTS.parent / "schedule" / "toy_tag_policy.py")
     unregister_tag_policy("one_slot")
 
 

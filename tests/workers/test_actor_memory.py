@@ -217,6 +217,7 @@ def two_ranks(tmp_path_factory):
     return torch.load(out, weights_only=False)
 
 
+@pytest.mark.slow
 def test_reference_copy_is_sharded(two_ranks):
     full = sum(p.numel() * p.element_size() for p in P.build_policy(tiny_cfg()).transformer.parameters())
     share = two_ranks["ref_bytes"] / full
@@ -225,6 +226,7 @@ def test_reference_copy_is_sharded(two_ranks):
     assert two_ranks["lora_ref"] is None  # LoRA: the adapters-off policy, no copy
 
 
+@pytest.mark.slow
 def test_sharded_policy_with_checkpointing_and_reference_matches_one_process(two_ranks):
     cfg = tiny_cfg(kl_coef=0.05)
     traj = batch(cfg)
@@ -238,10 +240,12 @@ def test_sharded_policy_with_checkpointing_and_reference_matches_one_process(two
         torch.testing.assert_close(got[name], want[name], rtol=0, atol=1e-10, msg=name)
 
 
+@pytest.mark.slow
 def test_flux_blocks_give_no_view_warning(two_ranks):
     assert two_ranks["view_warnings"] == []
 
 
+@pytest.mark.slow
 def test_in_place_op_on_a_view_output_keeps_the_gradient(two_ranks):
     want = _toy_grads(False, 1)
     assert want.keys() == two_ranks["toy"].keys()
@@ -249,6 +253,7 @@ def test_in_place_op_on_a_view_output_keeps_the_gradient(two_ranks):
         torch.testing.assert_close(two_ranks["toy"][name], want[name], rtol=0, atol=1e-12, msg=name)
 
 
+@pytest.mark.slow
 def test_fp32_master_tracks_fp32_closer_than_plain_bf16(two_ranks):
     cfg32 = tiny_cfg(dtype="float32")
     traj = batch(cfg32)

@@ -88,6 +88,7 @@ def test_bad_memory_keys_are_named(override, key):
     assert err.value.key == key
 
 
+@pytest.mark.slow
 def test_cfg_branches_follow_the_adapter_class_not_an_arch_name():
     """Guidance-distilled architectures (declared on the adapter class) train one pass per row at any
     guidance scale; the others two with CFG. The tiny models agree with the declaration."""
@@ -117,6 +118,7 @@ def _preset_cfg(preset: str, *extra: str):
                     f"rollout.micro_batch_size={spec.train_workers}", *extra])
 
 
+@pytest.mark.slow
 def test_every_preset_carries_its_gpu_memory_and_a_declaration_overrides_it():
     from verl_digen.schedule import presets
 
@@ -232,6 +234,7 @@ def test_memory_need_and_max_rows_per_rank_for_the_planner():
     assert memory.max_rows_per_rank(compose([])) is None
 
 
+@pytest.mark.slow
 def test_every_recipe_checks_its_memory_and_fits():
     from hydra import compose as hydra_compose
     from hydra import initialize_config_dir

@@ -2,7 +2,8 @@
 
 The checks against the real verl-omni package (registration, lazy import, Hydra composition, the v0-entry
 refusal, the dry run, two training steps through verl-omni's v1 entry point with both verl versions, every
-example script) are in tests/test_verl_omni_real.py. Checks that ``import verl`` run in a fresh interpreter.
+example script) are in tests/integrations/test_verl_omni_real.py. Checks that ``import verl`` run in a fresh
+interpreter.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from omegaconf import OmegaConf
 
 from verl_digen.integrations import verl_omni as vo
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # keys and values as in verl-omni's examples/flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh, on top of
 # the defaults of verl_omni/trainer/config/diffusion_trainer.yaml and its diffusion/* groups
@@ -78,6 +79,7 @@ def _run(code: str) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_inert_without_verl_omni():
     if vo.is_available():
         pytest.skip("verl-omni is installed here")

@@ -31,9 +31,10 @@ from verl_omni_helpers import (
 )
 
 pytestmark = [pytest.mark.skipif(not tarballs_present(), reason=SKIP_REASON),
-              pytest.mark.skipif(not omni_deps_present(), reason=DEPS_REASON)]
+              pytest.mark.skipif(not omni_deps_present(), reason=DEPS_REASON),
+              pytest.mark.slow, pytest.mark.ray]  # its autouse fixture starts verl-omni runs (Ray)
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = {"pinned": True, "0.9.1": False}  # id -> put verl-omni's pinned verl first on the path
 SD35_V1 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
 SD35_V0 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora.sh"
