@@ -5,11 +5,10 @@ reference policy (with LoRA, the reference is the frozen base model)."""
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Iterator, Sequence
 
 import torch
-from peft import LoraConfig, get_peft_model_state_dict, set_peft_model_state_dict
-from peft.tuners.tuners_utils import BaseTunerLayer
 
 from verl_digen.models.base import DiffusionModel
 
@@ -39,6 +38,8 @@ def apply_lora(
         raise ValueError(f"LoRA rank must be a positive integer, got {rank}")
     if has_lora(model):
         raise ValueError("model already has LoRA adapters")
+    from peft import LoraConfig  # peft on first use: about a second per process that never trains LoRA
+
     targets = list(target_modules) if target_modules else default_lora_targets(model)
     config = LoraConfig(
         r=int(rank),
@@ -61,7 +62,15 @@ def apply_lora(
 
 def has_lora(model: DiffusionModel) -> bool:
     """Whether LoRA adapters are injected into ``model.transformer``."""
-    return any(isinstance(m, BaseTunerLayer) for m in model.transformer.modules())
+    if "peft" not in sys.modules:  # adapters are peft layers: none exist before peft is imported
+        return False
+    return bool(_tuner_layers(model))
+
+
+def _tuner_layers(model: DiffusionModel) -> list[torch.nn.Module]:
+    from peft.tuners.tuners_utils import BaseTunerLayer
+
+    return [m for m in model.transformer.modules() if isinstance(m, BaseTunerLayer)]
 
 
 def lora_parameters(model: DiffusionModel) -> list[torch.nn.Parameter]:
@@ -73,6 +82,8 @@ def lora_state_dict(model: DiffusionModel) -> dict[str, torch.Tensor]:
     """Only the adapter weights (detached copies), keyed as peft saves them (``...lora_A.weight``)."""
     if not has_lora(model):
         raise ValueError("model has no LoRA adapters")
+    from peft import get_peft_model_state_dict
+
     sd = get_peft_model_state_dict(model.transformer, adapter_name=ADAPTER_NAME)
     return {k: v.detach().clone() for k, v in sd.items()}
 
@@ -82,6 +93,8 @@ def load_lora_state_dict(model: DiffusionModel, state_dict: dict[str, torch.Tens
     partial load would desynchronize generator and trainer policies)."""
     if not has_lora(model):
         raise ValueError("model has no LoRA adapters; call apply_lora first")
+    from peft import get_peft_model_state_dict, set_peft_model_state_dict
+
     expected = set(get_peft_model_state_dict(model.transformer, adapter_name=ADAPTER_NAME))
     given = set(state_dict)
     if expected != given:
@@ -97,7 +110,7 @@ def load_lora_state_dict(model: DiffusionModel, state_dict: dict[str, torch.Tens
 def disable_adapters(model: DiffusionModel) -> Iterator[DiffusionModel]:
     """Run ``model`` as its base (reference) policy inside the block; adapter state and every
     parameter's ``requires_grad`` are restored afterwards (peft toggles them when disabling)."""
-    layers = [m for m in model.transformer.modules() if isinstance(m, BaseTunerLayer)]
+    layers = _tuner_layers(model) if has_lora(model) else []
     if not layers:
         raise ValueError("model has no LoRA adapters to disable")
     grads = {n: p.requires_grad for n, p in model.transformer.named_parameters()}

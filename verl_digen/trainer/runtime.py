@@ -300,6 +300,9 @@ class DigenRuntime:
         checkpointed when ``trainer.save_freq`` > 0; a second signal abandons the step) and on
         non-finite values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps
         so far is written before the error propagates."""
+        # Ray first: ray.init installs a SIGTERM handler of its own for the driver, which would replace ours
+        # (a preempted run then aborted with no checkpoint); a signal during Ray's start-up ends the process
+        ensure_ray(self.cfg)
         with StopSignals(self.log) as sig:
             self._signals = sig
             exit_code = 1
