@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
@@ -76,7 +77,9 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
 
 
 def _fmt(v, spec: str) -> str:
-    return "-" if v is None else format(v, spec)
+    """``v`` formatted by ``spec``; a missing value is a "-" of the same width, so columns stay aligned."""
+    width = re.match(r"\d*", spec).group()
+    return format("-", f">{width}") if v is None else format(v, spec)
 
 
 def _colocated(results: list[SimResult], baseline: str) -> float | None:

@@ -28,8 +28,6 @@ from typing import Any
 
 #: the pip requirement setup.py declares: both tested verls, nothing newer
 VERL_REQUIREMENT = "verl>=0.9.0.dev0,<=0.9.1"
-#: (version as verl reports it, what it is)
-TESTED_VERLS = (("0.9.0.dev", "commit 8a69493, the verl that verl-omni 0.2.0rc1 pins"), ("0.9.1", "release"))
 #: old module path -> where the installed verl has it (moved between the tested versions)
 MODULE_ALIASES = {"verl.utils.chat_template": "verl.utils.tokenizer.chat_template"}
 

@@ -150,3 +150,18 @@ def test_plan_keeps_a_heterogeneous_cluster_and_says_when_colocated_wins(capsys)
     # topology knobs re-derive a preset; a measured profile cannot be re-derived
     assert main(["simulate", "--profile", "nonexistent.yaml"]) == 2
     assert "neither a preset" in capsys.readouterr().err
+
+
+
+def test_table_columns_stay_aligned_when_a_baseline_is_missing(capsys):
+    """``--only`` leaves the ratio columns without a baseline: each value, "-" too, ends where its header
+    ends (the columns are right-aligned)."""
+    assert main(["simulate", "--preset", "wan2.1-14b-16", "--only", "digen"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    head = next(i for i, line in enumerate(lines) if line.startswith("configuration"))
+    header, row = lines[head], lines[head + 2]
+    assert row.startswith("digen ") and len(row) == len(header)
+    for label in ("step (s)", "samples/GPU/s", "vs colo*", "vs naive", "of ideal", "gen bubble", "trn bubble"):
+        end = header.index(label) + len(label)
+        assert row[end - 1] != " " and row[end:end + 1] in ("", " "), f"{label!r} column: {row!r}"
+    assert row.split()[3:5] == ["-", "-"]

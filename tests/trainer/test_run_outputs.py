@@ -1,6 +1,7 @@
 """What a run leaves for people, without Ray: the metrics file, curves, ``digen plot``, the Gantt's colours
 and legend, console lines, the resolved config (docs/user-guide.md, "Outputs")."""
 
+import io
 import json
 import math
 
@@ -24,6 +25,7 @@ from verl_digen.schedule.timeline import Record, Timeline
 from verl_digen.trainer import run_log
 from verl_digen.trainer.config import compose
 from verl_digen.trainer.plots import PANELS, curve_panels, plot_trace_dir, save_curves_png
+from verl_digen.trainer.progress import Progress
 from verl_digen.workers import checkpoint as ckpt
 
 
@@ -251,3 +253,29 @@ def test_stage_time_keys_come_in_one_order_in_every_process():
     keys = [k for k in window_metrics([], 0.0, 1.0, ["gen0"], ["trainer0"]) if k.startswith("time/")]
     assert keys == list(dict.fromkeys(TIME_KEYS.values()))
     assert keys[:3] == ["time/gen_s", "time/tag_gen_s", "time/score_s"]
+
+
+class _Stream(io.StringIO):
+    def __init__(self, tty: bool) -> None:
+        super().__init__()
+        self.tty = tty
+
+    def isatty(self) -> bool:
+        return self.tty
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_progress_bar_only_on_a_terminal(tty, capsys):
+    """Redirected to a file, a bar's redraws would pile up: there the step blocks are plain lines."""
+    stream, logged = _Stream(tty), []
+    progress = Progress(3, True, logged.append, stream=stream)
+    for step in range(3):
+        progress.write(f"block {step}")
+        progress.update(step + 1, {"reward/mean": 0.5, "timing/step_s": 1.0})
+    progress.close()
+    if tty:
+        assert logged == [] and "3/3" in stream.getvalue()  # the bar on the terminal, blocks above it
+        assert capsys.readouterr().out.splitlines() == ["block 0", "block 1", "block 2"]
+    else:
+        assert logged == ["block 0", "block 1", "block 2"] and stream.getvalue() == ""
+    assert Progress(3, False, logged.append, stream=_Stream(True)).bar is None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 
 class Recent:
     """A growing list read from a moving start: ``since(keep)`` skips (for good) leading items for
@@ -17,15 +19,17 @@ class Recent:
 
 
 class Progress:
-    """A tqdm bar over global steps with the headline metrics (plain lines when disabled)."""
+    """A tqdm bar over global steps with the headline metrics, on a terminal only: redirected to a file,
+    every redraw would stay in it, so there (and when disabled) the step blocks are plain lines."""
 
-    def __init__(self, total: int, enabled: bool, log) -> None:
+    def __init__(self, total: int, enabled: bool, log, stream=None) -> None:
         self.bar = None
         self.log = log
-        if enabled:
+        stream = sys.stderr if stream is None else stream
+        if enabled and stream.isatty():
             from tqdm import tqdm
 
-            self.bar = tqdm(total=total, desc="global steps", unit="step", dynamic_ncols=True)
+            self.bar = tqdm(total=total, desc="global steps", unit="step", dynamic_ncols=True, file=stream)
 
     def update(self, step: int, metrics: dict[str, float]) -> None:
         if self.bar is not None:

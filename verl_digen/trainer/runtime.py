@@ -523,7 +523,6 @@ class DigenRuntime:
                 self._check_signal(after=g + 1)
 
         run(sched, backend, on_complete, check=False)
-        self.scheduler = sched
         return backend.t0
 
     def _validate(self, result: RunResult, step: int) -> None:

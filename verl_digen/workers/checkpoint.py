@@ -147,12 +147,6 @@ def read_meta(path: str | Path) -> dict[str, Any]:
     return json.loads((Path(path) / META_FILE).read_text())
 
 
-def trainer_path(path: str | Path) -> Path:
-    """The checkpoint's trainer file; a clear error when the checkpoint is not complete."""
-    read_meta(path)
-    return Path(path) / TRAINER_FILE
-
-
 # -- write ----------------------------------------------------------------------------------------
 def _split(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tensors for trainer.pt, the JSON rest) of the trainer's payload."""
