@@ -55,7 +55,7 @@ def pytest_collection_modifyitems(items):
             item.add_marker(pytest.mark.ray)
         if item.get_closest_marker("ray"):
             item.add_marker(pytest.mark.slow)
-    rank: dict[str, int] = {}
+    rank: dict[object, int] = {}  # test file -> group
     for item in items:
         weight = 0 if item.get_closest_marker("ray") else 1 if item.get_closest_marker("slow") else 2
         rank[item.path] = min(rank.get(item.path, 2), weight)

@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TextIO
 
 from verl_digen.schedule import presets as preset_lib
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
@@ -189,14 +190,44 @@ def _check_prices(prices: dict[str, float], model: CostModel) -> None:
             _price_of(prices, hw)
 
 
+class StatusLine:
+    """Progress of a long search on a stream: one line rewritten in place on a terminal (a log file would
+    keep every version of it), plain lines elsewhere; the line is ended when the block exits."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self.stream, self.tty, self.pending = stream, stream.isatty(), False
+
+    def __call__(self, message: str) -> None:
+        if self.tty:
+            self.stream.write(f"\r\033[K  {message}")
+            self.pending = True
+        else:
+            self.stream.write(f"  {message}\n")
+        self.stream.flush()
+
+    def __enter__(self) -> StatusLine:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.pending:
+            self.stream.write("\n")
+            self.stream.flush()
+            self.pending = False
+
+
 def _plan_source(args: argparse.Namespace, prices: dict[str, float]):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
-    config or None)."""
-    from verl_digen.schedule.split_search import ceiling, colocated_baselines, on_budget, search
-
+    config or None); the search's progress on stderr."""
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
-    progress = lambda m: print(f"  {m}", file=sys.stderr, flush=True)  # noqa: E731
+    with StatusLine(sys.stderr) as progress:
+        return _plan_search(args, prices, policies, stal, progress)
+
+
+def _plan_search(args: argparse.Namespace, prices: dict[str, float], policies: tuple[str, ...],
+                 stal: tuple[float, ...] | None, progress: StatusLine):
+    from verl_digen.schedule.split_search import ceiling, colocated_baselines, on_budget, search
+
     if args.recipe or args.overrides:
         from verl_digen.trainer import planning
         from verl_digen.trainer.config import compose

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
 import re
 
 import pytest
 
-from verl_digen.cli import main
+from verl_digen.cli import StatusLine, main
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.export import chrome_trace, save_gantt_png
@@ -165,3 +166,18 @@ def test_table_columns_stay_aligned_when_a_baseline_is_missing(capsys):
         end = header.index(label) + len(label)
         assert row[end - 1] != " " and row[end:end + 1] in ("", " "), f"{label!r} column: {row!r}"
     assert row.split()[3:5] == ["-", "-"]
+
+
+class _Tty(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_search_progress_is_one_line_on_a_terminal_and_plain_lines_in_a_file():
+    tty, log = _Tty(), io.StringIO()
+    for stream in (tty, log):
+        with StatusLine(stream) as progress:
+            progress("simulated 50")
+            progress("simulated 100")
+    assert tty.getvalue() == "\r\033[K  simulated 50\r\033[K  simulated 100\n"
+    assert log.getvalue() == "  simulated 50\n  simulated 100\n"

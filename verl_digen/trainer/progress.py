@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from typing import TextIO
 
 
 class Recent:
@@ -22,7 +23,7 @@ class Progress:
     """A tqdm bar over global steps with the headline metrics, on a terminal only: redirected to a file,
     every redraw would stay in it, so there (and when disabled) the step blocks are plain lines."""
 
-    def __init__(self, total: int, enabled: bool, log, stream=None) -> None:
+    def __init__(self, total: int, enabled: bool, log, stream: TextIO | None = None) -> None:
         self.bar = None
         self.log = log
         stream = sys.stderr if stream is None else stream
