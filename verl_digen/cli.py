@@ -215,19 +215,13 @@ class StatusLine:
             self.pending = False
 
 
-def _plan_source(args: argparse.Namespace, prices: dict[str, float]):
+def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: StatusLine):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
-    config or None); the search's progress on stderr."""
-    policies = tuple(args.policies.split(","))
-    stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
-    with StatusLine(sys.stderr) as progress:
-        return _plan_search(args, prices, policies, stal, progress)
-
-
-def _plan_search(args: argparse.Namespace, prices: dict[str, float], policies: tuple[str, ...],
-                 stal: tuple[float, ...] | None, progress: StatusLine):
+    config or None)."""
     from verl_digen.schedule.split_search import ceiling, colocated_baselines, on_budget, search
 
+    policies = tuple(args.policies.split(","))
+    stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
     if args.recipe or args.overrides:
         from verl_digen.trainer import planning
         from verl_digen.trainer.config import compose
@@ -263,7 +257,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from verl_digen.schedule.split_search import ceiling_line, verdict
 
     prices = _prices(args.gpu_price)
-    name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args, prices)
+    with StatusLine(sys.stderr) as progress:  # the search's progress, ended before the table
+        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args, prices, progress)
     total = cluster.total_workers
     colo = colos[args.baseline]
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +

@@ -62,12 +62,13 @@ def apply_lora(
 
 def has_lora(model: DiffusionModel) -> bool:
     """Whether LoRA adapters are injected into ``model.transformer``."""
-    if "peft" not in sys.modules:  # adapters are peft layers: none exist before peft is imported
-        return False
     return bool(_tuner_layers(model))
 
 
 def _tuner_layers(model: DiffusionModel) -> list[torch.nn.Module]:
+    """The model's peft adapter layers (none can exist before peft is imported, so it is not imported here)."""
+    if "peft" not in sys.modules:
+        return []
     from peft.tuners.tuners_utils import BaseTunerLayer
 
     return [m for m in model.transformer.modules() if isinstance(m, BaseTunerLayer)]
@@ -110,7 +111,7 @@ def load_lora_state_dict(model: DiffusionModel, state_dict: dict[str, torch.Tens
 def disable_adapters(model: DiffusionModel) -> Iterator[DiffusionModel]:
     """Run ``model`` as its base (reference) policy inside the block; adapter state and every
     parameter's ``requires_grad`` are restored afterwards (peft toggles them when disabling)."""
-    layers = _tuner_layers(model) if has_lora(model) else []
+    layers = _tuner_layers(model)
     if not layers:
         raise ValueError("model has no LoRA adapters to disable")
     grads = {n: p.requires_grad for n, p in model.transformer.named_parameters()}
