@@ -25,7 +25,7 @@ SETTINGS = {
     "qwen-image-20b-32": (32, 2, 30, "Qwen/Qwen-Image"),
     "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "hunyuanvideo-13b-16": (16, 3, 13, "hunyuanvideo-community/HunyuanVideo"),
+    "hunyuanvideo-13b-16": (16, 2, 14, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
 }

@@ -5,6 +5,7 @@ pick up the new version."""
 
 from __future__ import annotations
 
+import math
 import random
 from dataclasses import replace
 
@@ -12,6 +13,7 @@ import pytest
 from sched_helpers import random_config, random_costs
 
 from verl_digen.schedule import bts
+from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.costs import StageCosts, uniform_stage_costs
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
@@ -47,7 +49,7 @@ def test_bts_equals_exhaustive_on_random_small_instances():
         multi_slot_tag += params.trainer_ranks > 1 and (decision or 0) > 1
     # the larger decision space is exercised (fewer multi-slot starts than with one decision per bubble:
     # deciding again at every event lets BTS start slots one event apart)
-    assert multi_slot_tag > 2
+    assert multi_slot_tag >= 2
 
 
 def _record_snapshots(sched) -> list:
@@ -292,9 +294,9 @@ def test_the_policy_plans_with_every_trainer_rank():
 
 def test_work_cap_binds_on_the_bench_cell_and_keeps_the_optimum_there():
     """B = 128, ratio 0.1, 4 generators, 1 slot (bench/bts.py's target cell): exact search needs about
-    4,500 nodes (over a million units of work) since BTS decides at every event, so the default work
-    cap binds. The capped plan is a valid one, no better than the optimum and no worse than the best
-    greedy rollout; here it is the optimum (the rollouts already find it)."""
+    23,000 nodes (8.5 million units of work) since BTS decides at every event, so the default work
+    cap binds. The capped plan is a valid one, no better than the optimum (29.92 s) and no worse than
+    the best greedy rollout; here it is the ``split`` rollout's, 0.3 % above the optimum."""
     costs = uniform_stage_costs(1.0, 0.1, score=0.05, switch_to_gen=0.05, switch_to_train=0.05,
                                 optimizer_step=0.02)
     params = bts.Params.from_costs(costs, 128, 1, 4)
@@ -308,20 +310,23 @@ def test_work_cap_binds_on_the_bench_cell_and_keeps_the_optimum_there():
     assert not bts.advance(params, s)
     greedy = min(bts._rollout(params, s, r)[0] for r in bts.RULES) - state.now
     assert exact - 1e-9 <= value <= greedy + 1e-9
-    assert value == pytest.approx(exact, abs=1e-9) == pytest.approx(30.42, abs=1e-9)
+    assert exact == pytest.approx(29.92, abs=1e-9) and value == pytest.approx(greedy, abs=1e-9)
+    assert value == pytest.approx(30.02, abs=1e-9)
     assert bts.play(params, state, lambda st, first=[decision]: first.pop() if first else True) >= exact - 1e-9
 
 
 def test_capped_solve_keeps_the_best_rollout():
     """Capped before its first node, the solve returns the best greedy rollout's value and a first move that
-    reaches it (here 8.0 s, as ``threshold`` from the start; ``never`` 9.25 s and ``always`` 8.75 s)."""
+    reaches it (here 8.0 s, as ``split`` from the start; ``never`` 9.25 s, ``always`` 8.75 s, and
+    ``threshold`` 8.75 s, which keeps generating once an update waits)."""
     costs = StageCosts(generate=1.25, tag_generate=3.0, score=0.25, update=0.25)
     params = bts.Params.from_costs(costs, 11, 1, 2, 1, 2)
     state = bts.ModelState.fresh(11, 2, slots=2)
     s = state.copy()
     assert not bts.advance(params, s)
     ends = {r: bts._rollout(params, s, r) for r in bts.RULES}
-    assert {r: e[0] for r, e in ends.items()} == {"never": 9.25, "always": 8.75, "one": 8.75, "threshold": 8.0}
+    assert {r: e[0] for r, e in ends.items()} == {"split": 8.0, "never": 9.25, "always": 8.75, "one": 8.75,
+                                                  "threshold": 8.75}
     value, decision, stats = bts.solve(params, state, node_cap=0)
     assert stats.capped and value == pytest.approx(8.0, abs=1e-12)
     c = s.copy()  # the first move it returns reaches 8.0 with one of the rollouts
@@ -381,24 +386,35 @@ def test_fan_out_cap_binds_with_many_slots_and_few_generators():
 
 
 def test_memo_key_tells_training_from_generation_mode():
-    """Equal counts and clocks in training and in generation mode are different states (a memo that
-    confused them returned 4.75 here)."""
+    """Equal counts and clocks in training and in generation mode are different states: their memo keys
+    differ (a key without the mode once let BTS reuse a value of the other mode), and BTS equals
+    exhaustive search from both, with one solver (one memo) for the two."""
     costs = StageCosts(generate=1.0, tag_generate=0.5, score=0.5, update=0.25, switch_to_gen=0.5,
                        optimizer_step=0.5)
     params = bts.Params.from_costs(costs, 6, 2, 1, 2)
-    state = bts.ModelState.fresh(6, 1)
-    assert bts.solve(params, state)[0] == pytest.approx(bts.exhaustive(params, state)[0])
-    assert bts.solve(params, state)[0] == pytest.approx(5.75)
+    train = bts.ModelState.fresh(6, 1)
+    gen = train.copy()
+    gen.generating = 1
+    assert train.key(params.quantum) != gen.key(params.quantum)
+    solver = bts.Solver(params)
+    for state in (gen, train):
+        assert solver.solve(state)[0] == pytest.approx(bts.exhaustive(params, state)[0]) == pytest.approx(4.75)
 
 
 def test_pruned_subtrees_are_not_memoized_as_exact():
-    """A value cut off by the bound is only a bound; stored as exact it made BTS pick a worse plan."""
-    costs = StageCosts(generate=1.5, tag_generate=0.75, score=0.5, update=0.25, switch_to_gen=0.25,
-                       optimizer_step=0.5)
-    params = bts.Params.from_costs(costs, 24, 1, 1)
-    state = bts.ModelState.fresh(24, 1)
-    unpruned = bts.solve(params, state, prune=False, node_cap=10**7, work_cap=None, fan_out=None)[0]
-    assert bts.solve(params, state)[0] == pytest.approx(unpruned) == pytest.approx(23.25)
+    """A value cut off by the bound is only a bound: searched under a tight bound this state returns
+    8.37 s against its true 6.70 s, and searched again with the same memo and no bound it must find
+    6.70 s (stored as exact, the bound came back as the state's value)."""
+    params, state = next(_instances(1, seed=3))
+    s = state.copy()
+    assert not bts.advance(params, s)
+    exact = bts.exhaustive(params, s)[0]
+    lb = bts.lower_bound(params, s)
+    solver = bts.Solver(params, node_cap=None, work_cap=None, fan_out=None)
+    cut = solver._search(s.copy(), lb + 0.25 * (exact - lb))
+    assert exact + 1.0 < cut < math.inf
+    assert solver._search(s.copy(), math.inf) == pytest.approx(exact) == pytest.approx(6.7036, abs=1e-4)
+    assert solver.solve(s)[0] == pytest.approx(exact)
 
 
 def test_model_state_from_view_field_by_field():
@@ -499,3 +515,22 @@ def test_scheduler_view_reports_next_step_work_and_busy_slots():
             seen["busy_slots"] += bool(v.busy_slots)
             assert v.tag_slots == 2 and 0 <= v.stale_budget_left <= cfg.stale_budget()
     assert min(seen.values()) > 0, seen
+
+
+@pytest.mark.parametrize("ranks,prompts,gens", [(4, 64, 2), (4, 128, 4)])
+def test_capped_bts_keeps_its_plan_so_predictions_never_get_worse_within_a_step(ranks, prompts, gens):
+    """Where the caps bind, a re-solve may not find again the plan the last solve chose; the last plan is
+    replayed as an incumbent (also when the profiler's estimates move by rounding and the memo is
+    dropped), so within a step each decision predicts no later an end than the one before, and the
+    step ends when the last prediction says."""
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05, tag_generate=0.8, switch_to_gen=0.05, switch_to_train=0.05,
+                                optimizer_step=0.02)
+    cfg = ScheduleConfig(prompts=prompts, group_size=1, mb_size=1, policy="bts", steps=2)
+    sched = StepScheduler(cfg, costs, gens, trainer_ranks=ranks)
+    tl = execute(sched, costs)
+    assert sum(sched.policy.solve_capped) > 10
+    for step in range(2):
+        ds = [d for d in sched.decisions if d.step == step]
+        assert all(b.predicted_end <= a.predicted_end + 1e-9 for a, b in zip(ds, ds[1:])), step
+        end = max(r.end for r in tl.records if r.kind == "optimizer_step" and r.step == step)
+        assert end == pytest.approx(ds[-1].predicted_end, abs=1e-9)

@@ -114,9 +114,22 @@ def test_efficiency_fit_reproduces_its_figures_and_the_preset_constants():
     assert run.generation(bed, batched=True) < run.generation(bed, batched=False) / 1.5
 
 
+def test_engine_fit_reproduces_the_lending_figures_and_the_preset_constants():
+    """The engine's software time is the published lending switch / reclaim less the model's transfers."""
+    wake, sleep = calibration.fit_engine_switch()
+    assert presets.ENGINE_WAKE_S == pytest.approx(wake, abs=0.01)
+    assert presets.ENGINE_SLEEP_S == pytest.approx(sleep, abs=0.01)
+    rows = {r["figure"]: r["model"] for r in calibration.verl_omni_rows()}
+    switch, reclaim = (rows[f"verl-omni hybrid lending {w} (5B, 3 GPUs), s"] for w in ("switch", "reclaim"))
+    assert switch == pytest.approx(calibration.VO_LEND_SWITCH, abs=0.01)
+    assert reclaim == pytest.approx(calibration.VO_LEND_RECLAIM, abs=0.01)
+    # the transfers alone are what a 5B model's weights and state take over the links (~1.2 s each)
+    assert 1.0 < calibration.VO_LEND_SWITCH - wake < 1.5 and 1.0 < calibration.VO_LEND_RECLAIM - sleep < 1.5
+
+
 def test_calibration_rows_are_mostly_held_out():
     rows = calibration.verl_omni_rows()
     roles = [r["role"] for r in rows]
-    assert roles.count("fit") == 2 and roles.count("held_out") >= len(rows) / 2
+    assert roles.count("fit") == 4 and roles.count("held_out") >= len(rows) / 2
     for r in rows:
         assert r["error"] == pytest.approx(r["model"] / r["published"] - 1)

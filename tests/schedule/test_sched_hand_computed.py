@@ -638,7 +638,8 @@ def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_event(
     """The scheduler caps a decision at the free slots and the undispatched micro-batches, and decides
     once per event: with 2 slots and a policy that asks for 1, the decision at 0 switches to generation
     mode (free here), the switch's end (a new event, also at 0) decides for the other slot, and the next
-    decision comes when the slots and the generator free at 1."""
+    decisions come when every slot is free (at 1 and 2): with every slot free the trainer may go on
+    generating though updates wait, and it switches back once the policy starts nothing more (at 3)."""
     from dataclasses import dataclass
 
     from verl_digen.schedule.costs import uniform_stage_costs
@@ -662,7 +663,9 @@ def test_a_policy_asking_for_more_than_is_left_gets_what_is_left_once_per_event(
     one = StepScheduler(ScheduleConfig(prompts=6, group_size=1, mb_size=1), costs, 1, Ask(1), trainer_ranks=2)
     execute(one, costs)
     assert [(d.time, d.undispatched, d.slots, d.free_slots) for d in one.decisions] == [
-        (0.0, 5, 1, 2), (0.0, 4, 1, 1), (1.0, 3, 1, 2)]
+        (0.0, 5, 1, 2), (0.0, 4, 1, 1), (1.0, 3, 1, 2), (2.0, 1, 1, 2)]
+    switch = next(r for r in one.timeline.records if r.kind == "switch_to_train")
+    assert (switch.start, min(r.start for r in one.timeline.records if r.kind == "update")) == (3.0, 3.0)
 
 
 def test_profile_dict_round_trip_keeps_keep_fraction_name_and_pools():

@@ -18,8 +18,12 @@ keeps the smallest end:
 - branch and bound with an admissible lower bound (:func:`lower_bound`: trainer work left vs. the
   generator pool's mandatory work, with the best fractional split of the remaining generations
   between both, solved in closed form);
-- an incumbent from greedy rollouts (never / always / one / threshold) from each decision open now,
-  which also orders the search (the decision with the best rollout first).
+- an incumbent from greedy rollouts (split / never / always / one / threshold; ``split`` starts what
+  the bound's best split says) from each decision open now, which also orders the search (the
+  decision with the best rollout first);
+- the last solve's best plan, replayed as one more incumbent (kept across a change of the cost
+  estimates, which drops the memo): where the caps bind, a re-solve might not find that plan again,
+  and the predicted end would get worse from one decision to the next.
 
 Caps bound one solve (:class:`Solver`; None lifts one). The *fan-out cap* (``DEFAULT_FAN_OUT`` = 5)
 tries at most 5 counts per decision: all of them while at most 4 slots can start, else 0, all, the
@@ -249,7 +253,8 @@ def advance(p: Params, s: ModelState) -> bool:
 
     Generators, when idle: score (current step, then next), pick up the new version, generate, (TCSS)
     generate ahead while no TAG is in flight. Trainer: launch reserved TAG after the switch; update /
-    switch back / optimizer step; else a decision. The hot loop of the search: state is kept in locals.
+    optimizer step; else a decision (in generation mode with updates waiting: once every slot is free,
+    and a skip switches back). The hot loop of the search: state is kept in locals.
     """
     n_gen, n_mb, ranks = p.gen_workers, p.micro_batches, p.trainer_ranks
     gen_end, gen_task, gen_mb, lagging = s.gen_end, s.gen_task, s.gen_mb, s.gen_lagging
@@ -294,18 +299,22 @@ def advance(p: Params, s: ModelState) -> bool:
                 slot_mb.append(mb)
             s.reserved = []
         if not trainer_task:
-            if update_queue or not_updated == 0:
+            ready = update_queue or not_updated == 0
+            if generating:  # a free slot; with training work waiting, only once every slot is free
+                due = not slot_end if ready else len(slot_end) < ranks
+            else:
+                due = not ready
+            if due and dispatched < n_mb and not decided:
+                break
+            if ready:
                 if generating:
                     if not slot_end:
                         trainer_task, trainer_end = T_SWITCH_TO_TRAIN, now + p.switch_to_train
+                elif update_queue:
+                    update_queue -= p.update_size
+                    trainer_task, trainer_end = T_UPDATE, now + p.update
                 else:
-                    if update_queue:
-                        update_queue -= p.update_size
-                        trainer_task, trainer_end = T_UPDATE, now + p.update
-                    else:
-                        trainer_task, trainer_end = T_OPT, now + p.optimizer_step
-            elif dispatched < n_mb and not decided and (not generating or len(slot_end) < ranks):
-                break
+                    trainer_task, trainer_end = T_OPT, now + p.optimizer_step
         # next completion(s)
         t_next = trainer_end if trainer_task else INF
         for w in range(n_gen):
@@ -474,28 +483,40 @@ def bound_and_split(p: Params, s: ModelState) -> tuple[float, int]:
     return best, best_x
 
 
-def _rollout(p: Params, s: ModelState, rule: str) -> tuple[float, int, int]:
+RULES = ("split", "never", "always", "one", "threshold")
+#: a decision sequence as a linked list: (TAG micro-batches to start at the next decision, the rest)
+Plan = tuple | None
+
+
+def _rollout(p: Params, s: ModelState, rule: str, plan: Plan = None) -> tuple[float, int, int, Plan]:
     """A greedy policy played from ``s`` (a decision state; the incumbent): (end time, first decision,
-    search work spent)."""
+    search work spent, its decisions). ``rule="plan"`` replays ``plan`` (clamped to what is open; the
+    rule ``never`` once it runs out)."""
     s = s.copy()
-    work, first = s.work, None
+    work, first, taken = s.work, None, []
     while first is None or not advance(p, s):
         most = min(s.free, p.micro_batches - s.dispatched)
-        if rule == "never":
+        if rule == "plan":
+            k, plan = (min(plan[0], most), plan[1]) if plan is not None else (0, None)
+        elif rule == "never":
             k = 0
         elif rule == "always":
             k = most
         elif rule == "one":
             k = min(1, most)
+        elif rule == "split":
+            k = min(most, bound_and_split(p, s)[1]) if most else 0
         else:
             k = most if (p.micro_batches - s.dispatched) >= 0.3 * p.micro_batches else 0
         if first is None:
             first = k
+        taken.append(k)
         apply(p, s, k)
-    return s.now, first, s.work - work
+    path = None
+    for k in reversed(taken):
+        path = (k, path)
+    return s.now, first, s.work - work, path
 
-
-RULES = ("never", "always", "one", "threshold")
 
 DEFAULT_FAN_OUT = 5  # decisions tried per bubble: exact while at most 4 TAG slots are free
 DEFAULT_WORK_CAP = 60_000  # search work per solve (rollouts included): about 7 ms on the 2-core CI machine
@@ -527,9 +548,12 @@ class Solver:
     node_cap: int | None = DEFAULT_NODE_CAP
     work_cap: int | None = DEFAULT_WORK_CAP
     fan_out: int | None = DEFAULT_FAN_OUT
-    exact: dict = field(default_factory=dict)
+    exact: dict = field(default_factory=dict)  # memo: state key -> (remaining time, its best plan)
     lbs: dict = field(default_factory=dict)
     stats: SearchStats = field(default_factory=SearchStats)
+    plan: Plan = None  # the last solve's best plan from its next decision on (replayed as an incumbent)
+    _plan_dispatched: int = 0
+    _path: Plan = None  # the plan behind the value ``_search`` last returned
     _node_budget: float = INF
     _work_budget: float = INF
 
@@ -554,47 +578,58 @@ class Solver:
         done = advance(p, s)
         st.work += s.work - state.work
         if done:
+            self.plan = None
             st.seconds += time.perf_counter() - t_start
             return s.now - t0, None
         base = s.now - t0
+        # the last solve's plan goes on from here (a new step starts with nothing dispatched: drop it)
+        plan = self.plan if s.dispatched >= self._plan_dispatched else None
         # the decisions open now, each played to the next decision; then greedy rollouts from each (the
         # incumbent, and the order in which they are searched: the best rollout first)
-        kids = []  # [best rollout value (exact if the step ended), k, child state, time to it, step ended]
-        for k in self._choices(s, bound_and_split(p, s)[1]):
+        kids = []  # [best rollout value (exact if the step ended), k, child state, time to it, step ended, plan]
+        ks = self._choices(s, bound_and_split(p, s)[1])
+        if plan is not None and plan[0] not in ks and plan[0] <= min(s.free, p.micro_batches - s.dispatched):
+            ks = sorted([*ks, plan[0]])
+        for k in ks:
             c = s.copy()
             apply(p, c, k)
             done = advance(p, c)
             st.work += c.work - s.work
-            kids.append([c.now - s.now if done else INF, k, c, c.now - s.now, done])
+            kids.append([c.now - s.now if done else INF, k, c, c.now - s.now, done, None])
         if self.prune:
-            for r in RULES:  # on a huge step the rollouts alone could eat the budget: keep half for the search
-                for kid in kids:
-                    if self.work_cap is not None and st.work - work0 > self.work_cap / 2 and kid[0] < INF:
-                        continue
-                    if not kid[4]:
-                        end, _, work = _rollout(p, kid[2], r)
-                        st.work += work
-                        kid[0] = min(kid[0], end - s.now)
-        incumbent = min(((kid[0], kid[1]) for kid in kids), default=(INF, 0))
+            rules = [("plan", kid) for kid in kids if plan is not None and kid[1] == plan[0]]
+            rules += [(r, kid) for r in RULES for kid in kids]
+            for r, kid in rules:  # on a huge step the rollouts alone could eat the budget: keep half for the search
+                if self.work_cap is not None and st.work - work0 > self.work_cap / 2 and kid[0] < INF:
+                    continue
+                if not kid[4]:
+                    end, _, work, path = _rollout(p, kid[2], r, plan[1] if r == "plan" else None)
+                    st.work += work
+                    if end - s.now < kid[0]:
+                        kid[0], kid[5] = end - s.now, path
+        incumbent = min(((kid[0], kid[1], kid[5]) for kid in kids), default=(INF, 0, None))
         ub = incumbent[0] + 1e-7 * (1 + abs(s.now)) if self.prune else INF
-        best, decision = INF, 0
-        for _rolled, k, c, dt, done in sorted(kids, key=lambda kid: (kid[0], kid[1])):
+        best, decision, rest = INF, 0, None
+        for _rolled, k, c, dt, done, _path in sorted(kids, key=lambda kid: (kid[0], kid[1])):
             v = dt if done else dt + self._search(c, min(ub, best) - dt)
             if v < best - EPS:
-                best, decision = v, k
+                best, decision, rest = v, k, None if done else self._path
         if st.capped and incumbent[0] < best - EPS:
-            best, decision = incumbent  # the search stopped short of the best rollout
+            best, decision, rest = incumbent  # the search stopped short of the best rollout
         if best == INF:  # capped before any plan was completed (no rollouts): fall back to the greedy rules
             st.capped = True
             ends = {r: _rollout(p, s, r)[0] for r in ("never", "always")}
             decision = min(s.free, p.micro_batches - s.dispatched) if ends["always"] < ends["never"] else 0
-            best = min(ends.values()) - s.now
+            best, rest = min(ends.values()) - s.now, None
+        self.plan, self._plan_dispatched = rest, s.dispatched
         st.seconds += time.perf_counter() - t_start
         return base + best, decision
 
     def _search(self, s: ModelState, ub: float) -> float:
+        """Best remaining time from ``s`` (INF: not below ``ub``, or capped); its plan in ``_path``."""
         st = self.stats
         st.nodes += 1
+        self._path = None
         if st.nodes > self._node_budget or st.work > self._work_budget:
             st.capped = True
             return INF
@@ -602,9 +637,10 @@ class Solver:
         key = None
         if self.memo:
             key = s.key(p.quantum, p.unit_size > 1)
-            v = self.exact.get(key)
-            if v is not None:
+            hit = self.exact.get(key)
+            if hit is not None:
                 st.memo_hits += 1
+                v, self._path = hit
                 return v
             if self.lbs.get(key, -INF) >= ub:
                 st.memo_hits += 1
@@ -618,24 +654,26 @@ class Solver:
             if key is not None:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
             return INF
-        best = INF
+        best, path = INF, None
         for k in reversed(self._choices(s, hint)):  # the most TAG first: finds a good incumbent early
             c = s.copy()
             apply(p, c, k)
             done = advance(p, c)
             st.work += c.work - s.work
             if done:
-                v = c.now - s.now
+                v, rest = c.now - s.now, None
             else:
                 dt = c.now - s.now
                 v = dt + self._search(c, min(ub, best) - dt)
+                rest = self._path
             if v < best:
-                best = v
+                best, path = v, (k, rest)
         if key is not None and not st.capped:
             if best < ub:
-                self.exact[key] = best
+                self.exact[key] = (best, path)
             else:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
+        self._path = path
         return best
 
 
@@ -711,7 +749,10 @@ class BtsPolicy:
         params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers,
                                    ctx.update_size, ctx.trainer_ranks)
         if not self.reuse or self._solver is None or self._solver.params != params:
+            old = self._solver
             self._solver = Solver(params, node_cap=self.node_cap, work_cap=self.work_cap, fan_out=self.fan_out)
+            if old is not None:  # new costs void the memo, not the plan: it stays an incumbent to replay
+                self._solver.plan, self._solver._plan_dispatched = old.plan, old._plan_dispatched
         before = self._solver.stats.seconds
         value, decision = self._solver.solve(ModelState.from_view(ctx.snapshot()))
         self.solve_seconds.append(self._solver.stats.seconds - before)

@@ -23,10 +23,11 @@ scheduling core"):
 - A micro-batch enters the Update Queue once every micro-batch of its release unit (its GRPO groups,
   ``update_units`` consecutive units of them; the whole batch in ``separate`` mode) is scored.
 - Trainer, when idle: publish the version its last optimizer step produced (once; generators fetch
-  it themselves); update from the Update Queue if non-empty (switching back from generation mode
-  first, once every TAG slot has finished); after the step's last update, the optimizer step.
-  Otherwise it is in a *bubble*: if micro-batches are still waiting to be generated, the TAG policy
-  decides how many of the free TAG slots generate one each (0 = wait for the Update Queue). It
+  it themselves); update from the Update Queue if non-empty; after the step's last update, the
+  optimizer step. In generation mode with updates waiting it lets the busy TAG slots finish; once
+  every slot is free the TAG policy decides whether they go on generating (0 = switch back). Otherwise
+  it is in a *bubble*: if micro-batches are still waiting to be generated, the TAG policy decides how
+  many of the free TAG slots generate one each (0 = wait for the Update Queue). It
   decides at every event (a batch of completions at one instant: a generator, a TAG slot or the
   trainer freeing) that leaves the trainer so, at most once per event: after a skip the next decision
   comes at the next event, not only after the trainer's next action.
@@ -266,11 +267,8 @@ class StepScheduler:
             v, self._publish_pending = self._publish_pending, None
             return [Action(PUBLISH, (TRAINER,), v - 1, v)]
         st = self._steps[ts]
-        if st.uq or st.updated == self.M:
-            if self.trainer_mode == GEN_MODE:
-                if any(self._busy[w] is not None for w in self.slots):
-                    return []  # drain the TAG slots first
-                return [Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)]
+        ready = bool(st.uq) or st.updated == self.M  # training work (or the optimizer step) is due
+        if ready and self.trainer_mode == TRAIN_MODE:
             if st.uq:
                 mbs = [st.uq.popleft() for _ in range(self.update_size)]
                 a = self._mb_action(UPDATE, TRAINER, ts, ts, mbs[0])
@@ -278,6 +276,17 @@ class StepScheduler:
                 a.samples = tuple(s for i in mbs for s in self.partition.micro_batches[i].samples)
                 return [a]
             return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]  # its end moves train_step on
+        if not ready:
+            return self._bubble(now)
+        if any(self._busy[w] is not None for w in self.slots):
+            return []  # drain the TAG slots first
+        # every slot is free with training work waiting: go on generating (a decision) or switch back
+        return self._bubble(now) or [Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)]
+
+    def _bubble(self, now: float) -> list[Action]:
+        """A TAG decision over the free slots, if one is due: the actions it starts (none for a skip)."""
+        ts = self.train_step
+        st = self._steps[ts]
         undispatched = self.M - st.next
         free = self.free_slots()
         if undispatched <= 0 or self._decided or free == 0:
