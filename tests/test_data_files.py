@@ -64,7 +64,8 @@ def test_val_files_checked_like_train_files(tmp_path):
     assert validate(_cfg(tmp_path, f"data.val_files={val}", "trainer.test_freq=2", "trainer=colocated")) == []
     warnings = validate(_cfg(tmp_path, f"data.val_files={val}"))
     assert any("validation never runs" in w for w in warnings)
-    assert any("no effect" in w for w in validate(_cfg(tmp_path, "trainer.test_freq=2")))
+    with pytest.raises(ConfigError, match="while data.val_files is null"):  # inert: refused (test_reliability)
+        validate(_cfg(tmp_path, "trainer.test_freq=2"))
     bad = _parquet(tmp_path / "bad.parquet", text=["a"])
     for overrides, key, part in [
         ([f"data.val_files={bad}"], "data.val_files", "no column 'prompt'"),

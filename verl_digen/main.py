@@ -13,6 +13,7 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
+from verl_digen.trainer import checks
 from verl_digen.trainer.config import ConfigError, RunConfig, load, validate
 from verl_digen.trainer.planning import resolve_auto
 
@@ -88,6 +89,10 @@ def _hydra_main(raw: DictConfig) -> None:
             print(f"warning: {w}", file=sys.stderr)
         print(dry_run(cfg))
         return
+    done = checks.finished(cfg)
+    if done is not None:  # before Ray and the workers start (about 90 s on a cluster)
+        print(done)
+        return
     try:
         run(cfg)
     except ConfigError as err:  # e.g. pools that the Ray cluster cannot place
@@ -119,8 +124,9 @@ def failure_line(err: BaseException, cfg: RunConfig, argv: list[str] | None = No
 
     if isinstance(err, ray.exceptions.RayActorError):
         what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
-    else:
-        what = f"{type(err).__name__}"
+    else:  # the message's first line: a failed call carries the worker and its error there
+        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        what = f"{type(err).__name__}: {first}" if first else type(err).__name__
     found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
     reason = f"the run failed: {what}"
     if found:

@@ -9,6 +9,8 @@ import os
 import random
 import re
 import socket
+import subprocess
+import sys
 import threading
 from pathlib import Path
 
@@ -328,6 +330,17 @@ BAD_INPUT = {
                      "data.train_files", "p.jsonl:1: 'prompt' must be a string, got null"),
     "prompts-suffix": (lambda t: [f"data.train_files={_file(t, 'p.csv', b'a cat')}"], "data.train_files",
                        "expected a .txt, .jsonl or .parquet"),
+    "batch-huge": (lambda t: ["data.train_batch_size=100000000"], "data.train_batch_size", "GiB of bookkeeping"),
+    "batch-trajectories": (lambda t: ["data.train_batch_size=100000"], "data.train_batch_size", "GiB of latents"),
+    "group-huge": (lambda t: ["rollout.n=100000"], "rollout.n", "a group size in [2, 1024]"),
+    "sampling-steps-huge": (lambda t: ["rollout.num_steps=1000000"], "rollout.num_steps", "at most 1000 sampling"),
+    "latent-huge": (lambda t: ["model.latent_size=1000000"], "model.latent_size", "an even number in [2, 512]"),
+    "lr-huge": (lambda t: ["actor.lr=1e30"], "actor.lr", "a number in (0, 1]"),
+    "lora-alpha-without-lora": (lambda t: ["model.lora_alpha=8"], "model.lora_alpha", "null while model.lora_rank=0"),
+    "target-modules-without-lora": (lambda t: ["model.target_modules=[to_q]"], "model.target_modules",
+                                    "null while model.lora_rank=0"),
+    "test-freq-without-val-files": (lambda t: ["trainer.test_freq=2"], "trainer.test_freq",
+                                    "while data.val_files is null"),
 }
 #: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
 _J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'
@@ -355,6 +368,37 @@ def test_config_md_table_lists_exactly_the_tested_classes():
     assert sorted(rows) == sorted(BAD_INPUT), "docs/config.md's bad-input table and BAD_INPUT differ"
 
 
+def test_a_huge_batch_is_refused_without_allocating_it(tmp_path):
+    """``data.train_batch_size=100000000`` once grew ``validate()`` to 21.7 GB until the kernel killed it.
+    Refused from the config alone: the whole command, interpreter and imports included, stays under 1 GB."""
+    code = ("from verl_digen.trainer.config import ConfigError, compose, validate\n"
+            "try:\n    validate(compose(['data.train_batch_size=100000000']))\nexcept ConfigError as e:\n"
+            "    print(e)\n    raise SystemExit(2)\n")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, cwd=tmp_path, env=env)
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 2 and "data.train_batch_size" in out and "bookkeeping" in out, out
+    assert usage.ru_maxrss * 1024 < 2**30, usage.ru_maxrss  # Linux reports KiB
+
+
+def test_a_finished_run_says_so_before_ray(tmp_path, monkeypatch, capsys):
+    """Resuming a checkpoint already at ``trainer.total_steps`` used to start Ray and both pools (~90 s) first."""
+    from verl_digen import main as main_mod
+
+    ck = fake_checkpoint(tmp_path / "ckpt", 2)
+    cfg = compose([f"trainer.resume_from={ck}", "trainer.total_steps=2", f"trainer.trace_dir={tmp_path}/t"])
+    assert checks.finished(cfg) == (f"nothing to do: the checkpoint resumed ({ck}) is at step 2, and "
+                                    "trainer.total_steps=2; raise trainer.total_steps to train further")
+    assert checks.finished(compose([f"trainer.resume_from={ck}", "trainer.total_steps=3"])) is None
+    assert checks.finished(compose(["trainer.total_steps=1"])) is None  # a fresh start
+    monkeypatch.setattr(main_mod, "run", lambda cfg: pytest.fail("the run started"))
+    monkeypatch.setattr(sys, "argv", ["digen", f"trainer.resume_from={ck}", "trainer.total_steps=2",
+                                      f"trainer.trace_dir={tmp_path}/t"])
+    main_mod.main()
+    assert "nothing to do" in capsys.readouterr().out
+
+
 def test_fewer_prompts_than_the_batch_is_a_warning(tmp_path):
     files = _file(tmp_path, "p.txt", b"a cat\na dog\n")
     warnings = validate(compose([f"data.train_files={files}", "data.train_batch_size=4",
@@ -378,3 +422,68 @@ def test_main_prints_one_line_with_the_resume_command():
 
     line = _stopped_line("stopped by SIGTERM after step 3", "out/ckpt/global_step_3")
     assert "\n" not in line and line.endswith("trainer.resume_from=out/ckpt/global_step_3")
+
+
+def test_failure_line_carries_the_errors_message_not_only_its_type(tmp_path):
+    """A failed call (a custom reward that raised, a worker's error) used to end with only
+    ``the run failed: RuntimeError``: the line now says what the error said (its first line)."""
+    from verl_digen.main import failure_line
+
+    cfg = compose([f"trainer.default_local_dir={tmp_path}/ckpt"])
+    err = RuntimeError("ray::gen0.score() (pid=12, ip=127.0.0.1): my_reward returned 3 scores for 4 samples\n  tb")
+    assert failure_line(err, cfg, argv=[]) == (
+        "the run failed: RuntimeError: ray::gen0.score() (pid=12, ip=127.0.0.1): my_reward returned 3 scores for 4 "
+        "samples; no checkpoint to resume from (trainer.save_freq > 0 writes them)")
+    assert failure_line(ValueError(), cfg, argv=[]).startswith("the run failed: ValueError; ")
+
+
+@pytest.mark.parametrize("env,address,joined", [
+    ({}, "local", False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, "10.0.0.5:6379", True)])
+def test_a_cpu_run_starts_its_own_ray_and_says_which_cluster_it_joined(env, address, joined, monkeypatch, capsys):
+    """Without RAY_ADDRESS a CPU run starts its own Ray (never someone else's ``ray start`` cluster), with
+    no dashboard; with one it joins and says where in one line. (Ray's calls are recorded, not made: a
+    second Ray in the suite's process is not possible.)"""
+    import ray
+
+    from verl_digen.trainer import pools
+
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    calls = []
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", lambda address=None, **kw: calls.append((address, kw)))
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"gcs_address": address})())
+    monkeypatch.setattr(ray, "nodes", lambda: [{}, {}])
+    pools.ensure_ray(compose(["trainer.device=cpu"]))
+    (got, kw), = calls
+    assert got == address and kw["include_dashboard"] is False
+    out = capsys.readouterr().out
+    assert (f"joined the Ray cluster at {address} (2 node(s))" in out) is joined
+
+
+def test_a_resave_keeps_a_complete_checkpoint_of_the_step_at_every_moment(tmp_path, monkeypatch):
+    """Saving a step again (a resumed run) renames the old copy away before the new one moves in; a
+    kill between the two renames used to leave no complete copy (with max_checkpoints=1, none at all).
+    The replaced copy counts as the step's checkpoint until the new one is in place."""
+    root = tmp_path / "ckpt"
+    first = fake_checkpoint(root, 1)
+    renames, real_rename = [], Path.rename
+
+    def killed_after_the_first_rename(self, target):
+        renames.append(Path(target).name)
+        if len(renames) == 2:
+            raise KeyboardInterrupt  # the driver killed between the two renames
+        return real_rename(self, target)
+
+    monkeypatch.setattr(Path, "rename", killed_after_the_first_rename)
+    with pytest.raises(KeyboardInterrupt):
+        fake_checkpoint(root, 1, run_id="resumed")
+    monkeypatch.setattr(Path, "rename", real_rename)
+    assert renames == [f"{ckpt.REPLACED_PREFIX}global_step_1", "global_step_1"] and not first.exists()
+    found = ckpt.latest(root)
+    assert found is not None and ckpt.step_of(found) == 1 and ckpt.problem(found) is None
+    assert ckpt.read_meta(found)["extra"]["run_id"] == "old-run"  # the old copy, whole
+    again = fake_checkpoint(root, 1, run_id="resumed")  # the next save of the step puts the new one in place
+    assert ckpt.latest(root) == again and sorted(p.name for p in root.iterdir()) == ["global_step_1"]
+    assert ckpt.read_meta(again)["extra"]["run_id"] == "resumed"

@@ -23,6 +23,15 @@ MAX_POOL_WORKERS = 4096
 #: what one tiny CPU worker process takes (measured ~0.5 GB): the local CPU limit is RAM / this
 CPU_WORKER_BYTES = 512 * 2**20
 NONFINITE_ACTIONS = ("skip", "stop")
+#: upper bounds past which a value is a typo, not a workload (each refused with its reason)
+MAX_GROUP = 1024  # rollout.n
+MAX_SAMPLING_STEPS = 1000  # rollout.num_steps
+MAX_LATENT = 512  # model.latent_size (latents per side)
+MAX_LR = 1.0  # actor.lr
+#: what the driver keeps per sample of a step (scheduler records, prompt, reward, metrics), measured
+#: generously; with the trajectories (latents of every sampling step, float32) the step-size estimate
+DRIVER_BYTES_PER_SAMPLE = 4096
+LATENT_CHANNELS = 16  # every supported VAE (FLUX, SD3.5, Qwen-Image, Wan2.1, HunyuanVideo)
 
 #: the config a checkpoint records, checked on resume (changed keys are refused unless allowed)
 RESUME_KEYS = (
@@ -113,6 +122,62 @@ def numbers(cfg: Any) -> None:
                                                   and cfg.data.synthetic_prompts >= 1):
         raise _error("data.synthetic_prompts", cfg.data.synthetic_prompts, "an integer >= 1")
     _pools(cfg)
+
+
+def step_bytes(cfg: Any) -> tuple[int, int]:
+    """(driver bytes, trajectory bytes) one step holds at most, from the config alone: every sample's
+    bookkeeping, and every sample's trajectory (the latent after each sampling step, float32) in the
+    Update Queue at once, plus the TCSS share of the next step's."""
+    m, r = cfg.model, cfg.rollout
+    samples = cfg.data.train_batch_size * r.n
+    side = m.latent_size if m.latent_size is not None else 64
+    frames = (m.num_frames - 1) // 4 + 1 if m.num_frames else 1  # the video VAEs' 4x temporal compression
+    per_sample = LATENT_CHANNELS * side * side * frames * (r.num_steps + 1) * 4
+    ahead = 1 + (cfg.digen.tcss.staleness or 0)
+    return samples * DRIVER_BYTES_PER_SAMPLE, int(samples * ahead * per_sample)
+
+
+def sizes(cfg: Any) -> None:
+    """Upper bounds (a typo guard, each with its reason) and the step's memory from the config alone,
+    before anything is allocated: the driver's bookkeeping against this machine's memory, and on a local
+    CPU run (no ``RAY_ADDRESS``: the object store shares this machine) the trajectories too."""
+    m, r = cfg.model, cfg.rollout
+    if r.n > MAX_GROUP:
+        raise _error("rollout.n", r.n, f"a group size in [2, {MAX_GROUP}] (samples per prompt; GRPO recipes use "
+                     "8-24, and a group's trajectories are held until its last sample is scored)")
+    if r.num_steps > MAX_SAMPLING_STEPS:
+        raise _error("rollout.num_steps", r.num_steps, f"at most {MAX_SAMPLING_STEPS} sampling steps (flow-matching "
+                     "samplers use 10-50; each is a transformer forward per sample and a latent kept per step)")
+    if m.latent_size is not None and m.latent_size > MAX_LATENT:
+        raise _error("model.latent_size", m.latent_size, f"an even number in [2, {MAX_LATENT}] (latents per side; "
+                     f"{MAX_LATENT} is {MAX_LATENT * 8} px with the 8x VAEs)")
+    if cfg.actor.lr > MAX_LR:
+        raise _error("actor.lr", cfg.actor.lr, f"a number in (0, {MAX_LR:g}] (AdamW moves every weight by about lr "
+                     "per step; diffusion RL fine-tuning uses 1e-6 to 1e-4)")
+    driver, trajectories = step_bytes(cfg)
+    ram = _ram_bytes()
+    samples = cfg.data.train_batch_size * r.n
+    if driver > ram // 2:
+        raise _error("data.train_batch_size", cfg.data.train_batch_size,
+                     f"a batch whose step fits the driver: {samples:,} samples per step (x rollout.n={r.n}) need "
+                     f"~{driver / 2**30:,.1f} GiB of bookkeeping, over half of this machine's {ram / 2**30:.0f} GiB")
+    if cfg.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS") and trajectories > ram // 2:
+        raise _error("data.train_batch_size", cfg.data.train_batch_size,
+                     f"a batch whose trajectories fit this machine: {samples:,} samples per step hold "
+                     f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.num_frames, "
+                     f"rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
+
+
+def inert_lora_keys(cfg: Any) -> None:
+    """LoRA keys without LoRA would do nothing: refused, naming the key that turns them off (the
+    validation keys' counterpart is in ``user_inputs``)."""
+    m = cfg.model
+    if m.lora_rank == 0:
+        for key, value in (("model.lora_alpha", m.lora_alpha), ("model.target_modules", m.target_modules)):
+            if value is not None:
+                raise _error(key, value if not isinstance(value, list) else list(value),
+                             "null while model.lora_rank=0 (LoRA is off: a full fine-tune; set model.lora_rank > 0 "
+                             "to train adapters)")
 
 
 def _ram_bytes() -> int:
@@ -217,6 +282,19 @@ def check_resume(cfg: Any, path: str) -> list[str]:
                else f"set it back, or allow the change with 'trainer.resume_allow_changes=[{key}]'")
         raise _error(key, mine[key], f"{saved[key]!r} as in the checkpoint being resumed ({path}, run {run}): {how}")
     return warnings
+
+
+def finished(cfg: Any) -> str | None:
+    """What to say instead of starting Ray when the checkpoint being resumed is already at
+    ``trainer.total_steps`` (None: there are steps to run)."""
+    path = resolve_resume(cfg)
+    if path is None or ckpt.problem(path) is not None:
+        return None
+    step = (ckpt.read_meta(path).get("extra") or {}).get("step", ckpt.step_of(path))
+    if step is None or int(step) < cfg.trainer.total_steps:
+        return None
+    return (f"nothing to do: the checkpoint resumed ({path}) is at step {int(step)}, and trainer.total_steps="
+            f"{cfg.trainer.total_steps}; raise trainer.total_steps to train further")
 
 
 def lora_targets(cfg: Any) -> None:

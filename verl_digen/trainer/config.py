@@ -482,6 +482,8 @@ def validate(cfg: RunConfig) -> list[str]:
     if d.plan == "auto" and not d.profile:
         raise ConfigError("digen.plan", d.plan, "null unless digen.profile names the costs to plan with "
                           "(a profile file or a preset)")
+    checks.sizes(cfg)  # upper bounds and the step's memory, before anything is sized by the batch
+    checks.inert_lora_keys(cfg)
     checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
     from verl_digen.trainer import memory
 

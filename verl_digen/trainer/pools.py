@@ -84,3 +84,6 @@ def ensure_ray(cfg: RunConfig) -> None:
     if address == "local":
         kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
     ray.init(address=address, **kwargs)
+    if address != "local":
+        joined = ray.get_runtime_context().gcs_address
+        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s))", flush=True)

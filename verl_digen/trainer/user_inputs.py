@@ -37,8 +37,9 @@ def data(cfg: Any) -> list[str]:
         raise _error("trainer.log_val_generations", n, "an integer >= 0 (validation samples drawn as images)")
     warnings: list[str] = []
     if d.val_files is None:
-        if t.test_freq > 0:
-            warnings.append(f"trainer.test_freq={t.test_freq} has no effect without data.val_files")
+        if t.test_freq > 0:  # inert: refused rather than ignored
+            raise _error("trainer.test_freq", t.test_freq, "<= 0 while data.val_files is null (validation scores "
+                         "those prompts: set data.val_files, or leave trainer.test_freq at -1)")
         return warnings
     try:
         load_prompts(d.val_files, d.prompt_key)

@@ -39,6 +39,9 @@ TRAINER_FILE = "trainer.pt"
 META_FILE = "meta.json"
 STEP_PREFIX = "global_step_"
 PARTIAL_PREFIX = ".partial-"
+#: a complete checkpoint of a step being saved again, renamed out of the way; it counts as that step's
+#: checkpoint until the new one is in place (a kill between the two renames leaves it, and only it)
+REPLACED_PREFIX = ".replaced-"
 LOCK_FILE = ".digen-run.lock"
 #: the resolved run config, as YAML, next to the weights (for people; a resume checks ``extra["config"]``)
 CONFIG_FILE = "config.yaml"
@@ -92,7 +95,7 @@ def partial_dir(path: str | Path) -> Path:
 
 
 def step_of(path: str | Path) -> int | None:
-    name = Path(path).name
+    name = Path(path).name.removeprefix(REPLACED_PREFIX)
     if not name.startswith(STEP_PREFIX) or not name[len(STEP_PREFIX):].isdigit():
         return None
     return int(name[len(STEP_PREFIX):])
@@ -130,7 +133,8 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     r = Path(root)
     if not r.is_dir():
         return []
-    out = [(s, d) for d in r.iterdir() if (s := step_of(d)) is not None and problem(d) is None]
+    out = [(s, d) for d in r.iterdir() if (s := step_of(d)) is not None and problem(d) is None
+           and not (d.name.startswith(REPLACED_PREFIX) and step_dir(r, s).exists())]
     return sorted(out)
 
 
@@ -223,14 +227,12 @@ def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dic
                 "extra": dict(extra)}
         (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
         _fsync_dir(tmp)
-        if final.exists():  # the same step saved again (a resumed run): replace it whole
-            old = final.parent / f"{PARTIAL_PREFIX}old-{final.name}"
-            shutil.rmtree(old, ignore_errors=True)
-            final.rename(old)
-            tmp.rename(final)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            tmp.rename(final)
+        old = final.parent / f"{REPLACED_PREFIX}{final.name}"
+        if final.exists():  # the same step saved again (a resumed run): replaced whole, and a complete
+            shutil.rmtree(old, ignore_errors=True)  # copy is there at every moment (the old one counts as
+            final.rename(old)  # the step's checkpoint until the new one is in place)
+        tmp.rename(final)
+        shutil.rmtree(old, ignore_errors=True)  # the replaced copy, or one a killed re-save left
         _fsync_dir(final.parent)
         if keep is not None and keep > 0:
             prune(final.parent, keep)
