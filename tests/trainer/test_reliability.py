@@ -192,7 +192,7 @@ def test_an_allowed_resume_change_is_a_warning(tmp_path):
 def test_the_weight_sync_group_listens_on_the_pool_address_only():
     import psutil
 
-    from verl_digen.workers.sync import SyncGroup
+    from verl_digen.workers.sync import SyncGroup, new_secret
 
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -200,19 +200,60 @@ def test_the_weight_sync_group_listens_on_the_pool_address_only():
     before = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN}
     got = {}
 
+    secret = new_secret()
+
     def receiver() -> None:
-        got["group"] = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=60)
+        got["group"] = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=60, secret=secret)
         got["w"] = got["group"].recv(5, {"w": torch.zeros(3)})["w"]
 
     peer = threading.Thread(target=receiver)
     peer.start()
-    source = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60)  # kept alive: its sockets stay open
+    source = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=secret)  # kept alive: sockets stay open
     source.send(1, 5, {"w": torch.arange(3.0)})
     peer.join(60)
     assert torch.equal(got["w"], torch.arange(3.0))
     new = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN} - before
     assert any(a.port == port for a in new), new  # the store's own listener is among them
     assert all(a.ip == "127.0.0.1" for a in new), f"weight sync listens beyond the pool address: {new}"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("knows_group_id", [False, True])
+def test_a_stranger_on_the_sync_port_cannot_make_a_generator_load_its_tensors(knows_group_id):
+    """The store takes anyone who can reach it, so a stranger can take the sender's place in the group.
+    Without the run's secret its transfer is refused: at the header (another run's group id), or, if it
+    copied the group id from the wire, at the MAC after the payload. Nothing is returned to install,
+    and the error says why (the run's failure line carries it)."""
+    from verl_digen.workers.sync import SyncGroup, group_id, new_secret
+
+    port, run_secret = _free_port(), new_secret()
+    got = {}
+
+    def generator() -> None:
+        group = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=60, secret=run_secret)
+        try:
+            got["w"] = group.recv(5, {"w": torch.zeros(3)})
+        except RuntimeError as err:
+            got["error"] = str(err)
+
+    peer = threading.Thread(target=generator)
+    peer.start()
+    stranger = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=new_secret())
+    if knows_group_id:
+        stranger.group_id = group_id(run_secret)  # copied from the wire: headers are not secret
+        stranger.send(1, 5, {"w": torch.full((3,), 7.0)})
+    else:
+        with pytest.raises(RuntimeError, match="refused by sync rank 1"):
+            stranger.send(1, 5, {"w": torch.full((3,), 7.0)})
+    peer.join(60)
+    assert "w" not in got
+    why = "its MAC does not verify" if knows_group_id else "the sender is not of this run"
+    assert f"weight sync of version 5 refused: {why}" in got["error"] and "nothing was loaded" in got["error"]
 
 
 # ------------------------------------------------------------------------------------ (5) bad input before Ray

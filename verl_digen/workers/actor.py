@@ -217,11 +217,12 @@ class TSPActorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
-                        timeout_s: float = 300.0) -> None:
-        """Trainer rank 0 joins the cross-pool weight-sync group as its rank 0 (the source)."""
+                        timeout_s: float = 300.0, secret: str = "") -> None:
+        """Trainer rank 0 joins the cross-pool weight-sync group as its rank 0 (the source), with the
+        run's secret (sync.new_secret)."""
         if self.dist_rank != 0 or rank != 0:
             raise ValueError("only trainer rank 0 joins the weight-sync group, as its rank 0")
-        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s)
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def stage_weights(self, version: int) -> int:

@@ -130,9 +130,10 @@ class GeneratorWorker(Worker):
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
-                        timeout_s: float = 300.0) -> None:
-        """Join the cross-pool weight-sync group as ``rank`` (1..G; trainer rank 0 is rank 0)."""
-        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s)
+                        timeout_s: float = 300.0, secret: str = "") -> None:
+        """Join the cross-pool weight-sync group as ``rank`` (1..G; trainer rank 0 is rank 0), with the
+        run's secret (sync.new_secret): a transfer without its MAC is never installed."""
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def recv_weights(self, version: int) -> int:

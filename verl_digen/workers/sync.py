@@ -13,6 +13,10 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   ``ProcessGroupNCCL`` on GPU) over trainer rank 0 (group rank 0) and every generator (ranks 1..G).
   Publishing stages the gathered weights on trainer rank 0; a pickup is a point-to-point transfer to
   that one generator (a checked header, an acknowledgement, then each tensor in sorted-name order).
+  The store has no authentication of its own, so the driver makes a per-run secret and hands it only
+  to the group's members, through their Ray actors: the header carries the run's group id, and the
+  transfer ends with a MAC (HMAC-SHA256 with that secret over the version, the layout and a SHA-256
+  of the payload). A generator installs nothing whose MAC does not verify, and says so.
   Trainer rank 0 serves it from a second actor thread (the trainer actors get ``max_concurrency=2``),
   so training is not interrupted. gloo runs send/recv from any thread; NCCL point-to-point calls run
   on the communicator's own stream and are serialized per peer pair (one pickup at a time per
@@ -32,7 +36,10 @@ file is imported. What the rest of the runtime needs to know about a backend is 
 from __future__ import annotations
 
 import hashlib
+import hmac
+import secrets
 import socket
+import struct
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -89,13 +96,39 @@ def layout_hash(state: dict[str, torch.Tensor]) -> int:
     return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
 
 
+def new_secret() -> str:
+    """A run's weight-sync secret (hex), made by the driver and sent only to the group's members."""
+    return secrets.token_hex(32)
+
+
+def group_id(secret: str) -> int:
+    """The run's group id (in every header; not secret): a transfer from another run is refused early."""
+    return int.from_bytes(hashlib.sha256(b"digen-sync|" + bytes.fromhex(secret)).digest()[:8], "little") >> 1
+
+
+def payload_digest(state: dict[str, torch.Tensor]) -> bytes:
+    """SHA-256 over every tensor's bytes in sorted-name order (the MAC's message)."""
+    h = hashlib.sha256()
+    for name in sorted(state):
+        t = state[name].detach().to("cpu").contiguous().reshape(-1)
+        h.update(name.encode() + b"\0")
+        h.update(t.view(torch.uint8).numpy())
+    return h.digest()
+
+
 class SyncGroup:
-    """One member of the explicit cross-pool process group (rank 0 = trainer rank 0 = the source)."""
+    """One member of the explicit cross-pool process group (rank 0 = trainer rank 0 = the source).
+    ``secret`` (hex, from :func:`new_secret`) is the run's: only a sender holding it gets a transfer
+    installed."""
 
     def __init__(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
-                 timeout_s: float = 300.0) -> None:
+                 timeout_s: float = 300.0, *, secret: str) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"sync-group rank {rank} out of range for world {world}")
+        if len(secret) < 32:
+            raise ValueError("the weight-sync group needs the run's secret (new_secret())")
+        self._key = bytes.fromhex(secret)
+        self.group_id = group_id(secret)
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
         self._listener: socket.socket | None = None
@@ -118,7 +151,13 @@ class SyncGroup:
             raise ValueError(f"unknown sync backend {backend!r}; expected 'gloo' or 'nccl'")
 
     def _header(self, version: int, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.tensor([version, len(state), layout_hash(state)], dtype=torch.int64, device=self.device)
+        return torch.tensor([self.group_id, version, len(state), layout_hash(state)], dtype=torch.int64,
+                            device=self.device)
+
+    def _mac(self, version: int, state: dict[str, torch.Tensor]) -> torch.Tensor:
+        msg = struct.pack("<qqq", self.group_id, version, layout_hash(state)) + payload_digest(state)
+        mac = hmac.new(self._key, msg, hashlib.sha256).digest()
+        return torch.frombuffer(bytearray(mac), dtype=torch.int64).to(self.device)
 
     def _send(self, t: torch.Tensor, peer: int) -> None:
         self.pg.send([t], peer, 0).wait()
@@ -140,6 +179,7 @@ class SyncGroup:
                                "(layout or version mismatch)")
         for name in sorted(state):
             self._send(state[name].detach().to(self.device).contiguous(), dst)
+        self._send(self._mac(version, state), dst)
 
     def recv(self, version: int, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Receive the tensors named and shaped like ``template`` (this worker's own weights) into a
@@ -151,7 +191,10 @@ class SyncGroup:
         ok = bool(torch.equal(header, self._header(version, template)))
         self._send(torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.device), 0)
         if not ok:
-            v, n, lh = header.tolist()
+            gid, v, n, lh = header.tolist()
+            if gid != self.group_id:
+                raise RuntimeError(f"weight sync of version {version} refused: the sender is not of this run "
+                                   f"(group id {gid:x}, expected {self.group_id:x}); nothing was loaded")
             raise RuntimeError(
                 f"weight sync mismatch: trainer sends version {v} ({n} tensors, layout {lh:x}); this generator "
                 f"expects version {version} ({len(template)} tensors, layout {layout_hash(template):x})")
@@ -161,6 +204,11 @@ class SyncGroup:
             buf = torch.empty(ref.shape, dtype=ref.dtype, device=self.device)
             self._recv(buf, 0)
             out[name] = buf.to("cpu")
+        mac = torch.zeros(4, dtype=torch.int64, device=self.device)
+        self._recv(mac, 0)
+        if not hmac.compare_digest(mac.cpu().numpy().tobytes(), self._mac(version, out).cpu().numpy().tobytes()):
+            raise RuntimeError(f"weight sync of version {version} refused: its MAC does not verify (the sender "
+                               "does not hold this run's secret, or the payload changed); nothing was loaded")
         return out
 
 
@@ -262,9 +310,10 @@ class CollectiveSync(SyncBackend):
         host, port = ray.get(trainers[0].get_available_master_addr_port.remote())
         world = 1 + len(generators)
         backend = "nccl" if device == "cuda" else "gloo"
-        calls = [trainers[0].join_sync_group.remote(host, int(port), world, 0, backend, self.timeout_s)]
+        secret = new_secret()  # this run's: only through the members' Ray actors (token-authenticated)
+        calls = [trainers[0].join_sync_group.remote(host, int(port), world, 0, backend, self.timeout_s, secret)]
         calls += [
-            g.join_sync_group.remote(host, int(port), world, i + 1, backend, self.timeout_s)
+            g.join_sync_group.remote(host, int(port), world, i + 1, backend, self.timeout_s, secret)
             for i, g in enumerate(generators)
         ]
         ray.get(calls, timeout=self.timeout_s)
