@@ -222,12 +222,10 @@ class _StubPipeline:
 
 
 def test_pipeline_prompt_encoder_pads_to_fixed_length():
-    enc = PipelinePromptEncoder(_StubPipeline(), "qwen_image", max_sequence_length=10)
+    enc = PipelinePromptEncoder(_StubPipeline(), MODEL_REGISTRY[canonical_arch("qwen_image")], max_sequence_length=10)
     out = enc(["a b c", "d"], dtype=F64)
     assert out["prompt_embeds"].shape == (2, 10, 6) and out["prompt_embeds"].dtype == F64
     assert out["prompt_mask"].tolist()[1] == [1, 1] + [0] * 8
-    with pytest.raises(ValueError, match="arch"):
-        PipelinePromptEncoder(_StubPipeline(), "unknown")
 
 
 # -- gradients and LoRA ---------------------------------------------------------------------------------
@@ -456,7 +454,7 @@ def test_adding_a_model_is_one_class_and_one_register_call():
         assert type(model) is ToyModel and model.latent_shape == (4, 8, 8)
         x, s, c = inputs(model, b=2)
         assert model.velocity(x, s, c, 3.0).shape == x.shape
-        out = PipelinePromptEncoder(object(), "toy-sd3")(["a", "b"], dtype=F64)
+        out = PipelinePromptEncoder(object(), ToyModel)(["a", "b"], dtype=F64)
         assert out["prompt_embeds"].shape == (2, 7, 32) and out["prompt_embeds"].dtype == F64
         assert latent_shape_for("toy_sd3", model.transformer, model.vae) == (4, 24, 24)  # 48 px / 2x VAE
         assert hashed_encoder_for("toy_sd3", model.transformer).pooled_dim == 32

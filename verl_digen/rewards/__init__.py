@@ -13,7 +13,7 @@ from .base import (
     to_pil,
     to_uint8_hwc,
 )
-from .combine import MultiReward
+from .combine import MultiReward, build_reward
 from .external import HPSv2, ImageRewardScore, PickScore
 from .neural import RandomCNN
 from .ocr import OcrReward, extract_quoted_text, levenshtein, normalize_ocr_text, ocr_similarity
@@ -26,7 +26,7 @@ from .offline import (
     LatentTarget,
     jpeg_size_kb,
 )
-from .registry import DEFAULT_LEARNABLE_REWARD, REWARDS, build_reward, register_reward
+from .registry import DEFAULT_LEARNABLE_REWARD, REWARDS, register_reward
 
 __all__ = [
     "DEFAULT_LEARNABLE_REWARD",

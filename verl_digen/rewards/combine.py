@@ -9,11 +9,36 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
+from numbers import Real
 from typing import Any
 
 import torch
 
 from .base import REWARD_DTYPE, Reward, check_inputs
+from .registry import build_named
+
+
+def build_reward(name_or_spec: str | Mapping[str, Any] | Reward, **kwargs: Any) -> Reward:
+    """Build a reward from a name, a spec, or pass an instance through.
+
+    Accepted forms: ``"brightness"``; ``{"name": "random_cnn", "seed": 3}`` (other keys are
+    constructor arguments, as are ``kwargs``); ``{"pickscore": 1.0, "ocr": 0.5}`` or any mapping
+    without a ``name`` key -> :class:`MultiReward` with those weights.
+    """
+    if isinstance(name_or_spec, Reward):
+        if kwargs:
+            raise ValueError(f"cannot apply options {sorted(kwargs)} to an already built reward")
+        return name_or_spec
+    if isinstance(name_or_spec, Mapping):
+        spec = dict(name_or_spec)
+        if "name" in spec:
+            return build_reward(spec.pop("name"), **{**spec, **kwargs})
+        if not all(isinstance(v, (Real, Mapping)) and not isinstance(v, bool) for v in spec.values()):
+            raise ValueError(f"a reward spec needs a 'name' key or must map reward names to weights: {spec}")
+        return MultiReward(spec, **kwargs)
+    if not isinstance(name_or_spec, str):
+        raise TypeError(f"reward must be a name, a mapping or a Reward, got {type(name_or_spec).__name__}")
+    return build_named(name_or_spec, **kwargs)
 
 
 class MultiReward(Reward):
@@ -30,8 +55,6 @@ class MultiReward(Reward):
     def __init__(
         self, weights: Mapping[str, float | Mapping[str, Any]], rewards: Mapping[str, Reward] | None = None
     ) -> None:
-        from .registry import build_reward  # the registry builds MultiReward too
-
         if not weights:
             raise ValueError("MultiReward needs at least one component reward")
         rewards = dict(rewards or {})
@@ -48,7 +71,7 @@ class MultiReward(Reward):
                     raise ValueError(f"reward '{key}' was given as an instance and with options {options}")
                 self.rewards[key] = rewards.pop(key)
             else:
-                self.rewards[key] = build_reward(options.pop("name", key), **options)
+                self.rewards[key] = build_named(options.pop("name", key), **options)
         if rewards:
             raise ValueError(f"instances given for rewards without a weight: {sorted(rewards)}")
 

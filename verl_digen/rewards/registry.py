@@ -1,9 +1,8 @@
-"""Rewards by name, so configs can say ``reward: pickscore`` or ``reward: {jpeg_compressibility: 1.0}``."""
+"""Rewards by name, so configs can say ``reward: pickscore`` (a mapping of several: :mod:`.combine`)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
-from numbers import Real
+from collections.abc import Callable
 from typing import Any
 
 from .base import Reward
@@ -48,28 +47,9 @@ def register_reward(name: str, factory: Callable[..., Reward], overwrite: bool =
     REWARDS[name] = factory
 
 
-def build_reward(name_or_spec: str | Mapping[str, Any] | Reward, **kwargs: Any) -> Reward:
-    """Build a reward from a name, a spec, or pass an instance through.
-
-    Accepted forms: ``"brightness"``; ``{"name": "random_cnn", "seed": 3}`` (other keys are
-    constructor arguments, as are ``kwargs``); ``{"pickscore": 1.0, "ocr": 0.5}`` or any mapping
-    without a ``name`` key -> :class:`MultiReward` with those weights.
-    """
-    if isinstance(name_or_spec, Reward):
-        if kwargs:
-            raise ValueError(f"cannot apply options {sorted(kwargs)} to an already built reward")
-        return name_or_spec
-    if isinstance(name_or_spec, Mapping):
-        spec = dict(name_or_spec)
-        if "name" in spec:
-            return build_reward(spec.pop("name"), **{**spec, **kwargs})
-        from .combine import MultiReward
-
-        if not all(isinstance(v, (Real, Mapping)) and not isinstance(v, bool) for v in spec.values()):
-            raise ValueError(f"a reward spec needs a 'name' key or must map reward names to weights: {spec}")
-        return MultiReward(spec, **kwargs)
-    if not isinstance(name_or_spec, str):
-        raise TypeError(f"reward must be a name, a mapping or a Reward, got {type(name_or_spec).__name__}")
-    if name_or_spec not in REWARDS:
-        raise ValueError(f"unknown reward '{name_or_spec}'; known rewards: {', '.join(sorted(REWARDS))}")
-    return REWARDS[name_or_spec](**kwargs)
+def build_named(name: str, **kwargs: Any) -> Reward:
+    """The reward registered under ``name``, built with ``kwargs`` (:func:`.combine.build_reward`
+    takes every other form of a reward spec)."""
+    if name not in REWARDS:
+        raise ValueError(f"unknown reward '{name}'; known rewards: {', '.join(sorted(REWARDS))}")
+    return REWARDS[name](**kwargs)

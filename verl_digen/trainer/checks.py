@@ -16,6 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from verl_digen.trainer.errors import ConfigError
 from verl_digen.workers import checkpoint as ckpt
 
 #: absolute upper bound of one pool (a typo guard: 1000 workers spawned ~100 processes before failing)
@@ -46,11 +47,6 @@ RESUME_KEYS = (
 STRUCTURAL_KEYS = ("model.arch", "model.lora_rank", "model.target_modules")
 
 
-def _error(key: str, value: Any, expected: str):
-    from verl_digen.trainer.config import ConfigError
-
-    return ConfigError(key, value, expected)
-
 
 def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
@@ -63,7 +59,7 @@ def _finite(key: str, value: Any, lo: float, strict: bool, what: str = "", optio
     ok = _real(value) and math.isfinite(value) and (value > lo if strict else value >= lo)
     if not ok:
         rel = ">" if strict else ">="
-        raise _error(key, value, f"{'null or ' if optional else ''}a finite number {rel} {lo:g}{what}")
+        raise ConfigError(key, value, f"{'null or ' if optional else ''}a finite number {rel} {lo:g}{what}")
 
 
 def _get(cfg: Any, dotted: str) -> Any:
@@ -88,39 +84,39 @@ def numbers(cfg: Any) -> None:
     _finite("rollout.guidance_scale", r.guidance_scale, 1, False, " (1 = no guidance)")
     tf = r.timestep_fraction
     if tf is not None and not (_real(tf) and 0 < tf <= 1):
-        raise _error("rollout.timestep_fraction", tf, "null or a fraction in (0, 1]")
+        raise ConfigError("rollout.timestep_fraction", tf, "null or a fraction in (0, 1]")
     _finite("model.lora_alpha", m.lora_alpha, 0, True, " (null means the rank)", optional=True)
     tm = m.target_modules
     if tm is not None and (not tm or not all(isinstance(x, str) and x.strip() for x in tm)):
-        raise _error("model.target_modules", tm, "null or a non-empty list of module-name suffixes")
+        raise ConfigError("model.target_modules", tm, "null or a non-empty list of module-name suffixes")
     for name, w in (cfg.reward.weights or {}).items():
         if not (_real(w) and math.isfinite(w) and w != 0):
-            raise _error(f"reward.weights.{name}", w, "a finite, non-zero weight (drop the reward instead of "
+            raise ConfigError(f"reward.weights.{name}", w, "a finite, non-zero weight (drop the reward instead of "
                          "weighting it 0)")
     if t.save_freq is None or isinstance(t.save_freq, bool):
-        raise _error("trainer.save_freq", t.save_freq, "an integer (<= 0 never saves)")
+        raise ConfigError("trainer.save_freq", t.save_freq, "an integer (<= 0 never saves)")
     if t.max_checkpoints is not None and not (isinstance(t.max_checkpoints, int) and t.max_checkpoints >= 1):
-        raise _error("trainer.max_checkpoints", t.max_checkpoints, "null (keep all) or an integer >= 1")
+        raise ConfigError("trainer.max_checkpoints", t.max_checkpoints, "null (keep all) or an integer >= 1")
     if t.on_nonfinite not in NONFINITE_ACTIONS:
-        raise _error("trainer.on_nonfinite", t.on_nonfinite, f"one of {', '.join(NONFINITE_ACTIONS)}")
+        raise ConfigError("trainer.on_nonfinite", t.on_nonfinite, f"one of {', '.join(NONFINITE_ACTIONS)}")
     if not (isinstance(t.max_nonfinite_steps, int) and t.max_nonfinite_steps >= 1):
-        raise _error("trainer.max_nonfinite_steps", t.max_nonfinite_steps, "an integer >= 1")
+        raise ConfigError("trainer.max_nonfinite_steps", t.max_nonfinite_steps, "an integer >= 1")
     _finite("trainer.stall_timeout_s", t.stall_timeout_s, 0, True, " (seconds; null waits forever)", optional=True)
     if not (isinstance(t.generator_max_restarts, int) and not isinstance(t.generator_max_restarts, bool)
             and t.generator_max_restarts >= 0):
-        raise _error("trainer.generator_max_restarts", t.generator_max_restarts,
-                     "an integer >= 0 (0: a dead generator ends the run)")
+        raise ConfigError("trainer.generator_max_restarts", t.generator_max_restarts,
+                          "an integer >= 0 (0: a dead generator ends the run)")
     _finite("trainer.action_timeout_factor", t.action_timeout_factor, 1, False,
             " (x the action's estimated seconds; null: no per-action timeout)", optional=True)
     _finite("trainer.action_timeout_min_s", t.action_timeout_min_s, 0, True, " (seconds)")
     for key in t.resume_allow_changes:
         if key not in RESUME_KEYS or key in STRUCTURAL_KEYS:
             allowed = [k for k in RESUME_KEYS if k not in STRUCTURAL_KEYS]
-            raise _error("trainer.resume_allow_changes", key, f"keys among {', '.join(allowed)} ("
+            raise ConfigError("trainer.resume_allow_changes", key, f"keys among {', '.join(allowed)} ("
                          f"{', '.join(STRUCTURAL_KEYS)} change the trained parameters and cannot be allowed)")
     if cfg.data.synthetic_prompts is None or not (isinstance(cfg.data.synthetic_prompts, int)
                                                   and cfg.data.synthetic_prompts >= 1):
-        raise _error("data.synthetic_prompts", cfg.data.synthetic_prompts, "an integer >= 1")
+        raise ConfigError("data.synthetic_prompts", cfg.data.synthetic_prompts, "an integer >= 1")
     _pools(cfg)
 
 
@@ -143,29 +139,32 @@ def sizes(cfg: Any) -> None:
     CPU run (no ``RAY_ADDRESS``: the object store shares this machine) the trajectories too."""
     m, r = cfg.model, cfg.rollout
     if r.n > MAX_GROUP:
-        raise _error("rollout.n", r.n, f"a group size in [2, {MAX_GROUP}] (samples per prompt; GRPO recipes use "
-                     "8-24, and a group's trajectories are held until its last sample is scored)")
+        raise ConfigError("rollout.n", r.n, f"a group size in [2, {MAX_GROUP}] (samples per prompt; GRPO recipes use "
+                          "8-24, and a group's trajectories are held until its last sample is scored)")
     if r.num_steps > MAX_SAMPLING_STEPS:
-        raise _error("rollout.num_steps", r.num_steps, f"at most {MAX_SAMPLING_STEPS} sampling steps (flow-matching "
-                     "samplers use 10-50; each is a transformer forward per sample and a latent kept per step)")
+        raise ConfigError("rollout.num_steps", r.num_steps,
+                          f"at most {MAX_SAMPLING_STEPS} sampling steps (flow-matching "
+                          "samplers use 10-50; each is a transformer forward per sample and a latent kept per step)")
     if m.latent_size is not None and m.latent_size > MAX_LATENT:
-        raise _error("model.latent_size", m.latent_size, f"an even number in [2, {MAX_LATENT}] (latents per side; "
-                     f"{MAX_LATENT} is {MAX_LATENT * 8} px with the 8x VAEs)")
+        raise ConfigError("model.latent_size", m.latent_size, f"an even number in [2, {MAX_LATENT}] (latents per side; "
+                          f"{MAX_LATENT} is {MAX_LATENT * 8} px with the 8x VAEs)")
     if cfg.actor.lr > MAX_LR:
-        raise _error("actor.lr", cfg.actor.lr, f"a number in (0, {MAX_LR:g}] (AdamW moves every weight by about lr "
-                     "per step; diffusion RL fine-tuning uses 1e-6 to 1e-4)")
+        raise ConfigError("actor.lr", cfg.actor.lr,
+                          f"a number in (0, {MAX_LR:g}] (AdamW moves every weight by about lr "
+                          "per step; diffusion RL fine-tuning uses 1e-6 to 1e-4)")
     driver, trajectories = step_bytes(cfg)
     ram = _ram_bytes()
     samples = cfg.data.train_batch_size * r.n
     if driver > ram // 2:
-        raise _error("data.train_batch_size", cfg.data.train_batch_size,
-                     f"a batch whose step fits the driver: {samples:,} samples per step (x rollout.n={r.n}) need "
-                     f"~{driver / 2**30:,.1f} GiB of bookkeeping, over half of this machine's {ram / 2**30:.0f} GiB")
+        raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                          f"a batch whose step fits the driver: {samples:,} samples per step (x rollout.n={r.n}) "
+                          f"need ~{driver / 2**30:,.1f} GiB of bookkeeping, over half of this machine's "
+                          f"{ram / 2**30:.0f} GiB")
     if cfg.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS") and trajectories > ram // 2:
-        raise _error("data.train_batch_size", cfg.data.train_batch_size,
-                     f"a batch whose trajectories fit this machine: {samples:,} samples per step hold "
-                     f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.num_frames, "
-                     f"rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
+        raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                          f"a batch whose trajectories fit this machine: {samples:,} samples per step hold "
+                          f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.num_frames, "
+                          f"rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
 
 
 def inert_lora_keys(cfg: Any) -> None:
@@ -175,7 +174,7 @@ def inert_lora_keys(cfg: Any) -> None:
     if m.lora_rank == 0:
         for key, value in (("model.lora_alpha", m.lora_alpha), ("model.target_modules", m.target_modules)):
             if value is not None:
-                raise _error(key, value if not isinstance(value, list) else list(value),
+                raise ConfigError(key, value if not isinstance(value, list) else list(value),
                              "null while model.lora_rank=0 (LoRA is off: a full fine-tune; set model.lora_rank > 0 "
                              "to train adapters)")
 
@@ -194,7 +193,7 @@ def _pools(cfg: Any) -> None:
     for key, n in (("resources.generator.workers", res.generator.workers),
                    ("resources.trainer.workers", res.trainer.workers)):
         if isinstance(n, int) and n > MAX_POOL_WORKERS:
-            raise _error(key, n, f"at most {MAX_POOL_WORKERS} workers per pool")
+            raise ConfigError(key, n, f"at most {MAX_POOL_WORKERS} workers per pool")
     gen, trn = res.generator.workers, res.trainer.workers
     if not (isinstance(gen, int) and isinstance(trn, int)):
         return
@@ -203,7 +202,7 @@ def _pools(cfg: Any) -> None:
         limit = max(2, ram // CPU_WORKER_BYTES)
         if gen + trn > limit:
             key = "resources.generator.workers" if gen >= trn else "resources.trainer.workers"
-            raise _error(key, gen if gen >= trn else trn,
+            raise ConfigError(key, gen if gen >= trn else trn,
                          f"at most {limit} workers in all on this machine (a local CPU run gives each worker "
                          f"~0.5 GB of its {ram / 2**30:.0f} GB); set RAY_ADDRESS to run on a Ray cluster")
 
@@ -220,14 +219,14 @@ def writable(key: str, path: str) -> None:
             break
         at = at.parent
     if not at.is_dir():
-        raise _error(key, path, f"a directory path ({str(at)!r} exists and is not a directory)")
+        raise ConfigError(key, path, f"a directory path ({str(at)!r} exists and is not a directory)")
     try:
         fd, probe = tempfile.mkstemp(prefix=".digen-probe-", dir=at)
         os.close(fd)
         os.unlink(probe)
     except OSError as err:
-        raise _error(key, path, f"a writable directory (creating a file in {str(at)!r} failed: "
-                     f"{err.strerror or err})") from None
+        raise ConfigError(key, path, f"a writable directory (creating a file in {str(at)!r} failed: "
+                          f"{err.strerror or err})") from None
 
 
 def resolve_resume(cfg: Any) -> str | None:
@@ -264,8 +263,8 @@ def check_resume(cfg: Any, path: str) -> list[str]:
     error unless listed in ``trainer.resume_allow_changes`` (then a warning). Returns warnings."""
     why = ckpt.problem(path)
     if why is not None:
-        raise _error("trainer.resume_from", cfg.trainer.resume_from,
-                     f"a complete verl-digen checkpoint directory, but {path!r} is not one: {why}")
+        raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
+                          f"a complete verl-digen checkpoint directory, but {path!r} is not one: {why}")
     meta = json.loads((Path(path) / ckpt.META_FILE).read_text())
     saved = (meta.get("extra") or {}).get("config") or {}
     run = (meta.get("extra") or {}).get("run_id", "?")
@@ -280,7 +279,8 @@ def check_resume(cfg: Any, path: str) -> list[str]:
             continue
         how = ("it changes the trained parameters, so it cannot be resumed across" if key in STRUCTURAL_KEYS
                else f"set it back, or allow the change with 'trainer.resume_allow_changes=[{key}]'")
-        raise _error(key, mine[key], f"{saved[key]!r} as in the checkpoint being resumed ({path}, run {run}): {how}")
+        raise ConfigError(key, mine[key],
+                          f"{saved[key]!r} as in the checkpoint being resumed ({path}, run {run}): {how}")
     return warnings
 
 
@@ -316,9 +316,9 @@ def lora_targets(cfg: Any) -> None:
     if missing:
         leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in model.transformer.named_modules()
                          if isinstance(mod, torch.nn.Linear)})
-        raise _error("model.target_modules", list(m.target_modules),
-                     f"module-name suffixes of the {m.arch} transformer; {missing} match no module "
-                     f"(its linear layers end in: {', '.join(leaves)})")
+        raise ConfigError("model.target_modules", list(m.target_modules),
+                          f"module-name suffixes of the {m.arch} transformer; {missing} match no module "
+                          f"(its linear layers end in: {', '.join(leaves)})")
 
 
 def files_and_resume(cfg: Any) -> list[str]:
@@ -329,8 +329,8 @@ def files_and_resume(cfg: Any) -> list[str]:
     warnings: list[str] = []
     mp = cfg.model.path
     if mp is not None and mp.startswith(("/", "./", "../", "~")) and not Path(mp).expanduser().is_dir():
-        raise _error("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
-                     "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
+        raise ConfigError("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
+                          "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
     lora_targets(cfg)
     if t.trace_dir:
         writable("trainer.trace_dir", t.trace_dir)
@@ -342,7 +342,7 @@ def files_and_resume(cfg: Any) -> list[str]:
         try:
             prompts = len(load_prompts(cfg.data.train_files, cfg.data.prompt_key))
         except ValueError as err:
-            raise _error("data.train_files", cfg.data.train_files, f"a readable prompt file ({err})") from None
+            raise ConfigError("data.train_files", cfg.data.train_files, f"a readable prompt file ({err})") from None
     if prompts < cfg.data.train_batch_size:
         warnings.append(f"data: only {prompts} prompt(s) for data.train_batch_size = {cfg.data.train_batch_size}: "
                         "prompts repeat inside a step (their groups are trained twice per step)")
@@ -355,7 +355,7 @@ def files_and_resume(cfg: Any) -> list[str]:
         if found and not inside:
             step, latest = found[-1]
             run = (ckpt.read_meta(latest).get("extra") or {}).get("run_id", "?")
-            raise _error("trainer.default_local_dir", t.default_local_dir,
+            raise ConfigError("trainer.default_local_dir", t.default_local_dir,
                          f"a directory without another run's checkpoints: it holds {len(found)} (latest "
                          f"{latest.name}, run {run}), which this run's would mix with. Continue that run with "
                          "trainer.resume_from=auto, or choose another (or an empty) directory")

@@ -21,19 +21,12 @@ from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES, SEPARATE, ScheduleConfigError
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
+from verl_digen.trainer.errors import ConfigError  # noqa: F401  (re-exported: callers import it here)
 from verl_digen.workers.config import PRECISIONS, ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
 DEVICES = ("cpu", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key, the value and what is allowed."""
-
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        super().__init__(f"config key '{key}' = {value!r} is invalid: expected {expected}")
-        self.key = key
 
 
 @dataclass

@@ -36,11 +36,9 @@ class PipelinePromptEncoder:
     pipeline is the adapter class's ``encode_with_pipeline``; the text length defaults to its
     ``pretrained.max_sequence_length``."""
 
-    def __init__(self, pipeline: Any, arch: str | type, max_sequence_length: int | None = None) -> None:
-        from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch  # arch imports the adapters
-
-        self.adapter = arch if isinstance(arch, type) else MODEL_REGISTRY[canonical_arch(arch)]
-        self.pipeline, self.arch = pipeline, self.adapter.arch
+    def __init__(self, pipeline: Any, adapter: type, max_sequence_length: int | None = None) -> None:
+        self.adapter = adapter  # the architecture's adapter class (models.arch.MODEL_REGISTRY)
+        self.pipeline, self.arch = pipeline, adapter.arch
         self.max_sequence_length = max_sequence_length or self.adapter.pretrained.max_sequence_length
 
     @torch.no_grad()
