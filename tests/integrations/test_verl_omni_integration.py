@@ -8,6 +8,7 @@ interpreter.
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 import os
@@ -116,7 +117,7 @@ def test_from_verl_omni_config_maps_a_recipe():
         "trainer.total_steps": 100, "trainer.seed": 42, "trainer.project_name": "flow_grpo",
         "trainer.experiment_name": "sd35_medium_ocr_lora_v1", "trainer.save_freq": 100,
         "trainer.default_local_dir": "checkpoints/flow_grpo/sd35", "trainer.logger": ["console", "wandb"],
-        "trainer.device": "cuda",
+        "trainer.device": "cuda", "actor.param_offload": False,
     }
     joined = "\n".join(notes)
     for key in ("ppo_mini_batch_size=4", "sde_window_range=[0, 5]", "sde_type=cps", "no scheduler config found"):
@@ -265,9 +266,39 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
         arr = {**good["actor_rollout_ref"], "model": {**good["actor_rollout_ref"]["model"], "path": path}}
         with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):
             vo.to_run_config({**good, "actor_rollout_ref": arr}, log=lambda _: None)
-    parquet = {**good, "data": {**good["data"], "train_files": "/data/ocr/sd3/train.parquet"}}
-    with pytest.raises(ConfigError, match="data.train_files"):
-        vo.to_run_config(parquet, log=lambda _: None)
+    listed = {**good, "data": {**good["data"], "train_files": ["a.parquet", "b.parquet"]}}
+    with pytest.raises(ConfigError, match="one .txt, .jsonl or .parquet prompt file"):
+        vo.to_run_config(listed, log=lambda _: None)
+
+
+def test_verl_omni_parquet_memory_and_precision_keys_carry_over(tmp_path):
+    """A verl-omni script's own data (a parquet of chat messages, as its data_process scripts write) is
+    read; its offload flags, gradient checkpointing and mixed precision reach verl-digen's keys."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from verl_digen.data import load_prompts
+    from verl_digen.trainer.config import ConfigError
+
+    path = tmp_path / "train.parquet"
+    chats = [[{"role": "user", "content": f"a sign that says {w}"}] for w in ("hello", "world")]
+    pq.write_table(pa.table({"prompt": chats, "data_source": ["ocr", "ocr"]}), path)
+    raw = copy.deepcopy(_runnable(tmp_path))  # its sections are shared with the module's recipes
+    raw["data"] = {**raw["data"], "train_files": str(path), "prompt_key": "prompt"}
+    arr = raw["actor_rollout_ref"]
+    arr["model"] = {**arr["model"], "enable_gradient_checkpointing": True}
+    arr["actor"] = {**arr["actor"], "fsdp_config": {
+        "model_dtype": "fp32", "param_offload": True, "optimizer_offload": True,
+        "mixed_precision": {"param_dtype": "bf16", "reduce_dtype": "fp32", "buffer_dtype": "fp32"}}}
+    cfg = vo.to_run_config(raw, log=lambda _: None)
+    assert (cfg.data.train_files, load_prompts(cfg.data.train_files, cfg.data.prompt_key)) == (
+        str(path), ["a sign that says hello", "a sign that says world"])
+    a = cfg.actor
+    assert (a.activation_checkpointing, a.param_offload, a.optimizer_offload) == (True, True, True)
+    assert (cfg.model.dtype, a.reduce_dtype, a.master_dtype) == ("bfloat16", "float32", None)  # fp32 masters
+    with pytest.raises(ConfigError, match="mixed_precision.param_dtype"):
+        arr["actor"]["fsdp_config"]["mixed_precision"]["param_dtype"] = "fp8"
+        vo.to_run_config(raw, log=lambda _: None)
 
 
 def test_task_runner_protocol_and_dry_run(tmp_path, capsys):

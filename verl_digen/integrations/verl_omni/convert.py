@@ -72,7 +72,7 @@ def _guess_arch(path: str | None) -> str | None:
 
 
 def _refuse(key: str, value: Any, expected: str) -> Exception:
-    from verl_digen.trainer.config import ConfigError
+    from verl_digen.trainer.errors import ConfigError
 
     return ConfigError(key, value, expected)
 
@@ -262,7 +262,24 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     elif path is not None:
         notes.append(f"{ARR}.model.path={path!r}: no scheduler config found at {where}, so the sigma shift is not "
                      "taken from the model; set +rollout.shift (SD3.5: 3.0)")
-    put("model.dtype", _dtype(get(f"{ARR}.actor.fsdp_config.model_dtype")))
+    # precision: verl loads the actor in model_dtype and computes in mixed_precision.param_dtype; verl-digen's
+    # model.dtype is the compute dtype of every forward, and a full fine-tune keeps fp32 masters (actor.master_dtype
+    # null) whatever the compute dtype is
+    fsdp = f"{ARR}.actor.fsdp_config"
+    compute = _dtype(get(f"{fsdp}.mixed_precision.param_dtype"), f"{fsdp}.mixed_precision.param_dtype")
+    put("model.dtype", compute or _dtype(get(f"{fsdp}.model_dtype")))
+    reduce = f"{fsdp}.mixed_precision.reduce_dtype"
+    put("actor.reduce_dtype", _dtype(get(reduce), reduce))
+    buffers = get(f"{fsdp}.mixed_precision.buffer_dtype")
+    if buffers is not None and _dtype(buffers, f"{fsdp}.mixed_precision.buffer_dtype") != "float32":
+        notes.append(f"{fsdp}.mixed_precision.buffer_dtype={buffers!r}: verl-digen keeps buffers in the model's dtype")
+    # memory: offload and activation checkpointing (verl-omni checkpoints activations by default)
+    put("actor.activation_checkpointing", get(f"{ARR}.model.enable_gradient_checkpointing"), bool)
+    offload = get(f"{fsdp}.param_offload")
+    policy = get(f"{fsdp}.offload_policy")
+    if offload is not None or policy is not None:
+        out["actor.param_offload"] = bool(offload) or bool(policy)
+    put("actor.optimizer_offload", get(f"{fsdp}.optimizer_offload"), bool)
     rank = get(f"{ARR}.model.lora_rank")
     put("model.lora_rank", rank, int)
     if rank:
@@ -303,11 +320,12 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     files = get("data.train_files")
     if isinstance(files, (list, tuple)):
         files = files[0] if len(files) == 1 else files
-    if isinstance(files, str) and files.endswith((".txt", ".jsonl")):
-        out["data.train_files"] = files
+    if isinstance(files, str) and files.endswith((".txt", ".jsonl", ".parquet")):
+        out["data.train_files"] = files  # parquet: verl-omni's layouts (a string or chat messages per row)
+        put("data.prompt_key", get("data.prompt_key"), str)
     elif files is not None:
-        notes.append(f"data.train_files={files!r}: verl-digen reads one .txt or .jsonl prompt file "
-                     "(a 'prompt' field per line); convert the parquet prompts")
+        notes.append(f"data.train_files={files!r}: verl-digen reads one .txt, .jsonl or .parquet prompt file, "
+                     "not a list of them")
 
     # -- trainer bookkeeping --------------------------------------------------------------------------
     total = get("trainer.total_training_steps")
@@ -339,12 +357,12 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     return out
 
 
-def _dtype(value: Any) -> str | None:
+def _dtype(value: Any, key: str = f"{ARR}.actor.fsdp_config.model_dtype") -> str | None:
     if value is None:
         return None
     name = str(value).lower().replace("torch.", "")
     if name not in DTYPES:
-        raise _refuse(f"{ARR}.actor.fsdp_config.model_dtype", value, f"one of {', '.join(DTYPES)}")
+        raise _refuse(key, value, f"one of {', '.join(DTYPES)}")
     return DTYPES[name]
 
 
@@ -545,7 +563,8 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     flat = from_verl_omni_config(raw, trainer_workers=trainer_workers, notes=notes, used=used)
     files = _get(raw, "data.train_files")
     if files is not None and "data.train_files" not in flat:
-        raise ConfigError("data.train_files", files, "a .txt or .jsonl prompt file (one 'prompt' per line)")
+        raise ConfigError("data.train_files", files, "one .txt, .jsonl or .parquet prompt file (verl-omni's "
+                          "parquet layouts are read: a prompt string or chat messages per row)")
     native = _native_sections(raw, flat)
     native.setdefault("trainer", {}).setdefault("mode", "digen")
     path = _get(raw, f"{ARR}.model.path")
