@@ -111,13 +111,15 @@ class Snapshots:
     verl_pin: Path
     stubs: Path
 
-    def env(self, pinned_verl: bool, **extra: str) -> dict[str, str]:
+    def env(self, pinned_verl: bool, platform: bool = True, **extra: str) -> dict[str, str]:
         """Environment for a subprocess that runs verl-omni: stubs, then (optionally) the pinned verl first
-        on the path, then verl-omni, then this checkout; the verl CPU platform, one thread."""
+        on the path, then verl-omni, then this checkout; the verl CPU platform (``platform=False``: none,
+        as a verl-omni user's shell has), one thread."""
         path = [str(self.stubs), *([str(self.verl_pin)] if pinned_verl else []), str(self.omni), str(ROOT)]
-        env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VERL_USE_EXTERNAL_PLUGINS")}
-        env.update(PYTHONPATH=os.pathsep.join(path), VERL_PLATFORM="cpu", OMP_NUM_THREADS="1",
-                   TOKENIZERS_PARALLELISM="false", HYDRA_FULL_ERROR="1", **extra)
+        drop = ("PYTHONPATH", "VERL_USE_EXTERNAL_PLUGINS", *(() if platform else ("VERL_PLATFORM",)))
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        env.update(PYTHONPATH=os.pathsep.join(path), OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
+                   HYDRA_FULL_ERROR="1", **({"VERL_PLATFORM": "cpu"} if platform else {}), **extra)
         return env
 
 

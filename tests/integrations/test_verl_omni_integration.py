@@ -384,3 +384,21 @@ def test_latent_size_uses_the_architectures_vae_compression():
     assert latent("/ckpt/wan2_2_ti2v") == (44, "wan2_2")
     assert latent("Wan-AI/Wan2.2-TI2V-5B-Diffusers", vae_scale_factor=8) == (88, "wan2_2")
     assert latent("stabilityai/stable-diffusion-3.5-medium") == (88, "sd3")
+
+
+def test_a_cpu_run_through_verl_omnis_entry_sets_the_cpu_platform_before_verl_detects_one():
+    """verl's auto_set_device turns trainer.device=cpu into cuda unless VERL_PLATFORM=cpu; the plugin sets
+    it at ``import verl`` for a digen run through the v1 entry that asked for the CPU, and only then."""
+    flags = ["trainer.use_v1=true", "trainer.v1.trainer_mode=digen", "+trainer=digen", "trainer.device=cpu"]
+    digen = ["python", "-m", "verl_omni.trainer.main_diffusion_v1", *flags]
+    for argv in (digen, ["python", "/x/site-packages/verl_omni/trainer/main_diffusion_v1.py", *flags]):
+        env: dict[str, str] = {}
+        assert vo.keep_cpu_on_cpu(argv, env) and env == {"VERL_PLATFORM": "cpu"}
+    for argv, environ in [
+        (digen, {"VERL_PLATFORM": "nvidia"}),  # the user's own choice stays
+        ([*digen[:-1], "trainer.device=cuda"], {}),  # a GPU run
+        ([*digen[:3], "trainer.use_v1=true", "trainer.device=cpu"], {}),  # verl-omni's own trainer: not ours
+        (["python", "-m", "verl_digen.main", *flags], {}),  # another entry point
+    ]:
+        before = dict(environ)
+        assert not vo.keep_cpu_on_cpu(argv, environ) and environ == before

@@ -68,8 +68,8 @@ def _digen_flags(tmp: Path, small: bool = True) -> list[str]:
             *(["+verl_omni=small"] if small else [])]
 
 
-def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned), stdout=subprocess.PIPE,
+def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned, platform), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
 
 
@@ -115,11 +115,12 @@ class Launched:
         self._start("v0", ["-m", ENTRY_V0, *args, *flags], True, tmp)
         tmp = tmp_factory.mktemp("dry_run")
         module, args = _overrides(snaps, SD35_V1, tmp / "capture")
+        # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
         self._start("dry-run", ["-m", module, *args, *_digen_flags(tmp), "+trainer.dry_run=true",
-                                "+reward.name=latent_mean"], True, tmp)
+                                "+reward.name=latent_mean", "trainer.device=cpu"], True, tmp, platform=False)
 
-    def _start(self, name: str, args: list[str], pinned: bool, cwd: Path) -> None:
-        self.procs[name] = (_run(self.snaps, args, pinned, cwd), cwd)
+    def _start(self, name: str, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> None:
+        self.procs[name] = (_run(self.snaps, args, pinned, cwd, platform), cwd)
 
     def result(self, name: str, timeout: int = 600) -> tuple[int, str, Path]:
         """(exit code, output, working directory) of one subprocess, waiting for it."""
@@ -197,6 +198,9 @@ def test_dry_run_through_v1_entry_prints_the_plan_and_does_not_train(launched):
     assert rc == 0, out[-3000:]
     assert "resource plan:" in out
     assert "ray init kwargs" not in out and "step:1" not in out
+    # trainer.device=cpu without VERL_PLATFORM: the plugin kept verl's auto_set_device from making it cuda
+    assert "VERL_PLATFORM=cpu is set for this run" in out, out[-3000:]
+    assert "on any cpu node" in out and "on any cuda node" not in out, out[-3000:]
 
 
 @pytest.mark.parametrize("version", list(VERSIONS))

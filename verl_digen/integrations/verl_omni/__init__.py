@@ -58,6 +58,7 @@ from .entry import (
     V1_ENTRY,
     check_entry,
     entry_guard,
+    keep_cpu_on_cpu,
     ray_cpu_shortfall,
     wants_digen,
 )
@@ -69,6 +70,6 @@ __all__ = [
     "NULL_AGENT_LOOP_MANAGER", "NullAgentLoopManager", "PUBLIC_MODULE", "REGISTRY_MODULE", "REGISTRY_PACKAGE",
     "SDE_TYPES", "TRAINER_MODE", "V0_ENTRY", "V1_ENTRY", "VAE_SCALE_FACTOR", "_classify", "_get", "_native_sections",
     "_nested", "check_entry", "collapse_keys", "entry_guard", "from_verl_omni_config", "install", "is_available",
-    "is_dry_run", "ray_cpu_shortfall", "register", "register_search_path", "scheduler_shift", "to_run_config",
-    "unmapped_keys", "verl_omni_defaults", "wants_digen",
+    "is_dry_run", "keep_cpu_on_cpu", "ray_cpu_shortfall", "register", "register_search_path", "scheduler_shift",
+    "to_run_config", "unmapped_keys", "verl_omni_defaults", "wants_digen",
 ]

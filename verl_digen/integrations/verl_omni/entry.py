@@ -57,6 +57,36 @@ def check_entry(config: Any, main_module: str | None = None) -> str | None:
     return None
 
 
+def _v1_entry_args(argv: list[str]) -> list[str] | None:
+    """The arguments after verl-omni's v1 entry in a whole command line (``sys.orig_argv``: ``sys.argv[0]``
+    is still ``-m`` while verl-omni's packages import verl), or None for any other program."""
+    for i, a in enumerate(argv):
+        if a == "-m" and i + 1 < len(argv):
+            return argv[i + 2:] if argv[i + 1] == V1_ENTRY else None
+        if a.replace(os.sep, "/").endswith(V1_ENTRY.replace(".", "/") + ".py"):
+            return argv[i + 1:]
+    return None
+
+
+def keep_cpu_on_cpu(argv: list[str], environ: Any) -> bool:
+    """A digen run through verl-omni's v1 entry with ``trainer.device=cpu`` on its command line (``argv``:
+    the whole one, ``sys.orig_argv``): set ``VERL_PLATFORM=cpu`` (when unset) before verl's
+    ``auto_set_device`` runs, which otherwise turns ``cpu`` into ``cuda`` on a machine without GPUs (verl
+    then assumes CUDA) and the run later waits for GPU workers that never fit. Called from the
+    ``verl.plugins`` hook at ``import verl``, which happens before verl-omni's ``main()``. Returns whether
+    it set the platform."""
+    rest = _v1_entry_args(argv)
+    if environ.get("VERL_PLATFORM") or rest is None:
+        return False
+    args = {a.lstrip("+") for a in rest}
+    if "trainer.device=cpu" not in args or not {f"trainer.v1.trainer_mode={TRAINER_MODE}", "trainer=digen"} & args:
+        return False
+    environ["VERL_PLATFORM"] = "cpu"
+    print("verl-digen: trainer.device=cpu, so VERL_PLATFORM=cpu is set for this run (verl's auto_set_device "
+          "would make it cuda)", file=sys.stderr)
+    return True
+
+
 def _main_module() -> str | None:
     spec = getattr(sys.modules.get("__main__"), "__spec__", None)
     return getattr(spec, "name", None)

@@ -13,13 +13,14 @@ import importlib
 import importlib.abc
 import importlib.util
 import logging
+import os
 import sys
 from collections.abc import Callable
 from types import ModuleType
 from typing import Any
 
 from .adapter import DigenVerlOmniTrainer
-from .entry import GUARD_MODULE, TRAINER_MODE, _install_entry_guard
+from .entry import GUARD_MODULE, TRAINER_MODE, _install_entry_guard, keep_cpu_on_cpu
 
 logger = logging.getLogger(__name__)
 
@@ -110,6 +111,8 @@ def install() -> bool:
     try:
         if not is_available():
             return False
+        # before verl-omni's main() calls verl's auto_set_device
+        keep_cpu_on_cpu(getattr(sys, "orig_argv", sys.argv), os.environ)
         register_search_path()
         _after_import(GUARD_MODULE, _install_entry_guard)
         return _after_import(REGISTRY_PACKAGE, _register_into)
