@@ -128,3 +128,26 @@ def test_policy_loss_clipping_and_scale():
     with pytest.raises(ValueError, match="one shape"):
         policy_loss(new, old[:2], adv, cfg, 1.0)
     assert math.isclose(float(terms.ratio[1]), 1.5)
+
+
+def test_unbiased_std_estimator_matches_verl_omnis_formula():
+    """verl-omni normalizes by ``torch.std`` (n - 1) plus 1e-4; ``std_estimator=unbiased`` is the same, to the
+    last bit, for the group and the batch scope; the population estimator (n) gives larger advantages."""
+    rewards = torch.tensor([0.1, 0.7, 0.3, 0.9, 0.2, 0.8, 0.5, 0.4], dtype=torch.float64)
+    groups = torch.tensor([0, 0, 0, 0, 1, 1, 1, 1])
+    want = torch.empty_like(rewards)
+    for g in (0, 1):
+        r = rewards[groups == g]
+        want[groups == g] = (r - r.mean()) / (torch.std(r) + 1e-4)  # verl-omni's per-group formula
+    cfg = AdvantageConfig(std_estimator="unbiased", eps=1e-4, clip=None)
+    adv, _ = group_advantages(rewards, groups, cfg)
+    assert torch.equal(adv, want)
+    batch, _ = group_advantages(rewards, groups, AdvantageConfig(std_scope="batch", std_estimator="unbiased",
+                                                                 eps=1e-4, clip=None))
+    r0 = rewards[groups == 0]
+    assert torch.equal(batch[groups == 0], (r0 - r0.mean()) / (torch.std(rewards) + 1e-4))
+    population, _ = group_advantages(rewards, groups, AdvantageConfig(eps=1e-4, clip=None))
+    ratio = population[0] / adv[0]  # sqrt(n / (n - 1)) at n = 4, up to eps
+    assert float(ratio) == pytest.approx((4 / 3) ** 0.5, rel=1e-3)
+    with pytest.raises(ValueError, match="std estimator"):
+        group_advantages(rewards, groups, AdvantageConfig(std_estimator="sample"))

@@ -117,7 +117,7 @@ def test_from_verl_omni_config_maps_a_recipe():
         "trainer.total_steps": 100, "trainer.seed": 42, "trainer.project_name": "flow_grpo",
         "trainer.experiment_name": "sd35_medium_ocr_lora_v1", "trainer.save_freq": 100,
         "trainer.default_local_dir": "checkpoints/flow_grpo/sd35", "trainer.logger": ["console", "wandb"],
-        "trainer.device": "cuda", "actor.param_offload": False,
+        "trainer.device": "cuda", "actor.param_offload": False, "algorithm.std_estimator": "unbiased",
     }
     joined = "\n".join(notes)
     for key in ("ppo_mini_batch_size=4", "sde_window_range=[0, 5]", "sde_type=cps", "no scheduler config found"):

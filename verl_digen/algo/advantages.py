@@ -3,6 +3,9 @@
 A sample's advantage is its reward relative to the other samples of its prompt group:
 (r - mean_group) / (std + eps), where std is the group's or the whole batch's, then clipped. A group
 must be complete before any of its samples can be trained; GAP exists to complete groups early.
+
+The std is the population one (divide by n, as flow_grpo's ``np.std``) or the unbiased one (n - 1, as
+verl-omni's ``torch.std``): at a group of 8 the second gives advantages 1.07x smaller, at 4 1.15x.
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ from dataclasses import dataclass
 import torch
 
 STD_SCOPES = ("group", "batch")
+STD_ESTIMATORS = ("population", "unbiased")
 MULTI_REWARD_MODES = ("sum_then_normalize", "normalize_then_sum")
 
 
@@ -20,6 +24,7 @@ class AdvantageConfig:
     """Normalization scope, eps, clip bound, and group filtering options."""
 
     std_scope: str = "group"
+    std_estimator: str = "population"  # or "unbiased" (n - 1)
     eps: float = 1e-4
     clip: float | None = 5.0
     drop_zero_groups: bool = False  # drop groups whose rewards are all equal (no learning signal)
@@ -29,6 +34,8 @@ class AdvantageConfig:
 def _check(rewards: torch.Tensor, group_ids: torch.Tensor, cfg: AdvantageConfig) -> None:
     if cfg.std_scope not in STD_SCOPES:
         raise ValueError(f"unknown advantage std scope {cfg.std_scope!r}; expected one of {STD_SCOPES}")
+    if cfg.std_estimator not in STD_ESTIMATORS:
+        raise ValueError(f"unknown std estimator {cfg.std_estimator!r}; expected one of {STD_ESTIMATORS}")
     if rewards.dim() != 1 or group_ids.shape != rewards.shape:
         raise ValueError(
             f"rewards and group ids must be 1-D of one length, got {tuple(rewards.shape)} and {tuple(group_ids.shape)}"
@@ -50,13 +57,14 @@ def group_advantages(
     rewards = rewards.to(torch.float64)
     adv = torch.zeros_like(rewards)
     keep = torch.ones_like(rewards, dtype=torch.bool)
-    batch_std = rewards.std(unbiased=False) if rewards.numel() > 1 else rewards.new_tensor(0.0)
+    unbiased = cfg.std_estimator == "unbiased"
+    batch_std = rewards.std(unbiased=unbiased) if rewards.numel() > 1 else rewards.new_tensor(0.0)
     for g in group_ids.unique():
         idx = (group_ids == g).nonzero().flatten()
         r = rewards[idx]
         if r.numel() < 2:
             raise ValueError(f"group {int(g)} has {r.numel()} sample; GRPO needs groups of size >= 2")
-        std = r.std(unbiased=False) if cfg.std_scope == "group" else batch_std
+        std = r.std(unbiased=unbiased) if cfg.std_scope == "group" else batch_std
         denom = std + cfg.eps
         # a constant group has r - mean = 0: its advantage is 0, also with eps = 0 (not 0 / 0)
         # (a NaN reward still gives NaN, which the trainer's guard reports; it is not silently zeroed)

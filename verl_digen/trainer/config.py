@@ -13,7 +13,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from verl_digen.algo.advantages import STD_SCOPES, AdvantageConfig
+from verl_digen.algo.advantages import STD_ESTIMATORS, STD_SCOPES, AdvantageConfig
 from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS, StepSelection
@@ -89,6 +89,7 @@ class ActorConfig:
 @dataclass
 class AlgorithmConfig:
     adv_std: str = "group"
+    std_estimator: str = "population"  # the std's divisor: n (population) or n - 1 (unbiased, verl-omni's)
     adv_eps: float = 1e-4
     adv_clip: float | None = 5.0
     drop_zero_groups: bool = False
@@ -263,7 +264,7 @@ class RunConfig:
 
     def advantage(self) -> AdvantageConfig:
         g = self.algorithm
-        return AdvantageConfig(std_scope=g.adv_std, eps=g.adv_eps, clip=g.adv_clip,
+        return AdvantageConfig(std_scope=g.adv_std, std_estimator=g.std_estimator, eps=g.adv_eps, clip=g.adv_clip,
                                drop_zero_groups=g.drop_zero_groups, keep_extremes=g.keep_extremes)
 
     def schedule_config(self, steps: int | None = None) -> ScheduleConfig:
@@ -445,6 +446,7 @@ def validate(cfg: RunConfig) -> list[str]:
 
     _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
     _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
+    _choice("algorithm.std_estimator", cfg.algorithm.std_estimator, STD_ESTIMATORS)
     if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:
         raise ConfigError("algorithm.adv_std", "batch",
                           "'group' with trainer=digen (batch-wide std needs the whole batch before any update)")

@@ -298,6 +298,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     coef = get(f"{ARR}.actor.kl_loss_coef", 0.0)
     if use_kl is not None:
         out["actor.kl_coef"] = _kl_coef(float(coef), out, notes) if use_kl else 0.0
+    out["algorithm.std_estimator"] = "unbiased"  # verl-omni's torch.std (n - 1), a convention, not a key
     global_std = get("algorithm.global_std")
     if global_std is not None:
         out["algorithm.adv_std"] = "batch" if global_std else "group"
