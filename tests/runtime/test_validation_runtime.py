@@ -83,7 +83,8 @@ def test_scores_are_those_of_the_weights_after_the_step(validated):
 
 def test_cutting_the_run_at_validation_steps_changes_no_training_number(validated, ray_session, tmp_path):
     cfg, result, _, _ = validated
-    plain, _ = _fit(compose_run(*RUN, tmp_path=tmp_path))
+    no_val = [a for a in RUN if not a.startswith("trainer.test_freq=")]  # test_freq without val_files is refused
+    plain, _ = _fit(compose_run(*no_val, tmp_path=tmp_path))
     assert plain.validations == []
     for a, b in zip(result.reports, plain.reports, strict=True):
         for key in ("reward/mean", "actor/loss", "actor/grad_norm"):
