@@ -90,7 +90,7 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     assert stop.checkpoint == str(root / "global_step_1")  # saved on the way out (save_freq=2 would not)
     first = ckpt.read_meta(root / "global_step_1")["extra"]
     trace = json.loads((tmp_path / "trace" / "digen_trace.json").read_text())
-    assert trace["otherData"]["run_id"] == first["run_id"] and trace["otherData"]["complete"] == "False"
+    assert trace["otherData"]["run_id"] == first["run_id"] and trace["otherData"]["complete"] is False
 
     # leftovers a crash could leave: neither is ever taken for a checkpoint
     (root / ".partial-global_step_3").mkdir()

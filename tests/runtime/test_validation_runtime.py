@@ -96,6 +96,7 @@ def test_outputs_png_metrics_file_tensorboard_and_one_time_axis(validated):
     trace = tmp / "trace"
     rows = [json.loads(ln) for ln in (trace / "val" / "digen_val.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == [2, 3]
+    assert {r["run_id"] for r in rows} == {result.run_id} and result.run_id  # as on the training metrics
     assert rows[0]["val/reward_mean"] == pytest.approx(result.validations[0].metrics["val/reward_mean"])
 
     # a 2 x 2 grid of the first 4 samples (2-pixel white padding around each)

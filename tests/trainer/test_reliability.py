@@ -528,3 +528,15 @@ def test_a_resave_keeps_a_complete_checkpoint_of_the_step_at_every_moment(tmp_pa
     again = fake_checkpoint(root, 1, run_id="resumed")  # the next save of the step puts the new one in place
     assert ckpt.latest(root) == again and sorted(p.name for p in root.iterdir()) == ["global_step_1"]
     assert ckpt.read_meta(again)["extra"]["run_id"] == "resumed"
+
+
+def test_a_run_directory_given_as_a_checkpoint_points_at_its_latest_one(tmp_path):
+    """``digen export <dir>`` or ``trainer.resume_from=<dir>`` with a run's checkpoint directory used to say
+    "no meta.json (a checkpoint of an older verl-digen...)"; it now names the checkpoint to pass."""
+    root = tmp_path / "ckpt"
+    fake_checkpoint(root, 1)
+    latest = fake_checkpoint(root, 2)
+    assert ckpt.problem(root) == f"it holds checkpoints but is not one: pass one of them, e.g. {latest} (the latest)"
+    with pytest.raises(ckpt.CheckpointError, match="global_step_2 \\(the latest\\)"):
+        ckpt.read_meta(root)
+    assert "older verl-digen" in ckpt.problem(tmp_path)  # an empty directory: the old hint stays

@@ -266,7 +266,7 @@ class DigenRuntime:
         land in a step's time), save the resolved config and open the per-step metrics file."""
         self._tracking()
         if self.cfg.data.val_files and self.cfg.trainer.test_freq > 0:
-            self.validator = validation.Validator(self.cfg, keep_through=self.start_step)
+            self.validator = validation.Validator(self.cfg, keep_through=self.start_step, run_id=self.run_id)
         trace_dir = self.cfg.trainer.trace_dir
         if trace_dir:
             run_log.save_resolved_config(self.cfg, trace_dir)
@@ -382,7 +382,7 @@ class DigenRuntime:
         trace = chrome_trace(result.timeline, title=f"verl-digen {mode}")
         about = {"run_id": self.run_id, "complete": stopped is None and violation is None,
                  "stopped": stopped, "checkpoint": self.last_checkpoint}
-        trace["otherData"] = {**trace.get("otherData", {}), **{k: str(v) for k, v in about.items()}}
+        trace["otherData"] = {**trace.get("otherData", {}), **about}  # JSON values: true, null, not "True"
         run_log.write_json_atomic(result.trace_path, trace)
         run_log.write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
                           {"mode": mode, **about, "staleness": result.timeline.staleness,

@@ -99,14 +99,15 @@ class ValidationResult:
 class Validator:
     """Runs validation passes of one run (see the module docstring)."""
 
-    def __init__(self, cfg: Any, keep_through: int = 0) -> None:
-        """``keep_through``: the step a resumed run continues from (its earlier rows are kept)."""
+    def __init__(self, cfg: Any, keep_through: int = 0, run_id: str = "") -> None:
+        """``keep_through``: the step a resumed run continues from (its earlier rows are kept); ``run_id``
+        goes on every row, as on the training metrics'."""
         self.cfg = cfg
         self.prompts = load_prompts(cfg.data.val_files, cfg.data.prompt_key)
         self.keep = max(int(cfg.trainer.log_val_generations), 0)
         t = cfg.trainer
         self.dir = Path(t.trace_dir, "val") if t.trace_dir else None
-        self.history = (run_log.MetricsLog(self.dir / f"{t.mode}_val.jsonl", keep_through)
+        self.history = (run_log.MetricsLog(self.dir / f"{t.mode}_val.jsonl", keep_through, run_id=run_id)
                         if self.dir is not None else None)
 
     def shares(self, workers: int) -> list[tuple[list[tuple[int, int]], list[str], int]]:

@@ -112,6 +112,9 @@ def problem(path: str | Path) -> str | None:
         return "it is a partial checkpoint (a save that did not finish)"
     for f in (META_FILE, TRAINER_FILE, rng_file(0)):
         if not (p / f).is_file():
+            inner = complete_checkpoints(p) if f == META_FILE else []
+            if inner:  # a run's checkpoint directory (trainer.default_local_dir), not one checkpoint
+                return f"it holds checkpoints but is not one: pass one of them, e.g. {inner[-1][1]} (the latest)"
             hint = " (a checkpoint of an older verl-digen, or a save that did not finish)" if f == META_FILE else ""
             return f"it has no {f}{hint}"
     try:
