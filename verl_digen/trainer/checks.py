@@ -47,7 +47,6 @@ RESUME_KEYS = (
 STRUCTURAL_KEYS = ("model.arch", "model.lora_rank", "model.target_modules")
 
 
-
 def _real(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
@@ -92,7 +91,7 @@ def numbers(cfg: Any) -> None:
     for name, w in (cfg.reward.weights or {}).items():
         if not (_real(w) and math.isfinite(w) and w != 0):
             raise ConfigError(f"reward.weights.{name}", w, "a finite, non-zero weight (drop the reward instead of "
-                         "weighting it 0)")
+                              "weighting it 0)")
     if t.save_freq is None or isinstance(t.save_freq, bool):
         raise ConfigError("trainer.save_freq", t.save_freq, "an integer (<= 0 never saves)")
     if t.max_checkpoints is not None and not (isinstance(t.max_checkpoints, int) and t.max_checkpoints >= 1):
@@ -113,7 +112,7 @@ def numbers(cfg: Any) -> None:
         if key not in RESUME_KEYS or key in STRUCTURAL_KEYS:
             allowed = [k for k in RESUME_KEYS if k not in STRUCTURAL_KEYS]
             raise ConfigError("trainer.resume_allow_changes", key, f"keys among {', '.join(allowed)} ("
-                         f"{', '.join(STRUCTURAL_KEYS)} change the trained parameters and cannot be allowed)")
+                              f"{', '.join(STRUCTURAL_KEYS)} change the trained parameters and cannot be allowed)")
     if cfg.data.synthetic_prompts is None or not (isinstance(cfg.data.synthetic_prompts, int)
                                                   and cfg.data.synthetic_prompts >= 1):
         raise ConfigError("data.synthetic_prompts", cfg.data.synthetic_prompts, "an integer >= 1")
@@ -175,8 +174,8 @@ def inert_lora_keys(cfg: Any) -> None:
         for key, value in (("model.lora_alpha", m.lora_alpha), ("model.target_modules", m.target_modules)):
             if value is not None:
                 raise ConfigError(key, value if not isinstance(value, list) else list(value),
-                             "null while model.lora_rank=0 (LoRA is off: a full fine-tune; set model.lora_rank > 0 "
-                             "to train adapters)")
+                                  "null while model.lora_rank=0 (LoRA is off: a full fine-tune; set "
+                                  "model.lora_rank > 0 to train adapters)")
 
 
 def _ram_bytes() -> int:
@@ -203,8 +202,8 @@ def _pools(cfg: Any) -> None:
         if gen + trn > limit:
             key = "resources.generator.workers" if gen >= trn else "resources.trainer.workers"
             raise ConfigError(key, gen if gen >= trn else trn,
-                         f"at most {limit} workers in all on this machine (a local CPU run gives each worker "
-                         f"~0.5 GB of its {ram / 2**30:.0f} GB); set RAY_ADDRESS to run on a Ray cluster")
+                              f"at most {limit} workers in all on this machine (a local CPU run gives each worker "
+                              f"~0.5 GB of its {ram / 2**30:.0f} GB); set RAY_ADDRESS to run on a Ray cluster")
 
 
 # -- files ----------------------------------------------------------------------------------------
@@ -356,7 +355,7 @@ def files_and_resume(cfg: Any) -> list[str]:
             step, latest = found[-1]
             run = (ckpt.read_meta(latest).get("extra") or {}).get("run_id", "?")
             raise ConfigError("trainer.default_local_dir", t.default_local_dir,
-                         f"a directory without another run's checkpoints: it holds {len(found)} (latest "
-                         f"{latest.name}, run {run}), which this run's would mix with. Continue that run with "
-                         "trainer.resume_from=auto, or choose another (or an empty) directory")
+                              f"a directory without another run's checkpoints: it holds {len(found)} (latest "
+                              f"{latest.name}, run {run}), which this run's would mix with. Continue that run with "
+                              "trainer.resume_from=auto, or choose another (or an empty) directory")
     return warnings
