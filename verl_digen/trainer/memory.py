@@ -33,14 +33,14 @@ from __future__ import annotations
 import copy
 import math
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from typing import Any
 
 from verl_digen.schedule.config import COLOCATED, DIGEN
 from verl_digen.trainer.errors import ConfigError
 from verl_digen.workers.config import PRECISIONS
 
-if TYPE_CHECKING:
-    from verl_digen.trainer.config import RunConfig
+#: a ``verl_digen.trainer.config.RunConfig``: named, not imported (``config`` calls this module's checks)
+RunConfig = Any
 
 ACT_VALUES_PER_TOKEN = 17  # per hidden unit per block, without checkpointing
 GEN_VALUES_PER_TOKEN = 10  # live while generating: residual, its norm, the MLP's 4h input and 4h activation

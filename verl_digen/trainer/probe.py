@@ -4,14 +4,14 @@ predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docs
 from __future__ import annotations
 
 import time
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import ray
 
 from verl_digen.schedule.costs import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
 
-if TYPE_CHECKING:
-    from verl_digen.trainer.runtime import DigenRuntime
+#: a ``verl_digen.trainer.runtime.DigenRuntime``: named, not imported (the runtime calls this probe)
+DigenRuntime = Any
 
 
 def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, Any]]:
