@@ -97,7 +97,9 @@ def fit_efficiency() -> tuple[float, float]:
 
 
 def _lending_model() -> CostModel:
-    """verl-omni's hybrid lending (TAG's mechanism there): a 5B video model, 1 generator + 3 trainer GPUs."""
+    """verl-omni's hybrid lending (TAG's mechanism there): a 5B video model, 1 generator + 3 trainer GPUs.
+    Only its transfers are read (switch, wake, sleep), which do not depend on the efficiency curve, so any
+    curve does and the engine fit needs no efficiency fit first."""
     return derive(replace(QWEN_IMAGE, name="5B", params_b=5.0), Setting(), hopper(0.5, 1000.0), hopper(0.5, 1000.0),
                   1, 3)
 
