@@ -41,7 +41,7 @@ from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
 from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
 from verl_digen.trainer.config import compose  # noqa: E402
-from verl_digen.trainer.metrics import window_metrics  # noqa: E402
+from verl_digen.trainer.metrics import schedule_metrics, window_metrics  # noqa: E402
 from verl_digen.trainer.progress import Recent  # noqa: E402
 from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 from verl_digen.trainer.trace_stream import RecordStream  # noqa: E402
@@ -84,14 +84,14 @@ def soak_sim(steps: int, out_dir: str) -> dict:
     rss: list[float] = []
     state = {"last_end": 0.0, "prev_start": 0.0, "t": time.perf_counter()}
 
-    def on_complete(a, end: float) -> None:
+    def on_complete(c) -> None:
+        a, end = c.action, c.end
         if a.kind != OPTIMIZER_STEP:
             return
         recent = window.since(lambda r: r.end >= state["prev_start"] - 1e-9)
         step_dec = decisions.since(lambda d: d.step >= a.step - 1)
         window_metrics(recent, state["last_end"], end, gen_names, trn_names)
-        DigenTrainer._scheduled_extra(None, sched, a.step, state["last_end"], end - state["last_end"], recent,
-                                      step_dec)
+        schedule_metrics(sched, a.step, state["last_end"], end - state["last_end"], recent, step_dec)
         stream.flush()
         state["prev_start"], state["last_end"] = state["last_end"], end
         now = time.perf_counter()

@@ -205,25 +205,11 @@ METRIC = re.compile(r"^(?:timing|perf|pool|time|reward|actor|digen|fault)/[a-z0-
 
 
 def logged_metric_names() -> set[str]:
-    """Every metric name the runtime can log, from its source (literal keys, TIME_KEYS, actor/*)."""
-    from verl_digen.algo.tsp import TrainMetrics
-    from verl_digen.trainer import faults, metrics, runtime
-    from verl_digen.trainer.metrics import TIME_KEYS
+    """Every name a step report may hold: the metrics schema (the runtime names metrics only from it;
+    tests/runtime/test_runtime.py checks a real run's reports against it)."""
+    from verl_digen.trainer.metric_names import step_names
 
-    names = set(TIME_KEYS.values())
-    for module in (runtime, metrics, faults):
-        src = Path(module.__file__).read_text()
-        # literal keys of dicts ("key": value) and subscript assignments (out["key"] = value)
-        names |= set(re.findall(r'["\']([a-z_]+/[a-z0-9_]+)["\'](?:\s*:|\]\s*=[^=])', src))
-        families = set(re.findall(r'f"([a-z_]+)/\{', src))
-        assert families <= {"actor"}, (f"{module.__name__} builds metric names {sorted(families)}/<...> "
-                                       "dynamically: teach tests/test_docs.py where their keys come from")
-    src = Path(runtime.__file__).read_text()
-    assert re.search(r'f"actor/\{k\}": v for k, v in train\.summary\(\)\.items\(\) if k != "rows"', src), (
-        "runtime.py no longer logs actor/<TrainMetrics.summary() key except rows>: update tests/test_docs.py")
-    # the stale / fresh split keys appear only in steps with such rows: ask a summary that has both
-    names |= {f"actor/{k}" for k in TrainMetrics(stale_rows=1, fresh_rows=1).summary() if k != "rows"}
-    return names
+    return step_names()
 
 
 def documented_metric_names() -> set[str]:

@@ -24,13 +24,11 @@ def _pid(actor) -> int:
     return ray.get(actor.runtime_info.remote())["pid"]
 
 
-def _check_window(seen: dict, result, step: int, start: float, records: list, base: int) -> None:
+def _check_window(seen: dict, full: list, local: int, start: float, records: list) -> None:
     """The records a step's metrics read: a suffix of the timeline holding every record of the step and
     everything that overlaps it, nothing that ended before the previous step began, and (from the third
     step) not the whole history."""
-    full = result.timeline.records
     assert records == full[len(full) - len(records):], "not a suffix of the timeline"
-    local = step - 1 - base
     ids = {id(r) for r in records}
     assert all(id(r) in ids for r in full if r.step == local or r.end >= start), "a record of the step is missing"
     prev_start = seen.get("start", 0.0)
@@ -41,7 +39,6 @@ def _check_window(seen: dict, result, step: int, start: float, records: list, ba
 
 
 def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ray_session, tmp_path, monkeypatch):
-    import ray
 
     cfg = compose_run("trainer.total_steps=3", "resources.generator.workers=2", "digen.tag.policy=never",
                       "trainer.action_timeout_factor=1.0", "trainer.action_timeout_min_s=5",
@@ -54,7 +51,7 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
     # timing, so the faults follow the launches rather than naming workers.
     faults = [signal.SIGKILL, signal.SIGSTOP]
     hit: list[tuple[str, int]] = []  # (worker, step) of each injected fault
-    launch, collect, report = RayBackend.launch, RayBackend._collect, DigenTrainer._report
+    launch, collect, step_metrics = RayBackend.launch, RayBackend._collect, DigenTrainer._step_metrics
 
     def launch_then_fault(self, a):
         launch(self, a)
@@ -64,23 +61,23 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
         os.kill(pids[a.worker], faults.pop(0))
 
     def collect_scores(self, call):
-        collect(self, call)
-        if call.action.kind == SCORE:
-            for rows in ray.get(call.refs):
-                scored.setdefault(self.base + call.action.step + 1, []).extend(
-                    zip(rows["prompt_ids"], rows["sample_ids"], strict=True))
+        res = collect(self, call)
+        if call.action.kind == SCORE:  # the typed result the driver folds
+            scored.setdefault(self.base + call.action.step + 1, []).extend(
+                zip(res.prompt_ids, res.sample_ids, strict=True))
+        return res
 
     trained: dict[int, int] = {}
     seen: dict = {}
 
-    def report_checked(self, result, step, start, end, records, gen, trn, rewards, train, extra):
-        _check_window(seen, result, step, start, records, self.start_step)
-        trained[step] = train.rows
-        report(self, result, step, start, end, records, gen, trn, rewards, train, extra)
+    def metrics_checked(self, sched, step, done, start, end, records, decisions):
+        _check_window(seen, sched.timeline.records, step, start, records)
+        trained[self.start_step + step + 1] = done.train.rows
+        return step_metrics(self, sched, step, done, start, end, records, decisions)
 
     monkeypatch.setattr(RayBackend, "launch", launch_then_fault)
     monkeypatch.setattr(RayBackend, "_collect", collect_scores)
-    monkeypatch.setattr(DigenTrainer, "_report", report_checked)
+    monkeypatch.setattr(DigenTrainer, "_step_metrics", metrics_checked)
     try:
         trainer.init_workers()
         pids = {f"gen{i}": _pid(w) for i, w in enumerate(trainer.gen_wg.workers)}

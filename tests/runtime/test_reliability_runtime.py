@@ -48,24 +48,16 @@ def test_nan_rewards_skip_the_optimizer_step_and_stop_naming_the_reward(ray_sess
 def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
     """Make every step's metrics also be computed from the whole timeline and compare (the runtime
     reads only the recent records, so per-step driver work stays flat in a long run)."""
-    from verl_digen.trainer.metrics import window_metrics
-
     checked: list[int] = []
-    report, extra = DigenTrainer._report, DigenTrainer._scheduled_extra
+    step_metrics = DigenTrainer._step_metrics
 
-    def full_report(self, result, step, start, end, records, gen, trn, *rest):
-        assert window_metrics(records, start, end, gen, trn) == window_metrics(
-            result.timeline.records, start, end, gen, trn)
-        checked.append(step)
-        report(self, result, step, start, end, records, gen, trn, *rest)
-
-    def full_extra(self, sched, step, start, step_s, records, decisions):
-        out = extra(self, sched, step, start, step_s, records, decisions)
-        assert out == extra(self, sched, step, start, step_s, sched.timeline.records, sched.decisions)
+    def full_history(self, sched, step, done, start, end, records, decisions):
+        out = step_metrics(self, sched, step, done, start, end, records, decisions)
+        assert out == step_metrics(self, sched, step, done, start, end, sched.timeline.records, sched.decisions)
+        checked.append(self.start_step + step + 1)
         return out
 
-    monkeypatch.setattr(DigenTrainer, "_report", full_report)
-    monkeypatch.setattr(DigenTrainer, "_scheduled_extra", full_extra)
+    monkeypatch.setattr(DigenTrainer, "_step_metrics", full_history)
     return checked
 
 

@@ -15,6 +15,7 @@ from verl_digen.schedule import TimelineError, check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
 from verl_digen.trainer.config import ConfigError
+from verl_digen.trainer.metric_names import step_names
 from verl_digen.trainer.runtime import DigenTrainer
 from verl_digen.workers import actor_memory
 
@@ -57,6 +58,8 @@ def test_digen_with_tag_gap_tsp_and_packing_equals_colocated_after_one_step(ray_
     res_d2, params_d2 = _train(digen_2)
     res_c, params_c = _train(colocated)
     assert [r.count for r in res_d2.timeline.records if r.kind == "update"] == [4]
+    for res in (res_d, res_d2, res_c):  # every logged name is in the schema that docs/metrics.md is checked against
+        assert all(set(r.metrics) <= step_names() for r in res.reports), [set(r.metrics) for r in res.reports]
     for res in (res_d, res_d2):
         assert [r for r in res.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
     assert {r.worker for r in res_d2.timeline.records if r.kind == TAG_GENERATE} == {"tag0", "tag1"}
@@ -89,6 +92,7 @@ def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     metrics = [r.metrics for r in result.reports]
     assert [r.step for r in result.reports] == [1, 2, 3]
     for m in metrics:
+        assert set(m) <= step_names(), set(m) - step_names()  # every name is in the schema docs/metrics.md reads
         assert m["digen/stale_fraction"] <= 0.5
         # the ratio split by staleness: stale keys exactly in steps that trained stale micro-batches, and
         # fresh rows are trained by the policy that sampled them (ratio 1 up to rounding, never clipped)

@@ -497,9 +497,9 @@ def test_scheduler_view_reports_next_step_work_and_busy_slots():
         sched = StepScheduler(cfg, costs, 2, trainer_ranks=2)
         views = []
 
-        def grab(action, end, sched=sched, views=views, steps=cfg.steps):
+        def grab(c, sched=sched, views=views, steps=cfg.steps):
             if sched.train_step < steps:
-                views.append(sched.snapshot(end))
+                views.append(sched.snapshot(c.end))
 
         run(sched, SimBackend(costs, noise=0.3, seed=seed), on_complete=grab)
         for v in views:

@@ -731,5 +731,5 @@ def test_sim_backend_noise_is_mean_one_log_normal_and_completions_name_their_act
     assert statistics.pstdev(logs) == pytest.approx(0.3, abs=0.01)
     seen: list[str] = []
     sched = StepScheduler(ScheduleConfig(prompts=1, group_size=2, mb_size=1), costs, 1)
-    run(sched, SimBackend(costs), on_complete=lambda a, end: seen.append(a.kind))
+    run(sched, SimBackend(costs), on_complete=lambda c: seen.append(c.action.kind))
     assert seen == [r.kind for r in sorted(sched.timeline.records, key=lambda r: r.end)]

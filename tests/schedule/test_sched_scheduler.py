@@ -291,9 +291,9 @@ def test_scheduler_view_equals_the_view_rebuilt_from_the_action_log():
             launched.append(a)
         while not sched.done:
             finished, now = backend.wait()
-            for a, end in finished:
-                sched.on_complete(a, end)
-                completed.append(a)
+            for c in finished:
+                sched.on_complete(c.action, c.end)
+                completed.append(c.action)
             for a in sched.next_actions(now):
                 backend.launch(a)
                 launched.append(a)

@@ -36,10 +36,6 @@ def test_generator_state_keeps_the_weights_a_generator_may_need_back():
     assert set(st.weights) == {1, 2}  # gen0 holds 1: a restart of gen0 reloads it
     st.picked_up(0, 2)
     assert set(st.weights) == {2}
-    st.retries_per_step[3] += 2
-    st.restarts_per_step[3] += 1
-    assert st.metrics(3) == {"fault/retries": 2.0, "fault/restarts": 1.0}
-    assert st.metrics(3) == {"fault/retries": 0.0, "fault/restarts": 0.0}  # reported once
 
 
 def test_restore_refuses_a_version_whose_weights_are_gone():

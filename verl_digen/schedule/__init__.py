@@ -20,7 +20,7 @@ from .bts import BtsPolicy
 from .colocated import ColocatedScheduler
 from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig
 from .costs import Affine, CostModel, Hardware, Pool, StageCosts
-from .executor import Backend, SimBackend, run
+from .executor import Backend, Completion, SimBackend, run
 from .gap import MicroBatch, Partition, batch_partition, gap_partition, partition
 from .policies import Adaptive, Never, Static
 from .profiler import Profiler
@@ -39,7 +39,7 @@ from .timeline import TRAINER, Record, Timeline, TimelineError, check_timeline
 __all__ = [
     "Action", "Adaptive", "Affine", "Backend", "Bounds", "BtsPolicy", "BubbleContext", "COLOCATED",
     "ColocatedScheduler", "CostModel",
-    "DIGEN", "Hardware", "Never", "SchedulerView", "SimBackend", "Static", "run",
+    "Completion", "DIGEN", "Hardware", "Never", "SchedulerView", "SimBackend", "Static", "run",
     "MicroBatch", "Partition", "Pool", "Profiler", "Record", "SEPARATE", "ScheduleConfig", "StageCosts",
     "StepScheduler", "TRAINER", "TagPolicy", "Timeline", "TimelineError", "batch_partition",
     "check_timeline", "gap_partition", "parse_policy", "partition", "register_tag_policy", "step_bounds",

@@ -14,6 +14,7 @@ import heapq
 import math
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Protocol
 
 from .actions import Action
@@ -21,6 +22,17 @@ from .costs import StageCosts
 from .timeline import Timeline, check_timeline
 
 EPS = 1e-9
+
+
+@dataclass(frozen=True)
+class Completion:
+    """One finished action: when it ended and what it produced. ``result`` is the backend's typed
+    receipt for the action's kind (the Ray backend's are in ``trainer/completions.py``); None on the
+    simulator, whose actions produce nothing but time."""
+
+    action: Action
+    end: float
+    result: object = None
 
 
 class Scheduler(Protocol):
@@ -40,27 +52,27 @@ class Scheduler(Protocol):
 
 class Backend(Protocol):
     """Runs actions. ``wait`` blocks until at least one action finished and returns the finished
-    ``(action, end time)`` pairs and the current time."""
+    actions' completions and the current time."""
 
     def now(self) -> float: ...
 
     def launch(self, action: Action) -> None: ...
 
-    def wait(self) -> tuple[list[tuple[Action, float]], float]: ...
+    def wait(self) -> tuple[list[Completion], float]: ...
 
 
-def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Action, float], None] | None = None,
+def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], None] | None = None,
         check: bool = True) -> Timeline:
-    """Drive ``sched`` to completion on ``backend``; ``on_complete(action, end)`` runs after the
+    """Drive ``sched`` to completion on ``backend``; ``on_complete(completion)`` runs after the
     scheduler consumed each completion. Returns the timeline (checked unless ``check=False``)."""
     for a in sched.start(backend.now()):
         backend.launch(a)
     while not sched.done:
         finished, now = backend.wait()
-        for a, end in finished:
-            sched.on_complete(a, end)
+        for c in finished:
+            sched.on_complete(c.action, c.end)
             if on_complete is not None:
-                on_complete(a, end)
+                on_complete(c)
         for a in sched.next_actions(now):
             backend.launch(a)
     if check:
@@ -92,13 +104,13 @@ class SimBackend:
         heapq.heappush(self._heap, (self.clock + d, self._seq, action))
         self._seq += 1
 
-    def wait(self) -> tuple[list[tuple[Action, float]], float]:
+    def wait(self) -> tuple[list[Completion], float]:
         if not self._heap:
             raise RuntimeError("scheduler stalled: no action in flight and not done")
         t, _, a = heapq.heappop(self._heap)
-        done = [(a, t)]
+        done = [Completion(a, t)]
         while self._heap and self._heap[0][0] <= t + EPS:
             t2, _, a2 = heapq.heappop(self._heap)
-            done.append((a2, t2))
-        self.clock = max(end for _, end in done)
+            done.append(Completion(a2, t2))
+        self.clock = max(c.end for c in done)
         return done, self.clock

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import math
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -51,8 +50,6 @@ class GeneratorState:
     weights: dict[int, ray.ObjectRef] = field(default_factory=dict)
     incarnation: list[int] = field(default_factory=list)
     restarts: list[int] = field(default_factory=list)
-    retries_per_step: dict[int, int] = field(default_factory=lambda: defaultdict(int))
-    restarts_per_step: dict[int, int] = field(default_factory=lambda: defaultdict(int))
 
     def __post_init__(self) -> None:
         n = len(self.held)
@@ -79,11 +76,6 @@ class GeneratorState:
         elif v != 0:  # version 0 is what init_model builds (the trainer's initial weights)
             raise RuntimeError(f"cannot restore generator {index}: the weights of version {v} it held are gone")
         return refs
-
-    def metrics(self, step: int) -> dict[str, float]:
-        """``fault/retries`` and ``fault/restarts`` of local step ``step`` (popped: reported once)."""
-        return {"fault/retries": float(self.retries_per_step.pop(step, 0)),
-                "fault/restarts": float(self.restarts_per_step.pop(step, 0))}
 
 
 def await_restarted(actor, limit_s: float, poll_s: float = 0.2) -> None:

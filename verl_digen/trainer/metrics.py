@@ -5,15 +5,11 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import TYPE_CHECKING, Any
 
-from verl_digen.schedule.bounds import busy_fractions
+from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     GENERATE,
-    OPTIMIZER_STEP,
-    PUBLISH,
     SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
@@ -23,22 +19,13 @@ from verl_digen.schedule.costs import (
 )
 from verl_digen.schedule.profile_io import Workload, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
+from verl_digen.trainer import metric_names as names
+from verl_digen.trainer.metric_names import TIME_KEYS
 
 if TYPE_CHECKING:
     from verl_digen.trainer.config import RunConfig
 
 
-TIME_KEYS = {
-    GENERATE: "time/gen_s",
-    TAG_GENERATE: "time/tag_gen_s",
-    SCORE: "time/score_s",
-    UPDATE: "time/update_s",
-    OPTIMIZER_STEP: "time/optimizer_step_s",
-    WEIGHT_SYNC: "time/sync_s",
-    PUBLISH: "time/publish_s",
-    SWITCH_TO_GEN: "time/switch_s",
-    SWITCH_TO_TRAIN: "time/switch_s",
-}
 
 
 def window_metrics(records: list[Record], start: float, end: float, gen_workers: list[str],
@@ -56,13 +43,35 @@ def window_metrics(records: list[Record], start: float, end: float, gen_workers:
     busy = busy_fractions(records, start, end, gen_workers, trainer_workers)
     gen_busy, trn_busy = busy["generator"], busy["trainer"]
     out = {
-        "pool/generator_busy": gen_busy,
-        "pool/generator_bubble": 1.0 - gen_busy if gen_workers else 0.0,
-        "pool/trainer_busy": trn_busy,
-        "pool/trainer_bubble": 1.0 - trn_busy,
+        names.GENERATOR_BUSY: gen_busy,
+        names.GENERATOR_BUBBLE: 1.0 - gen_busy if gen_workers else 0.0,
+        names.TRAINER_BUSY: trn_busy,
+        names.TRAINER_BUBBLE: 1.0 - trn_busy,
     }
     for key in dict.fromkeys(TIME_KEYS.values()):  # TIME_KEYS' order, the same in every process
         out[key] = times.get(key, 0.0)
+    return out
+
+
+def schedule_metrics(sched: Any, step: int, step_start: float, step_s: float, records: list[Record],
+                     decisions: list) -> dict[str, float]:
+    """Fraction of ideal, staleness and BTS prediction of local step ``step`` of a ``StepScheduler``
+    (from ``records`` and ``decisions``: a suffix of the run's that holds all of this step's)."""
+    recs = [r for r in records if r.step == step]
+    gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
+    stale = sum(1 for r in gens if r.stale)
+    # the ideal of the work this step's window held, at this step's measured costs (<= the step)
+    bounds = window_bounds(records, step, step_start, sched.costs, sched.M, sched.G,
+                           unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R)
+    out = {
+        names.FRACTION_OF_IDEAL: bounds.ideal / step_s if step_s > 0 else 0.0,
+        names.IDEAL_STEP_S: bounds.ideal,
+        names.STALE_FRACTION: stale / max(sched.M, 1),
+        names.TAG_MICRO_BATCHES: float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
+    }
+    predicted = [d.predicted_end for d in decisions if d.step == step and d.predicted_end is not None]
+    if predicted:  # BTS's first plan of the step vs what the step really took
+        out[names.BTS_PREDICTED_STEP_S] = predicted[0] - step_start
     return out
 
 

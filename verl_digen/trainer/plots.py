@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from verl_digen.trainer import metric_names as names
 from verl_digen.trainer.run_log import read_metrics
 
 #: the panels of ``<mode>_curves.png``, top to bottom
@@ -36,20 +37,20 @@ def curve_panels(rows: list[dict[str, Any]]) -> tuple[list[int], list[Panel]]:
     def col(key: str) -> list[float]:
         return [float(r.get(key, float("nan"))) for r in rows]
 
-    mean, std = col("reward/mean"), [float(r.get("reward/std", 0.0)) for r in rows]
+    mean, std = col(names.REWARD_MEAN), [float(r.get(names.REWARD_STD, 0.0)) for r in rows]
     reward = Panel("reward", "reward (mean ± std over samples)", {"mean": mean},
                    ([m - s for m, s in zip(mean, std, strict=True)], [m + s for m, s in zip(mean, std, strict=True)]))
     val = sorted({k for r in rows for k in r if k.startswith("val/") and "reward" in k and k.endswith("mean")})
     for key in val:  # a validation pass logs only on its steps: NaN elsewhere leaves gaps
         reward.lines[key] = col(key)
-    timing = Panel("step time", "seconds", {"step": col("timing/step_s")})
-    if any("perf/ideal_step_s" in r for r in rows):
-        timing.lines["ideal (own measured costs)"] = col("perf/ideal_step_s")
+    timing = Panel("step time", "seconds", {"step": col(names.STEP_S)})
+    if any(names.IDEAL_STEP_S in r for r in rows):
+        timing.lines["ideal (own measured costs)"] = col(names.IDEAL_STEP_S)
     busy = Panel("busy fraction", "busy fraction of the pool")
     # a colocated run has no generator pool: its generator busy and bubble are both 0
-    if any(r.get("pool/generator_busy", 0.0) + r.get("pool/generator_bubble", 0.0) > 0 for r in rows):
-        busy.lines["generator pool"] = col("pool/generator_busy")
-    busy.lines["trainer pool"] = col("pool/trainer_busy")
+    if any(r.get(names.GENERATOR_BUSY, 0.0) + r.get(names.GENERATOR_BUBBLE, 0.0) > 0 for r in rows):
+        busy.lines["generator pool"] = col(names.GENERATOR_BUSY)
+    busy.lines["trainer pool"] = col(names.TRAINER_BUSY)
     return steps, [reward, timing, busy]
 
 

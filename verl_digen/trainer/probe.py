@@ -1,5 +1,6 @@
 """The runtime's after-run probe: what a run's own actions never sized, measured so its profile can
-predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docstring)."""
+predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docstring). It gets the
+run's worker groups and row mapping as arguments, as the Ray backend does."""
 
 from __future__ import annotations
 
@@ -7,14 +8,15 @@ import time
 from typing import Any
 
 import ray
+from verl.single_controller.ray.base import RayWorkerGroup
 
 from verl_digen.schedule.costs import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
+from verl_digen.trainer.config import RunConfig
+from verl_digen.trainer.ray_backend import Rows
 
-#: a ``verl_digen.trainer.runtime.DigenRuntime``: named, not imported (the runtime calls this probe)
-DigenRuntime = Any
 
-
-def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, Any]]:
+def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, rows_of: Rows, step: int,
+                reps: int = 3) -> list[dict[str, Any]]:
     """Profile samples (``profile_io`` format) of the probe described in the class docstring.
 
     Runs after the last optimizer step, on the prompts of the next (untrained) global step
@@ -25,18 +27,18 @@ def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, An
     full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
     here enters the timeline or the step reports. Run alone, these calls do not contend with the
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
-    the level from the run (``measured_profile``)."""
-    cfg = rt.cfg
+    the level from the run (``measured_profile``). ``rows_of`` maps (prompt-in-step, sample) pairs to
+    rows as the run did (``RayBackend``'s ``rows``)."""
     mb, batch = cfg.rollout.micro_batch_size, cfg.batch
     # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
     # fitted per-sample / per-row slope stable against host noise
     second = min(batch, 4 * mb) if batch > mb else max(1, mb // 2)
     pairs = [(p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n)]
-    gen = rt.gen_wg.workers[0]
-    trainers = rt.trn_wg.workers
+    gen = gen_wg.workers[0]
+    trainers = trn_wg.workers
     gen_version = ray.get(gen.weights_version.remote())
     trn_version = ray.get(trainers[0].weights_version.remote())
-    degree = cfg.digen.tsp.degree or rt.k
+    degree = cfg.digen.tsp.degree or cfg.trained_steps()
 
     def timed(refs: list[ray.ObjectRef]) -> float:
         t0 = time.perf_counter()
@@ -47,7 +49,7 @@ def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, An
     for rep in range(reps + 1):
         measured: list[dict[str, Any]] = []
         for size in sorted({mb, second}):
-            rows, texts = rt._rows(step, pairs[:size])
+            rows, texts = rows_of(step, pairs[:size])
             t0 = time.perf_counter()
             traj = gen.generate.remote(step, gen_version, rows, texts)
             ray.wait([traj])
@@ -57,12 +59,12 @@ def probe_costs(rt: DigenRuntime, step: int, reps: int = 3) -> list[dict[str, An
             measured += [{"pool": "generator", "kind": GENERATE, "size": size, "seconds": t_gen},
                          {"pool": "generator", "kind": SCORE, "size": size, "seconds": t_score}]
             zero_adv = {(pid, s): 0.0 for pid, s in rows}  # any size: the ranks split its rows (schedule.rows)
-            t_update = timed(rt.trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
+            t_update = timed(trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
             measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
-        rows, texts = rt._rows(step, pairs[:mb])
-        t_to_gen = timed(rt.trn_wg.execute_all_async(SWITCH_TO_GEN))
+        rows, texts = rows_of(step, pairs[:mb])
+        t_to_gen = timed(trn_wg.execute_all_async(SWITCH_TO_GEN))
         t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])
-        t_to_train = timed(rt.trn_wg.execute_all_async(SWITCH_TO_TRAIN))
+        t_to_train = timed(trn_wg.execute_all_async(SWITCH_TO_TRAIN))
         measured += [{"kind": SWITCH_TO_GEN, "seconds": t_to_gen},
                      {"kind": TAG_GENERATE, "size": mb, "seconds": t_tag},
                      {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]

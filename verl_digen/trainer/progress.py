@@ -5,6 +5,8 @@ from __future__ import annotations
 import sys
 from typing import TextIO
 
+from verl_digen.trainer import metric_names as names
+
 
 class Recent:
     """A growing list read from a moving start: ``since(keep)`` skips (for good) leading items for
@@ -35,7 +37,7 @@ class Progress:
     def update(self, step: int, metrics: dict[str, float]) -> None:
         if self.bar is not None:
             self.bar.update(1)
-            self.bar.set_postfix(reward=f"{metrics['reward/mean']:+.4f}", step_s=f"{metrics['timing/step_s']:.2f}")
+            self.bar.set_postfix(reward=f"{metrics[names.REWARD_MEAN]:+.4f}", step_s=f"{metrics[names.STEP_S]:.2f}")
 
     def write(self, text: str) -> None:
         """A line (or block) printed above the bar, which is redrawn below it."""

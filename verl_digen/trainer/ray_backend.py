@@ -1,10 +1,11 @@
 """The Ray backend of the one executor loop (:func:`verl_digen.schedule.executor.run`).
 
-``launch`` turns a scheduler action into verl worker calls; ``wait`` returns actions whose calls all
-finished, stamped with wall-clock time since the backend started. The data plane stays off the
-driver: trajectories move generator -> scorer -> trainer as Ray object references (a scorer returns
-the scored batch as one object and its ids + rewards as another; only the second is fetched), and the
-driver handles rewards, advantages and metadata only. ``driver_bytes`` counts what it fetched per step.
+``launch`` turns a scheduler action into verl worker calls; ``wait`` returns the completions of actions
+whose calls all finished, stamped with wall-clock time since the backend started, each with its typed
+result (``trainer/completions.py``). The data plane stays off the driver: trajectories move generator
+-> scorer -> trainer as Ray object references (a scorer returns the scored batch as one object and its
+ids + rewards as another; only the second is fetched), and the driver handles rewards, advantages and
+metadata only. Each result counts the bytes the driver fetched for it.
 
 Digen/separate actions run on one generator actor (``genI``), on the trainer ranks as one unit
 (``trainer``: verl's ``execute_all_async`` fan-out) or on one rank alone (TAG slot ``tagJ``). Colocated
@@ -14,14 +15,13 @@ Generator actions (generate, score, an object-store weight pickup) survive their
 backend notices it from a small receipt (the driver never fetches the trajectories), restores the
 restarted actor and re-issues the same action (``trainer/faults.py``); an action running past its
 per-action timeout gets its actor killed and restarted the same way. ``fault/retries`` and
-``fault/restarts`` count them per step.
+``fault/restarts`` count them per step (each result carries its own).
 """
 
 from __future__ import annotations
 
 import pickle
 import time
-from collections import defaultdict
 from collections.abc import Callable
 from typing import Any
 
@@ -41,13 +41,15 @@ from verl_digen.schedule.costs import (
     UPDATE,
     WEIGHT_SYNC,
 )
+from verl_digen.schedule.executor import Completion
 from verl_digen.schedule.timeline import gen_worker, tag_slot
+from verl_digen.trainer.completions import Generated, Receipt, Scored, Stepped, Updated
 from verl_digen.trainer.faults import FaultPolicy, GeneratorState, await_restarted, is_worker_death
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
 
 Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
-Advantages = Callable[[dict, int, list[int]], dict[tuple[int, int], float]]
+Advantages = Callable[[int, list[int]], dict[tuple[int, int], float]]
 
 
 Submit = Callable[[], tuple[list[ray.ObjectRef], list[ray.ObjectRef], list[ray.ObjectRef]]]
@@ -58,12 +60,14 @@ class _Call:
     (scored trajectories) without fetching them. A retriable (generator) action also has ``check``:
     small refs fetched when it completes, so a dead actor shows before anything consumes its output;
     ``submit`` re-issues it (refs, keep, check) on the restarted actor; ``deadline``: when it is taken
-    for hung (``time.monotonic()``; None: never)."""
+    for hung (``time.monotonic()``; None: never). ``retries`` / ``restarts``: what bringing it to
+    completion took."""
 
     def __init__(self, action: Action, refs: list[ray.ObjectRef], keep: list[ray.ObjectRef] | None = None,
                  check: list[ray.ObjectRef] | None = None, submit: Submit | None = None,
                  deadline: float | None = None) -> None:
         self.action, self.submit, self.incarnation = action, submit, 0
+        self.retries = self.restarts = 0
         self.set(refs, keep, check, deadline)
 
     def set(self, refs: list[ray.ObjectRef], keep: list[ray.ObjectRef] | None, check: list[ray.ObjectRef] | None,
@@ -79,8 +83,9 @@ class RayBackend:
     """Executes actions on verl worker actors; see the module docstring.
 
     ``rows(step, samples)`` maps the scheduler's (prompt-in-step, sample) pairs of global step
-    ``step`` to (prompt id, sample) rows and their texts; ``advantages(rewards, step, prompt_ids)``
-    computes the rows' advantages from complete groups. ``base`` is the first global step.
+    ``step`` to (prompt id, sample) rows and their texts; ``advantages(step, prompt_ids)`` gives an
+    update the advantages of its complete groups (local step; ``StepAccumulator.advantages``, which
+    the scored completions fed). ``base`` is the first global step.
     ``faults``: how generator faults are handled; ``estimate(action)``: the scheduler's estimate of an
     action's seconds, from which its timeout is derived.
     """
@@ -99,12 +104,9 @@ class RayBackend:
         self.t0 = time.perf_counter()
         self._inflight: dict[ray.ObjectRef, _Call] = {}
         self._ready: list[_Call] = []
-        self.generated: dict[tuple[int, int], list[ray.ObjectRef]] = {}  # (step, mb) -> trajectory parts
-        self.scored: dict[tuple[int, int], list[ray.ObjectRef]] = {}
-        self.rewards: dict[tuple[int, int, int], float] = {}  # (global step, prompt id, sample) -> reward
-        self.step_rewards: dict[int, list[float]] = defaultdict(list)
-        self.train_metrics: dict[int, TrainMetrics] = defaultdict(TrainMetrics)
-        self.driver_bytes: dict[int, int] = defaultdict(int)
+        # the data plane's routing: (step, mb) -> trajectory refs, from one action to the next
+        self._generated: dict[tuple[int, int], list[ray.ObjectRef]] = {}
+        self._scored: dict[tuple[int, int], list[ray.ObjectRef]] = {}
         self.faults = faults or FaultPolicy()
         self.estimate = estimate
         # generators start at the first global step's version (a resume installs it before the run)
@@ -117,10 +119,6 @@ class RayBackend:
         """Published weights are kept while a generator may need them back (the backend's publish returns
         the weights, e.g. object store, and restarts are on)."""
         return self.sync is not None and self.sync.publish_returns_weights and self.faults.max_restarts > 0
-
-    def fault_metrics(self, step: int) -> dict[str, float]:
-        """``fault/retries`` and ``fault/restarts`` of local step ``step`` (reported once)."""
-        return self.gen_state.metrics(step)
 
     # -- Backend protocol ------------------------------------------------------------------------
     def now(self) -> float:
@@ -148,15 +146,15 @@ class RayBackend:
             rows, texts = self.rows(g, a.samples)
             refs = [self.trainers[self.slot_index[w]].tag_generate.remote(g, self.base + a.version, rows, texts)]
         elif a.kind == SCORE:
-            parts = self.generated.pop((a.step, a.mb))
+            parts = self._generated.pop((a.step, a.mb))
             scorers = [self.gens[self.gen_index[w]]] if w in self.gen_index else self.trainers  # colocated: own part
             pairs = [s.score_rows.options(num_returns=2).remote(p) for s, p in zip(scorers, parts, strict=True)]
             keep = [p[0] for p in pairs]
             refs = [p[1] for p in pairs]
         elif a.kind == UPDATE:
-            parts = [r for m in a.micro_batches for r in self.scored.pop((a.step, m))]
+            parts = [r for m in a.micro_batches for r in self._scored.pop((a.step, m))]
             prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
-            adv = self.advantages(self.rewards, g, prompt_ids)
+            adv = self.advantages(a.step, prompt_ids)
             # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
             refs = self.trn_wg.execute_all_async("update", tuple(parts), self.scale, adv)
         elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP):
@@ -187,7 +185,7 @@ class RayBackend:
                 return [traj], [], [receipt]
             return submit
         if a.kind == SCORE:
-            (part,) = self.generated.pop((a.step, a.mb))
+            (part,) = self._generated.pop((a.step, a.mb))
 
             def submit():
                 scored, ids = gen.score_rows.options(num_returns=2).remote(part)
@@ -275,13 +273,13 @@ class RayBackend:
                 raise err
             st.restarts[i] += 1
             st.incarnation[i] += 1
-            st.restarts_per_step[a.step] += 1
+            call.restarts += 1
             await_restarted(self.gens[i], self.faults.restart_wait_s)  # the driver waits for the new process
             self._restoring[i] = st.restore(self.gens[i], i)
             self.faults.log(f"generator {a.worker} died ({type(err).__name__}) during {a.kind} of step "
                             f"{self.base + a.step + 1}: restarting it ({st.restarts[i]}/{self.faults.max_restarts}) "
                             f"with policy version {st.held[i]} and retrying its actions")
-        st.retries_per_step[a.step] += 1
+        call.retries += 1
         refs, keep, check = call.submit()
         # no per-action deadline for a retry: its restore loads the model first (minutes on a real one);
         # trainer.stall_timeout_s still bounds it
@@ -290,44 +288,57 @@ class RayBackend:
         for ref in call.pending:
             self._inflight[ref] = call
 
-    def wait(self) -> tuple[list[tuple[Action, float]], float]:
+    def wait(self) -> tuple[list[Completion], float]:
         while not self._ready:
             self._pump(None)
         t = self.now()
-        done = []
-        for call in self._ready:
-            self._collect(call)
-            done.append((call.action, t))
+        done = [Completion(call.action, t, self._collect(call)) for call in self._ready]
         self._ready = []
         return done, t
 
     # -- results ---------------------------------------------------------------------------------
-    def _fetch(self, step: int, refs: list[ray.ObjectRef]) -> list[Any]:
-        out = ray.get(refs)
-        self.driver_bytes[step] += sum(len(pickle.dumps(o)) for o in out)
-        return out
-
-    def _collect(self, call: _Call) -> None:
+    def _collect(self, call: _Call) -> Receipt:
+        """The typed result of a finished call (what the driver fetches is small: ids, rewards, metric
+        sums, versions; fetching also surfaces a worker's error). Trajectory refs go on to the action
+        that consumes them."""
         a = call.action
+        fetched: list[Any] = []
+
+        def fetch(refs: list[ray.ObjectRef]) -> list[Any]:
+            out = ray.get(refs)
+            fetched.extend(out)
+            return out
+
+        extra: dict[str, Any] = {}
+        kind: type[Receipt] = Receipt
         if a.kind in (GENERATE, TAG_GENERATE):
-            self.generated[(a.step, a.mb)] = list(call.refs)  # stays in the object store
+            self._generated[(a.step, a.mb)] = list(call.refs)  # stays in the object store
+            kind, extra = Generated, {"rows": len(a.samples)}
         elif a.kind == SCORE:
-            self.scored[(a.step, a.mb)] = call.keep
-            for rows in self._fetch(a.step, call.refs):
-                for p, s, r in zip(rows["prompt_ids"], rows["sample_ids"], rows["rewards"], strict=True):
-                    self.rewards[(self.base + a.step, p, s)] = r
-                    self.step_rewards[a.step].append(r)
+            self._scored[(a.step, a.mb)] = call.keep
+            parts = fetch(call.refs)
+            kind, extra = Scored, {
+                "prompt_ids": tuple(p for rows in parts for p in rows["prompt_ids"]),
+                "sample_ids": tuple(s for rows in parts for s in rows["sample_ids"]),
+                "rewards": tuple(r for rows in parts for r in rows["rewards"])}
         elif a.kind == UPDATE:
-            for part in self._fetch(a.step, call.refs):
-                self.train_metrics[a.step].merge(TrainMetrics(**part))
+            merged = TrainMetrics()
+            for part in fetch(call.refs):
+                merged.merge(TrainMetrics(**part))
+            kind, extra = Updated, {"metrics": merged}
+        elif a.kind == OPTIMIZER_STEP:
+            out = fetch(call.refs)[0]  # the same on every rank (TSPActorWorker.optimizer_step)
+            kind, extra = Stepped, {"grad_norm": out.get("grad_norm"), "skipped": bool(out.get("skipped")),
+                                    "nonfinite": out.get("nonfinite")}
         elif a.kind == PUBLISH:
             # object store: rank 0's return value *is* the weights; the driver never fetches it (a
-            # failure there surfaces at the first pickup). Bytes count toward the step that uses them.
-            refs = call.refs[1:] if self.sync.publish_returns_weights else call.refs
-            self._fetch(a.version, refs)
+            # failure there surfaces at the first pickup)
+            fetch(call.refs[1:] if self.sync.publish_returns_weights else call.refs)
         elif a.kind == WEIGHT_SYNC:
-            self._fetch(a.version, call.refs)  # versions; surfaces worker errors
+            fetch(call.refs)  # versions
             self.gen_state.picked_up(self.gen_index[a.worker], self.base + a.version)
-        elif a.kind in (OPTIMIZER_STEP, SWITCH_TO_GEN, SWITCH_TO_TRAIN):
-            self._fetch(a.step, call.refs)  # small (seconds, versions); surfaces worker errors
+        else:  # SWITCH_TO_GEN, SWITCH_TO_TRAIN: seconds
+            fetch(call.refs)
+        return kind(driver_bytes=sum(len(pickle.dumps(o)) for o in fetched), retries=call.retries,
+                    restarts=call.restarts, **extra)
 

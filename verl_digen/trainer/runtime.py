@@ -7,10 +7,12 @@ mode, and ``colocated`` is ``ColocatedScheduler`` (every worker generates, then 
 data-parallel) over one hybrid worker group.
 
 Data path: a generator returns a ``Trajectories`` object reference, a generator scores it (reward
-models live on the generator pool) and only ids + rewards reach the driver, which computes group
-advantages once a GRPO group is complete; the trainer ranks fetch the scored trajectories themselves
-and accumulate gradients on their shard of the rows; the optimizer steps once per global step and the
-new version is published once for the generators to pick up. The timeline is checked against the
+models live on the generator pool) and only ids + rewards reach the driver as the score action's
+typed result; a ``StepAccumulator`` (``trainer/accumulator.py``) folds every completion, hands an
+update the advantages of its complete GRPO groups, and yields the step's results when its optimizer
+step completes. The trainer ranks fetch the scored trajectories themselves and accumulate gradients
+on their shard of the rows; the optimizer steps once per global step and the new version is published
+once for the generators to pick up. The timeline is checked against the
 scheduling invariants at the end of every run; a violation is written next to the trace and fails it.
 """
 
@@ -25,26 +27,15 @@ from pathlib import Path
 from typing import Any
 
 import ray
-import torch
 from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
-from verl_digen.algo.advantages import group_advantages
-from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.data import PromptDataset
 from verl_digen.schedule import ScheduleConfig, StepScheduler
-from verl_digen.schedule.actions import Action
-from verl_digen.schedule.bounds import window_bounds
 from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import (
-    GENERATE,
-    OPTIMIZER_STEP,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    TAG_GENERATE,
-)
-from verl_digen.schedule.executor import run
+from verl_digen.schedule.costs import SWITCH_TO_GEN, SWITCH_TO_TRAIN
+from verl_digen.schedule.executor import Completion, run
 from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
 from verl_digen.schedule.timeline import (
@@ -56,9 +47,11 @@ from verl_digen.schedule.timeline import (
     concat_timelines,
 )
 from verl_digen.trainer import checks, run_log, validation
+from verl_digen.trainer import metric_names as names
+from verl_digen.trainer.accumulator import StepAccumulator, StepResults
 from verl_digen.trainer.config import RunConfig, validate
 from verl_digen.trainer.faults import fault_policy
-from verl_digen.trainer.metrics import measured_profile, window_metrics
+from verl_digen.trainer.metrics import measured_profile, schedule_metrics, window_metrics
 from verl_digen.trainer.plan import prior_stage_costs
 from verl_digen.trainer.pools import PlacedResourcePool, check_cluster_fits, ensure_ray
 from verl_digen.trainer.probe import probe_costs
@@ -230,22 +223,6 @@ class DigenRuntime:
         ids, texts = self._prompts_of(step)
         return [(ids[p], s) for p, s in samples], [texts[p] for p, _ in samples]
 
-    def _advantages(self, rewards: dict[tuple[int, int, int], float], step: int,
-                    prompt_ids: list[int]) -> dict[tuple[int, int], float]:
-        """Group advantages of every sample of ``prompt_ids`` (complete groups) in global step ``step``."""
-        keys = [(step, g, s) for g in prompt_ids for s in range(self.cfg.rollout.n)]
-        missing = [k for k in keys if k not in rewards]
-        if missing:
-            raise RuntimeError(f"group incomplete when its update started (missing samples {missing[:4]})")
-        r = torch.tensor([rewards[k] for k in keys], dtype=torch.float64)
-        if not bool(torch.isfinite(r).all()):
-            # NaN advantages on purpose: the trainer's NaN guard reads them as a non-finite reward and
-            # skips the optimizer step (group normalization could otherwise turn them into zeros)
-            return {(k[1], k[2]): float("nan") for k in keys}
-        gid = torch.tensor([k[1] for k in keys])
-        adv, _ = group_advantages(r, gid, self.cfg.advantage())
-        return {(k[1], k[2]): a for k, a in zip(keys, adv.tolist(), strict=True)}
-
     def _scale(self) -> float:
         """Loss scale: 1 / rows of a global step, so accumulation gives the full-batch mean gradient."""
         return 1.0 / (self.cfg.batch * self.k)
@@ -354,7 +331,8 @@ class DigenRuntime:
             self._write_outputs(result, violation=str(e))
             raise TimelineError(f"the run broke a scheduling invariant: {e} (timeline written to "
                                 f"{self.cfg.trainer.trace_dir or 'nowhere: trainer.trace_dir is unset'})") from e
-        probes = probe_costs(self, result.final_step) if self._probing() else []
+        probes = (probe_costs(self.cfg, self.gen_wg, self.trn_wg, self._rows, result.final_step)
+                  if self._probing() else [])
         self._write_outputs(result, probes=probes)
         return result
 
@@ -411,20 +389,25 @@ class DigenRuntime:
         except Exception as err:  # noqa: BLE001 - the curves are a convenience
             self.log(f"warning: could not draw {mode}_curves.png: {type(err).__name__}: {err}")
 
-    def _report(self, result: RunResult, step: int, start: float, end: float, records: list[Record],
-                gen_names: list[str], trn_names: list[str], rewards: list[float], train: TrainMetrics,
-                extra: dict[str, float]) -> None:
-        r = torch.tensor(rewards, dtype=torch.float64)
+    def _step_metrics(self, sched, step: int, done: StepResults, start: float, end: float, records: list[Record],
+                      decisions: list) -> dict[str, float]:
+        """The report of local step ``step`` of ``sched``, which ran from ``start`` to ``end``: what its
+        completions said (``done``), the pools' busy time, and (disaggregated) the schedule's view.
+        ``records`` / ``decisions``: suffixes of the scheduler's that hold all of this step's."""
+        colocated = isinstance(sched, ColocatedScheduler)
+        gen_names = [] if colocated else list(sched.gens)
+        trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
         step_s = end - start
-        metrics = {
-            "timing/step_s": step_s,
-            "perf/samples_per_worker_s": self.cfg.batch / (step_s * self.cfg.total_workers),
-            "reward/mean": float(r.mean()),
-            "reward/std": float(r.std()) if r.numel() > 1 else 0.0,
-            **{f"actor/{k}": v for k, v in train.summary().items() if k != "rows"},
-            **window_metrics(records, start, end, gen_names, trn_names, colocated=not gen_names),
-            **extra,
-        }
+        metrics = {names.STEP_S: step_s,
+                   names.SAMPLES_PER_WORKER_S: self.cfg.batch / (step_s * self.cfg.total_workers),
+                   **done.metrics(),
+                   **window_metrics(records, start, end, gen_names, trn_names, colocated=colocated)}
+        if not colocated:
+            metrics.update(schedule_metrics(sched, step, start, step_s, records, decisions))
+        return metrics
+
+    def _report(self, result: RunResult, step: int, metrics: dict[str, float]) -> None:
+        """Record global step ``step``'s report and log it (Tracking, the metrics file)."""
         result.reports.append(StepReport(step, metrics))
         self._tracking().log(data=metrics, step=step)
         if self._history is not None:
@@ -475,7 +458,8 @@ class DigenRuntime:
         which later segments share so the run's timeline stays one time axis."""
         sched = self._scheduler(steps)
         colocated = isinstance(sched, ColocatedScheduler)
-        backend = GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, self._advantages, self._scale(),
+        acc = StepAccumulator(self.cfg.rollout.n, self.cfg.advantage())
+        backend = GuardedBackend(self.gen_wg, self.trn_wg, self.sync, self._rows, acc.advantages, self._scale(),
                                   base, stall_timeout_s=self.cfg.trainer.stall_timeout_s,
                                   base_step=base, checkpoint=lambda: self.last_checkpoint,
                                   faults=fault_policy(self.cfg, self.log),
@@ -486,32 +470,24 @@ class DigenRuntime:
         result.timeline = concat_timelines(self._segments)  # the live timeline while there is one segment
         if stream is not None:
             stream.follow(sched.timeline.records, base - self.start_step)
-        gen_names = [] if colocated else list(sched.gens)
-        trn_names = list(sched.workers) if colocated else [TRAINER, *sched.slots]
         last_end = prev_start = backend.now()  # a later segment's first step starts after the validation
         window = Recent(sched.timeline.records)
         decisions = Recent(getattr(sched, "decisions", []))
 
-        def on_complete(a: Action, end: float) -> None:
+        def on_complete(c: Completion) -> None:
             nonlocal last_end, prev_start
-            if a.kind != OPTIMIZER_STEP:
+            done = acc.add(c)
+            if done is None:  # not an optimizer step: the step goes on
                 return
+            a, end = c.action, c.end
             g = base + a.step
             # this step's records end after the previous step's window began (a stale generation starts
             # once the version it uses exists): per-step work stays flat however long the run
             recent = window.since(lambda r: r.end >= prev_start - 1e-9)
-            extra = {"perf/driver_bytes": float(backend.driver_bytes.pop(a.step, 0)), **backend.fault_metrics(a.step)}
-            opt = backend.opt_results.pop(a.step, {})
-            if "grad_norm" in opt:  # the global norm before clipping (TSPActorWorker.optimizer_step)
-                extra["actor/grad_norm"] = float(opt["grad_norm"])
-            if not colocated:
-                step_decisions = decisions.since(lambda d: d.step >= a.step - 1)
-                extra.update(self._scheduled_extra(sched, a.step, last_end, end - last_end, recent, step_decisions))
-            rewards = backend.step_rewards.pop(a.step, [])
-            train = backend.train_metrics.pop(a.step, TrainMetrics())
-            self._report(result, g + 1, last_end, end, recent, gen_names, trn_names, rewards, train, extra)
+            step_decisions = decisions.since(lambda d: d.step >= a.step - 1)
+            self._report(result, g + 1, self._step_metrics(sched, a.step, done, last_end, end, recent, step_decisions))
             prev_start, last_end = last_end, end
-            self._guard(g + 1, rewards, train, opt)
+            self._guard(g + 1, done)
             stopping = self._signals is not None and self._signals.requested is not None
             if self._should_save(g + 1, last=g + 1 == total) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)
@@ -555,22 +531,24 @@ class DigenRuntime:
         at = f"after step {after}" if after is not None else f"before step {self.start_step + 1}"
         raise RunStopped(f"stopped by {name} {at}", 128 + sig, self.last_checkpoint)
 
-    def _guard(self, step: int, rewards: list[float], train: TrainMetrics, opt: dict[str, Any]) -> None:
+    def _guard(self, step: int, done: StepResults) -> None:
         """The NaN guard's driver half: the trainer skipped the optimizer step of a non-finite step
         (``TSPActorWorker.optimizer_step``); name the quantity, count consecutive bad steps, and stop
         with ``RunStopped`` per ``trainer.on_nonfinite`` / ``trainer.max_nonfinite_steps``."""
-        if not opt.get("skipped"):
+        opt, rewards = done.optimizer, done.rewards
+        if not opt.skipped:
             self._bad_streak = 0
             return
         bad_rewards = [r for r in rewards if not math.isfinite(r)]
+        norm = opt.grad_norm
         if bad_rewards:
             what = f"reward ({len(bad_rewards)} of {len(rewards)} samples, e.g. {bad_rewards[0]})"
-        elif not math.isfinite(train.loss):
-            what = f"loss (actor/loss = {train.loss})"
-        elif opt.get("nonfinite") == "grad_norm" or not math.isfinite(float(opt.get("grad_norm", 0.0))):
-            what = f"gradient norm ({opt.get('grad_norm')})"
+        elif not math.isfinite(done.train.loss):
+            what = f"loss (actor/loss = {done.train.loss})"
+        elif opt.nonfinite == "grad_norm" or (norm is not None and not math.isfinite(norm)):
+            what = f"gradient norm ({norm})"
         else:
-            what = str(opt.get("nonfinite"))
+            what = str(opt.nonfinite)
         self._bad_streak += 1
         t = self.cfg.trainer
         self.log(f"step {step}: non-finite {what}: optimizer step skipped, weights unchanged "
@@ -579,27 +557,6 @@ class DigenRuntime:
             raise RunStopped(f"stopped at step {step}: non-finite {what} in {self._bad_streak} consecutive step(s) "
                              f"(trainer.on_nonfinite={t.on_nonfinite}, trainer.max_nonfinite_steps="
                              f"{t.max_nonfinite_steps})", 3, self.last_checkpoint)
-
-    def _scheduled_extra(self, sched: StepScheduler, step: int, step_start: float, step_s: float,
-                         records: list[Record], decisions: list) -> dict[str, float]:
-        """Fraction of ideal, staleness and BTS prediction of one step (from ``records`` and
-        ``decisions``: a suffix of the run's that holds all of this step's)."""
-        recs = [r for r in records if r.step == step]
-        gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
-        stale = sum(1 for r in gens if r.stale)
-        # the ideal of the work this step's window held, at this step's measured costs (<= the step)
-        bounds = window_bounds(records, step, step_start, sched.costs, sched.M, sched.G,
-                               unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R)
-        out = {
-            "perf/fraction_of_ideal": bounds.ideal / step_s if step_s > 0 else 0.0,
-            "perf/ideal_step_s": bounds.ideal,
-            "digen/stale_fraction": stale / max(sched.M, 1),
-            "digen/tag_micro_batches": float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
-        }
-        predicted = [d.predicted_end for d in decisions if d.step == step and d.predicted_end is not None]
-        if predicted:  # BTS's first plan of the step vs what the step really took
-            out["digen/bts_predicted_step_s"] = predicted[0] - step_start
-        return out
 
 
 #: the runtime's earlier public name (README, benchmarks, user scripts); "trainer" also names the

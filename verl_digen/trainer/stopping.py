@@ -9,10 +9,7 @@ import signal
 import threading
 from typing import Any
 
-import ray
-
-from verl_digen.schedule.actions import Action
-from verl_digen.schedule.costs import OPTIMIZER_STEP
+from verl_digen.schedule.executor import Completion
 from verl_digen.trainer.ray_backend import RayBackend
 
 
@@ -29,19 +26,17 @@ class RunStopped(RuntimeError):
 
 
 class GuardedBackend(RayBackend):
-    """The Ray backend that also keeps each optimizer step's result (the NaN guard's verdict), and
-    stops with ``RunStopped`` when no action finishes for ``stall_timeout_s`` (a hung or stopped
-    worker would otherwise block the driver forever, silently)."""
+    """The Ray backend that stops with ``RunStopped`` when no action finishes for ``stall_timeout_s``
+    (a hung or stopped worker would otherwise block the driver forever, silently)."""
 
     def __init__(self, *args: Any, stall_timeout_s: float | None = None, base_step: int = 0,
                  checkpoint=lambda: None, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self.opt_results: dict[int, dict[str, Any]] = {}
         self.stall_timeout_s = stall_timeout_s
         self.base_step = base_step
         self.checkpoint = checkpoint
 
-    def wait(self) -> tuple[list[tuple[Action, float]], float]:
+    def wait(self) -> tuple[list[Completion], float]:
         """``RayBackend.wait`` with a bound on how long nothing may finish."""
         while not self._ready:
             if not self._pump(self.stall_timeout_s):
@@ -54,11 +49,6 @@ class GuardedBackend(RayBackend):
                                 f"{'' if a.mb is None else f', micro-batch {a.mb}'})" for a in calls))
         return (f"stalled: no action finished for {self.stall_timeout_s:g} s (trainer.stall_timeout_s) while "
                 f"waiting on {what}: a worker is hung, stopped or too slow for the timeout")
-
-    def _collect(self, call) -> None:
-        super()._collect(call)
-        if call.action.kind == OPTIMIZER_STEP:
-            self.opt_results[call.action.step] = ray.get(call.refs[0])  # already fetched: small
 
 
 class StopSignals:

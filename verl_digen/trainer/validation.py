@@ -24,6 +24,7 @@ from typing import Any
 import torch
 
 from verl_digen.data import load_prompts
+from verl_digen.trainer import metric_names as names
 from verl_digen.trainer import run_log
 
 
@@ -69,7 +70,7 @@ def save_png(grid: torch.Tensor, path: str | Path) -> Path:
     return path
 
 
-def log_images(tracking: Any, grid: torch.Tensor, step: int, caption: str, tag: str = "val/generations") -> list[str]:
+def log_images(tracking: Any, grid: torch.Tensor, step: int, caption: str, tag: str = names.VAL_IMAGES) -> list[str]:
     """Send the grid to the image-capable Tracking backends in use (tensorboard, wandb); returns their
     names. Other backends (console, file) get the scalar metrics only."""
     loggers = getattr(tracking, "logger", {}) or {}
@@ -132,14 +133,14 @@ class Validator:
         seconds = time.perf_counter() - t0
         rewards = {p: r for part in parts for p, r in zip(part["prompt_ids"], part["rewards"], strict=True)}
         values = torch.tensor([rewards[p] for p in sorted(rewards)], dtype=torch.float64)
-        metrics = {"val/reward_mean": float(values.mean()),
-                   "val/reward_std": float(values.std()) if values.numel() > 1 else 0.0,
-                   "val/samples": float(values.numel()), "val/seconds": seconds}
-        names = sorted({k for part in parts for k in part["components"]})
-        if len(names) > 1:
-            for name in names:
+        metrics = {names.VAL_REWARD_MEAN: float(values.mean()),
+                   names.VAL_REWARD_STD: float(values.std()) if values.numel() > 1 else 0.0,
+                   names.VAL_SAMPLES: float(values.numel()), names.VAL_SECONDS: seconds}
+        components = sorted({k for part in parts for k in part["components"]})
+        if len(components) > 1:
+            for name in components:
                 comp = [v for part in parts for v in part["components"].get(name, [])]
-                metrics[f"val/{name}_mean"] = sum(comp) / len(comp)
+                metrics[names.val_component_mean(name)] = sum(comp) / len(comp)
         result = ValidationResult(step, metrics, rewards)
         images = [part["images"] for part in parts if part["images"] is not None]
         if images:
