@@ -28,11 +28,11 @@ os.environ["VERL_PLATFORM"] = "cpu"
 
 import ray  # noqa: E402
 
+from verl_digen.config import RunConfig, compose  # noqa: E402
+from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.schedule.costs import OPTIMIZER_STEP  # noqa: E402
 from verl_digen.schedule.profile_io import load  # noqa: E402
 from verl_digen.schedule.simulator import simulate  # noqa: E402
-from verl_digen.trainer.config import RunConfig, compose  # noqa: E402
-from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
 
 #: the workload: 4 prompts x 4 samples (one GRPO group per micro-batch), 8 sampling steps of which 6
 #: are trained, 16x16 latents
@@ -74,7 +74,7 @@ def mode_config(name: str, steps: int, out_dir: str, overrides: list[str]) -> Ru
 def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
     cfg = mode_config(name, steps, out_dir, overrides)
     # the cross source's profile must also price what its own schedule never runs: the runtime probes it
-    trainer = DigenTrainer(cfg, log=lambda _: None, probe=name == CROSS_SOURCE)
+    trainer = DigenRuntime(cfg, log=lambda _: None, probe=name == CROSS_SOURCE)
     try:
         result = trainer.fit()
     finally:

@@ -19,12 +19,12 @@ import json
 from hydra import compose, initialize_config_dir
 
 from verl_digen import recipes
+from verl_digen.config import load
+from verl_digen.config.plan import cluster_costs, resource_plan
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.costs import BASELINES, VERL_OMNI, CostModel
 from verl_digen.schedule.simulator import ablation_configs, simulate
-from verl_digen.trainer.config import load
-from verl_digen.trainer.plan import cluster_costs, resource_plan
 
 
 def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel) -> list[dict]:

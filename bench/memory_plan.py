@@ -1,4 +1,4 @@
-"""The dry run's memory plan (verl_digen/trainer/memory.py) against what a tiny trainer really holds.
+"""The dry run's memory plan (verl_digen/config/memory.py) against what a tiny trainer really holds.
 
 For each tiny architecture, with and without activation checkpointing (full fine-tune, KL on):
 weights / grads / optimizer / reference: the plan vs the bytes the trainer's tensors hold
@@ -22,8 +22,8 @@ import resource
 import torch
 
 from verl_digen.algo.tsp import tsp_backward
-from verl_digen.trainer.config import compose
-from verl_digen.trainer.memory import memory_plan
+from verl_digen.config import compose
+from verl_digen.config.memory import memory_plan
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
 

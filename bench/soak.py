@@ -36,15 +36,15 @@ os.environ.setdefault("VERL_PLATFORM", "cpu")
 
 import psutil  # noqa: E402
 
+from verl_digen.config import compose  # noqa: E402
+from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
+from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
+from verl_digen.reporting.progress import Recent  # noqa: E402
+from verl_digen.reporting.trace_stream import RecordStream  # noqa: E402
 from verl_digen.schedule.costs import OPTIMIZER_STEP, StageCosts  # noqa: E402
 from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
 from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
-from verl_digen.trainer.config import compose  # noqa: E402
-from verl_digen.trainer.metrics import schedule_metrics, window_metrics  # noqa: E402
-from verl_digen.trainer.progress import Recent  # noqa: E402
-from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
-from verl_digen.trainer.trace_stream import RecordStream  # noqa: E402
 
 MB = 1024 * 1024
 #: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
@@ -121,11 +121,11 @@ def soak_real(steps: int, out_dir: str) -> dict:
         finally:
             blocked[0] += time.perf_counter() - t
 
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     driver_ms: list[float] = []
     rss: dict[str, list[float]] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
-    report = DigenTrainer._report
+    report = DigenRuntime._report
     mark = {"t": 0.0, "blocked": 0.0}
 
     def sampled_report(self, result, step, *args):
@@ -136,7 +136,7 @@ def soak_real(steps: int, out_dir: str) -> dict:
         for name, p in procs.items():
             rss.setdefault(name, []).append(float(p.memory_info().rss))
 
-    DigenTrainer._report = sampled_report
+    DigenRuntime._report = sampled_report
     ray.wait = timed_wait
     try:
         trainer.init_workers()
@@ -148,7 +148,7 @@ def soak_real(steps: int, out_dir: str) -> dict:
         wall = time.perf_counter() - t0
     finally:
         ray.wait = real_wait
-        DigenTrainer._report = report
+        DigenRuntime._report = report
         trainer.shutdown()
     return _row("real", steps, driver_ms, rss, wall)
 

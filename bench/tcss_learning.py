@@ -1,7 +1,7 @@
 """TCSS learning study: does stale sampling learn like on-policy?
 
 Runs the tiny disaggregated (``trainer=digen``) run for several seeds x TCSS staleness bounds
-(``digen.tcss.staleness``) on two learnable rewards, all in one Ray session (one ``DigenTrainer`` after
+(``digen.tcss.staleness``) on two learnable rewards, all in one Ray session (one ``DigenRuntime`` after
 another; each run's workers are killed before the next starts). Runs interleave (seed, reward,
 staleness) so machine noise hits every staleness alike and a cut-short study still has balanced seeds.
 
@@ -55,14 +55,14 @@ SMOOTH = 3  # trailing-mean window of the threshold crossings
 def run_one(reward: str, staleness: float, seed: int, steps: int, sampling_steps: int, train_steps: int,
             extra: list[str], out_dir: str) -> dict:
     """One training run; returns its per-step curves."""
-    from verl_digen.trainer.config import compose
-    from verl_digen.trainer.runtime import DigenTrainer
+    from verl_digen.config import compose
+    from verl_digen.driver.runtime import DigenRuntime
 
     cfg = compose([*WORKLOAD, f"reward.name={reward}", f"digen.tcss.staleness={staleness}",
                    f"trainer.seed={seed}", f"model.seed={seed}", f"trainer.total_steps={steps}",
                    f"rollout.num_steps={sampling_steps}", f"rollout.train_steps={train_steps}",
                    f"trainer.default_local_dir={out_dir}/ckpt", *REWARD_OVERRIDES.get(reward, []), *extra])
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     t0 = time.perf_counter()
     try:
         result = trainer.fit()

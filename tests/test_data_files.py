@@ -7,8 +7,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
+from verl_digen.config import ConfigError, compose, validate
 from verl_digen.data import PromptDataset, load_prompts
-from verl_digen.trainer.config import ConfigError, compose, validate
 
 
 def _parquet(path, **columns):

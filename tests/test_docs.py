@@ -147,13 +147,13 @@ def config_rows() -> dict[str, dict[str, str]]:
 
 
 def composed_defaults() -> dict[str, dict[str, Any]]:
-    from verl_digen.trainer.config import compose
+    from verl_digen.config import compose
 
     return {mode: schema_leaves(compose([f"trainer={mode}"])) for mode in MODES}
 
 
 def test_config_md_lists_every_schema_key_with_its_default():
-    from verl_digen.trainer.config import RunConfig
+    from verl_digen.config import RunConfig
 
     schema = schema_leaves(RunConfig())
     rows = config_rows()
@@ -207,7 +207,7 @@ METRIC = re.compile(r"^(?:timing|perf|pool|time|reward|actor|digen|fault)/[a-z0-
 def logged_metric_names() -> set[str]:
     """Every name a step report may hold: the metrics schema (the runtime names metrics only from it;
     tests/runtime/test_runtime.py checks a real run's reports against it)."""
-    from verl_digen.trainer.metric_names import step_names
+    from verl_digen.reporting.metric_names import step_names
 
     return step_names()
 
@@ -291,8 +291,8 @@ def _untracked() -> set[str]:
 
 def test_gpu_only_main_commands_validate():
     """GPU-only launch lines are not run, but their overrides must compose and validate."""
-    from verl_digen.trainer.config import compose, validate
-    from verl_digen.trainer.plan import resource_plan
+    from verl_digen.config import compose, validate
+    from verl_digen.config.plan import resource_plan
 
     checked, failures = 0, []
     for where, cmd, gpu_only in doc_commands():
@@ -309,7 +309,7 @@ def test_gpu_only_main_commands_validate():
 
 
 def console_metric_names(stdout: str) -> set[str]:
-    """Metric keys of the console blocks a run prints (trainer/run_log.py: a ``step N/T`` line, then
+    """Metric keys of the console blocks a run prints (reporting/run_log.py: a ``step N/T`` line, then
     ``  <prefix>  name=value  ...`` lines; a longer group goes on over more-indented lines)."""
     names: set[str] = set()
     prefix = None
@@ -328,7 +328,7 @@ def console_metric_names(stdout: str) -> set[str]:
 
 
 def test_console_metric_names_parses_the_console_block():
-    from verl_digen.trainer.run_log import format_metrics
+    from verl_digen.reporting.run_log import format_metrics
 
     metrics = {f"actor/m{i}": i + 0.5 for i in range(20)} | {"reward/mean": 0.25, "val/reward/mean": 1.0}
     text = "warning: x=1\n" + format_metrics(metrics, 3, 10, width=60) + "\nsummary: a=1"

@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from verl_digen.cli import main
+from verl_digen.config import checks, compose
 from verl_digen.models import build_model
-from verl_digen.trainer import checks
-from verl_digen.trainer.config import compose
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
 

@@ -12,11 +12,11 @@ import pytest
 from hydra import compose, initialize_config_dir
 
 from verl_digen import recipes
+from verl_digen.config import RunConfig, load, validate
+from verl_digen.config.plan import ResourcePlan, resource_plan
 from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.rewards import REWARDS
 from verl_digen.schedule import presets
-from verl_digen.trainer.config import RunConfig, load, validate
-from verl_digen.trainer.plan import ResourcePlan, resource_plan
 
 #: setting -> (GPUs, generator workers, trainer workers, diffusers hub id); the paper's section 5 (the split is
 #: the planner's: ``test_every_recipe_is_the_planners_choice``)
@@ -208,7 +208,7 @@ def test_dry_run_through_the_command_line(tmp_path):
 
 def test_readme_table_is_what_the_dry_run_says():
     """recipes/README.md lists every setting with the step times, ratios and memory its dry runs give."""
-    from verl_digen.trainer.memory import memory_plan
+    from verl_digen.config.memory import memory_plan
 
     text = (recipes.RECIPES_DIR / "README.md").read_text()
     sec = r" ([\d.]+) s/step \|"
@@ -242,8 +242,8 @@ def test_readme_table_is_what_the_dry_run_says():
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_every_recipe_is_the_planners_choice(name):
     """``digen plan --recipe <name>``'s best configuration is the recipe, and it passes ``validate()`` with
-    its memory check (every row ``digen plan`` prints does: ``tests/trainer/test_planning.py``)."""
-    from verl_digen.trainer import planning
+    its memory check (every row ``digen plan`` prints does: ``tests/config/test_planning.py``)."""
+    from verl_digen.config import planning
 
     cfg, plan = _dry_run(name)
     planned = planning.plan_config(cfg, keep=1)

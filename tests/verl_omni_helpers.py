@@ -252,8 +252,8 @@ def classify_example(script: Path, omni: Path, scratch: Path) -> ExampleRow:
     """Capture, compose, convert and validate one example script (in this process; no verl-omni import)."""
     from omegaconf import OmegaConf
 
+    from verl_digen.config import ConfigError
     from verl_digen.integrations import verl_omni as vo
-    from verl_digen.trainer.config import ConfigError
 
     rel = script.relative_to(omni / "examples").as_posix()
     if rel in NOT_CAPTURED:

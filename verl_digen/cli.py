@@ -223,9 +223,8 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
     if args.recipe or args.overrides:
-        from verl_digen.trainer import planning
-        from verl_digen.trainer.config import compose
-        from verl_digen.trainer.plan import cluster
+        from verl_digen.config import compose, planning
+        from verl_digen.config.plan import cluster
 
         cfg = compose(args.overrides, config_name=args.recipe or "digen",
                       config_dir=_recipes_dir() if args.recipe else None)
@@ -297,7 +296,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for line in verdict(best, colos, cluster, args.baseline):
         print(line)
     if cfg is not None:
-        from verl_digen.trainer import planning
+        from verl_digen.config import planning
 
         launch = (f"recipes/launch/{args.recipe}.sh" if args.recipe else "python -m verl_digen.main")
         print("launch: " + " ".join([launch, *args.overrides, *planning.overrides(best)]))
@@ -312,7 +311,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 def cmd_plot(args: argparse.Namespace) -> int:
     """Gantt and curves of the runs a trace dir holds (drawn from the files a run leaves)."""
-    from verl_digen.trainer.plots import plot_trace_dir
+    from verl_digen.reporting.plots import plot_trace_dir
 
     if args.gantt_steps < 0:
         raise ValueError(f"--gantt-steps must be >= 0 (0 draws every step), got {args.gantt_steps}")

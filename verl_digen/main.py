@@ -13,9 +13,8 @@ import sys
 import hydra
 from omegaconf import DictConfig
 
-from verl_digen.trainer import checks
-from verl_digen.trainer.config import ConfigError, RunConfig, load, validate
-from verl_digen.trainer.planning import resolve_auto
+from verl_digen.config import ConfigError, RunConfig, checks, load, validate
+from verl_digen.config.planning import resolve_auto
 
 
 def _pair(rows, pool: str, avg) -> str:
@@ -48,7 +47,7 @@ def summary_table(reports, cfg: RunConfig) -> str:
 
 def run(cfg: RunConfig, log=print):
     """Validate, train, and print the summary; returns the run result."""
-    from verl_digen.trainer.runtime import DigenRuntime
+    from verl_digen.driver.runtime import DigenRuntime
 
     runtime = DigenRuntime(cfg, log=log)
     try:
@@ -76,7 +75,7 @@ def _stopped_line(reason: str, checkpoint: str | None) -> str:
 
 @hydra.main(config_path="config", config_name="digen", version_base=None)
 def _hydra_main(raw: DictConfig) -> None:
-    from verl_digen.trainer.runtime import RunStopped
+    from verl_digen.driver.runtime import RunStopped
 
     try:
         cfg = resolve_auto(load(raw))  # digen.plan=auto: the planner's configuration for this job
@@ -138,8 +137,8 @@ def dry_run(cfg: RunConfig) -> str:
     """The resolved config and the resource plan, without starting Ray."""
     from omegaconf import OmegaConf
 
-    from verl_digen.trainer.memory import memory_plan
-    from verl_digen.trainer.plan import resource_plan
+    from verl_digen.config.memory import memory_plan
+    from verl_digen.config.plan import resource_plan
 
     mem = memory_plan(cfg)
     text = OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + resource_plan(cfg).render() + "\n"

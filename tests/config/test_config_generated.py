@@ -1,4 +1,4 @@
-"""Config defaults live in one place: the dataclasses of ``verl_digen/trainer/config.py`` (and their
+"""Config defaults live in one place: the dataclasses of ``verl_digen/config/schema.py`` (and their
 ``MODE_DEFAULTS``). The packaged Hydra YAML is generated from them by ``python -m
 verl_digen.config.generate``; these tests fail when the committed YAML was edited by hand or not
 regenerated, and when composing a mode gives anything but the dataclass defaults."""
@@ -10,8 +10,8 @@ from dataclasses import fields
 
 import pytest
 
-from verl_digen.config import generate
-from verl_digen.trainer.config import MODE_DEFAULTS, ConfigError, RolloutConfig, RunConfig, compose, defaults
+from verl_digen.config import ConfigError, RunConfig, compose, defaults, generate
+from verl_digen.config.schema import MODE_DEFAULTS, RolloutConfig
 
 
 def test_committed_yaml_is_what_the_generator_writes():
@@ -19,7 +19,7 @@ def test_committed_yaml_is_what_the_generator_writes():
         assert path.is_file(), f"{path} is missing: run `{generate.COMMAND}`"
         assert path.read_text() == text, (
             f"{path.relative_to(generate.CONFIG_DIR.parents[1])} differs from the dataclass defaults in "
-            f"verl_digen/trainer/config.py: run `{generate.COMMAND}` (and do not edit the YAML by hand)")
+            f"verl_digen/config/schema.py: run `{generate.COMMAND}` (and do not edit the YAML by hand)")
 
 
 @pytest.mark.parametrize("mode", list(MODE_DEFAULTS))

@@ -204,7 +204,7 @@ def test_kl_coefficient_is_converted_to_verl_omnis_convention():
     ("trainer.device", "npu"),
 ])
 def test_unsupported_settings_are_refused_naming_the_key(key, value):
-    from verl_digen.trainer.config import ConfigError
+    from verl_digen.config import ConfigError
 
     cfg = vo._nested({key: value})
     with pytest.raises(ConfigError, match=re.escape(f"'{key}' = {value!r}")):
@@ -228,7 +228,7 @@ def test_every_unconverted_key_is_named():
 
 
 def test_converted_recipe_validates_and_logs_every_note(tmp_path):
-    from verl_digen.trainer.config import ConfigError
+    from verl_digen.config import ConfigError
 
     good = _runnable(tmp_path)
     logged: list[str] = []
@@ -277,8 +277,8 @@ def test_verl_omni_parquet_memory_and_precision_keys_carry_over(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from verl_digen.config import ConfigError
     from verl_digen.data import load_prompts
-    from verl_digen.trainer.config import ConfigError
 
     path = tmp_path / "train.parquet"
     chats = [[{"role": "user", "content": f"a sign that says {w}"}] for w in ("hello", "world")]

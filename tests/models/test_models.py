@@ -528,8 +528,8 @@ def test_wan22_loads_from_a_saved_pipeline_with_its_own_vae_compression(tmp_path
 def test_wan22_one_grpo_training_step_moves_the_policy():
     """Sampling, reward on decoded video, advantages and one TSP update on the tiny Wan2.2."""
     from verl_digen.algo.selection import StepSelection
+    from verl_digen.driver.local import LocalRunConfig, run_local
     from verl_digen.rollout.sampler import SamplerConfig
-    from verl_digen.trainer.local import LocalRunConfig, run_local
 
     cfg = LocalRunConfig(arch="wan2_2", steps=1, prompts_per_step=1, group_size=2, micro_batch_size=2,
                          dtype="float64", sampler=SamplerConfig(num_steps=2, eta=0.7,

@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from verl_digen.algo.trajectory import Trajectories
+from verl_digen.config import ConfigError, compose, validate
 from verl_digen.rewards import MultiReward, build_reward
-from verl_digen.trainer.config import ConfigError, compose, validate
 from verl_digen.workers.policy import score_trajectories
 
 REWARD_FILE = '''

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
+from verl_digen.config import ConfigError, compose, validate
 from verl_digen.rewards import build_reward
-from verl_digen.trainer.config import ConfigError, compose, validate
 
 SPECIALS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>", "<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
             "<|video_pad|>"]

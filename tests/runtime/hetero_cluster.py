@@ -18,7 +18,7 @@ import ray  # noqa: E402
 from ray.cluster_utils import Cluster  # noqa: E402
 from runtime_helpers import compose_run  # noqa: E402
 
-from verl_digen.trainer.runtime import DigenTrainer  # noqa: E402
+from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 
 
 def node_of(actor) -> str:
@@ -36,7 +36,7 @@ def main(tmp: str) -> None:
     cfg = compose_run("resources.generator.node_resource=nodeA", "resources.trainer.node_resource=nodeB",
                       "digen.tag.policy=static:1", f"trainer.trace_dir={tmp}/trace",
                       f"trainer.default_local_dir={tmp}/ckpt")
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     try:
         result = trainer.fit()
         report = {

@@ -1,6 +1,6 @@
 """Shared settings of the runtime tests (a plain module, importable from the subprocess script too)."""
 
-from verl_digen.trainer.config import RunConfig, compose
+from verl_digen.config import RunConfig, compose
 
 #: a tiny float64 run: 2 prompts x 2 samples, 3 sampling steps of which 2 are trained
 TINY = [

@@ -1,7 +1,7 @@
 """Faults on real (tiny) Ray runs: a generator killed mid-generation and another stopped mid-generation
 cost retries on their restarted actors with the planned samples exactly once; a dead trainer rank ends
 the run with the trace so far and the command to resume. The first run also checks the driver's
-per-step window of timeline records (trainer/progress.py ``Recent``)."""
+per-step window of timeline records (reporting/progress.py ``Recent``)."""
 
 import json
 import os
@@ -10,10 +10,10 @@ import signal
 import pytest
 from runtime_helpers import compose_run
 
+from verl_digen.driver.ray_backend import RayBackend
+from verl_digen.driver.runtime import DigenRuntime
+from verl_digen.reporting.trace_stream import read_stream
 from verl_digen.schedule.costs import GENERATE, SCORE, UPDATE
-from verl_digen.trainer.ray_backend import RayBackend
-from verl_digen.trainer.runtime import DigenTrainer
-from verl_digen.trainer.trace_stream import read_stream
 
 pytestmark = pytest.mark.ray
 
@@ -44,14 +44,14 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
                       "trainer.action_timeout_factor=1.0", "trainer.action_timeout_min_s=5",
                       "trainer.stall_timeout_s=120", tmp_path=tmp_path)
     lines: list[str] = []
-    trainer = DigenTrainer(cfg, log=lines.append)
+    trainer = DigenRuntime(cfg, log=lines.append)
     scored: dict[int, list[tuple[int, int]]] = {}
     # the first generation of step 2 dies mid-way (weights v1 to restore); the next generation on the
     # other generator hangs (the timeout restarts it). Which generator runs which micro-batch depends on
     # timing, so the faults follow the launches rather than naming workers.
     faults = [signal.SIGKILL, signal.SIGSTOP]
     hit: list[tuple[str, int]] = []  # (worker, step) of each injected fault
-    launch, collect, step_metrics = RayBackend.launch, RayBackend._collect, DigenTrainer._step_metrics
+    launch, collect, step_metrics = RayBackend.launch, RayBackend._collect, DigenRuntime._step_metrics
 
     def launch_then_fault(self, a):
         launch(self, a)
@@ -77,7 +77,7 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
 
     monkeypatch.setattr(RayBackend, "launch", launch_then_fault)
     monkeypatch.setattr(RayBackend, "_collect", collect_scores)
-    monkeypatch.setattr(DigenTrainer, "_step_metrics", metrics_checked)
+    monkeypatch.setattr(DigenRuntime, "_step_metrics", metrics_checked)
     try:
         trainer.init_workers()
         pids = {f"gen{i}": _pid(w) for i, w in enumerate(trainer.gen_wg.workers)}
@@ -113,7 +113,7 @@ def test_a_dead_trainer_rank_stops_with_the_trace_and_the_resume_command(ray_ses
     from verl_digen.main import failure_line
 
     cfg = compose_run("trainer.total_steps=3", "trainer.save_freq=1", "digen.tag.policy=never", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     launch = RayBackend.launch
     killed = []
 

@@ -9,14 +9,14 @@ import pytest
 import torch
 from runtime_helpers import compose_run
 
-from verl_digen.trainer.runtime import DigenTrainer, RunStopped
+from verl_digen.driver.runtime import DigenRuntime, RunStopped
 from verl_digen.workers import checkpoint as ckpt
 
 pytestmark = pytest.mark.ray
 
 
 def _fit(cfg, **kw):
-    trainer = DigenTrainer(cfg, log=kw.pop("log", lambda _: None))
+    trainer = DigenRuntime(cfg, log=kw.pop("log", lambda _: None))
     try:
         return trainer, trainer.fit()
     finally:
@@ -49,7 +49,7 @@ def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
     """Make every step's metrics also be computed from the whole timeline and compare (the runtime
     reads only the recent records, so per-step driver work stays flat in a long run)."""
     checked: list[int] = []
-    step_metrics = DigenTrainer._step_metrics
+    step_metrics = DigenRuntime._step_metrics
 
     def full_history(self, sched, step, done, start, end, records, decisions):
         out = step_metrics(self, sched, step, done, start, end, records, decisions)
@@ -57,7 +57,7 @@ def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
         checked.append(self.start_step + step + 1)
         return out
 
-    monkeypatch.setattr(DigenTrainer, "_step_metrics", full_history)
+    monkeypatch.setattr(DigenRuntime, "_step_metrics", full_history)
     return checked
 
 
@@ -65,17 +65,17 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     # TCSS: the next step's stale generations are in flight when the signal stops the run
     common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never",
               "digen.tcss.staleness=0.5", "data.train_batch_size=4"]
-    report = DigenTrainer._report
+    report = DigenRuntime._report
 
     def report_then_signal(self, result, step, *args):
         report(self, result, step, *args)
         if step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` would, in the middle of a run
 
-    monkeypatch.setattr(DigenTrainer, "_report", report_then_signal)
+    monkeypatch.setattr(DigenRuntime, "_report", report_then_signal)
     with pytest.raises(RunStopped) as err:
         _fit(compose_run("trainer.total_steps=4", *common, tmp_path=tmp_path))
-    monkeypatch.setattr(DigenTrainer, "_report", report)
+    monkeypatch.setattr(DigenRuntime, "_report", report)
     stop = err.value
     root = tmp_path / "ckpt"
     assert stop.exit_code == 128 + signal.SIGTERM and "SIGTERM after step 1" in str(stop)
@@ -110,7 +110,7 @@ def test_a_stopped_generator_stops_the_run_naming_what_it_waited_on(ray_session,
     import ray
 
     cfg = compose_run("trainer.stall_timeout_s=4", "digen.tag.policy=never", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     pid = None
     try:
         trainer.init_workers()

@@ -8,8 +8,9 @@ import verl.utils.tracking
 from omegaconf import OmegaConf
 from runtime_helpers import compose_run
 
-from verl_digen.trainer import run_log, runtime
-from verl_digen.trainer.runtime import DigenTrainer
+from verl_digen.driver import runtime
+from verl_digen.driver.runtime import DigenRuntime
+from verl_digen.reporting import run_log
 from verl_digen.workers import checkpoint as ckpt
 
 #: a logger start-up this slow (wandb's can take seconds) would dwarf a tiny step if it were timed
@@ -42,7 +43,7 @@ def test_run_leaves_curves_config_and_readable_lines_and_times_no_logger_start_u
     lines: list[str] = []
     cfg = compose_run("trainer.total_steps=2", "trainer.save_freq=1", "trainer.logger=[console]",
                       "digen.tag.policy=never", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lines.append)
+    trainer = DigenRuntime(cfg, log=lines.append)
     try:
         result = trainer.fit()
     finally:

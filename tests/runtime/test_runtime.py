@@ -11,12 +11,12 @@ import ray
 import torch
 from runtime_helpers import compose_run
 
+from verl_digen.config import ConfigError
+from verl_digen.driver.runtime import DigenRuntime
+from verl_digen.reporting.metric_names import step_names
 from verl_digen.schedule import TimelineError, check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
-from verl_digen.trainer.config import ConfigError
-from verl_digen.trainer.metric_names import step_names
-from verl_digen.trainer.runtime import DigenTrainer
 from verl_digen.workers import actor_memory
 
 pytestmark = pytest.mark.ray
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.ray
 
 def _run(cfg, inspect=None):
     """Run ``cfg``; returns its result and ``inspect(trainer)`` taken before the workers go away."""
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     try:
         result = trainer.fit()
         seen = inspect(trainer) if inspect else None
@@ -167,14 +167,14 @@ def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
 def test_pools_larger_than_the_cluster_fail_before_any_worker_starts(ray_session, tmp_path):
     # 16 > the 8 CPUs of the test session (and below validate's per-machine limit, so Ray is what refuses)
     cfg = compose_run("resources.generator.workers=16", "rollout.micro_batch_size=2", tmp_path=tmp_path)
-    trainer = DigenTrainer(cfg, log=lambda _: None)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     with pytest.raises(ConfigError, match="resources.generator.workers"):
         trainer.init_workers()
     assert trainer.gen_wg is None and trainer.trn_wg is None
 
 
 def test_a_broken_invariant_fails_the_run_and_is_written_next_to_the_trace(ray_session, tmp_path, monkeypatch):
-    import verl_digen.trainer.runtime as runtime
+    import verl_digen.driver.runtime as runtime
 
     def strict(timeline, staleness_bound=None):
         check_timeline(timeline, staleness_bound)

@@ -10,10 +10,10 @@ import torch
 from PIL import Image
 from runtime_helpers import compose_run
 
+from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.export import load_trained_policy
+from verl_digen.reporting.trace_stream import read_stream
 from verl_digen.rewards import build_reward
-from verl_digen.trainer.runtime import DigenTrainer
-from verl_digen.trainer.trace_stream import read_stream
 from verl_digen.workers import policy as P
 
 pytestmark = pytest.mark.ray
@@ -24,7 +24,7 @@ RUN = ["trainer.total_steps=3", "trainer.test_freq=2", "trainer.log_val_generati
 
 
 def _fit(cfg, lines=None):
-    trainer = DigenTrainer(cfg, log=(lines.append if lines is not None else lambda _: None))
+    trainer = DigenRuntime(cfg, log=(lines.append if lines is not None else lambda _: None))
     try:
         return trainer.fit(), trainer
     finally:

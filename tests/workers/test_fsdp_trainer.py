@@ -30,7 +30,7 @@ def setup(request, ray_session):
 
 
 def _reference_step(cfg, traj, scale):
-    """trainer/local.py's update on one process: TSP backward, clip, AdamW step."""
+    """driver/local.py's update on one process: TSP backward, clip, AdamW step."""
     model = P.build_policy(cfg)
     model.transformer.train()
     ref = None

@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from verl_digen.config import ConfigError, compose, validate
+from verl_digen.driver.faults import fault_policy
 from verl_digen.schedule.tag_policy import unregister_tag_policy
-from verl_digen.trainer.config import ConfigError, compose, validate
-from verl_digen.trainer.faults import fault_policy
 from verl_digen.workers.sync import (
     CollectiveSync,
     ObjectStoreSync,

@@ -6,6 +6,7 @@ from typing import Any
 
 import torch
 
+from verl_digen import dtypes
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.models.loading import load_pretrained
@@ -71,26 +72,8 @@ def build_model(
     return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, latent_size=latent_size, **kwargs)
 
 
-_DTYPES = {
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
-    "float64": torch.float64,
-    "fp64": torch.float64,
-    "double": torch.float64,
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-}
-
-
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:
-    """A torch dtype from a dtype or its config spelling."""
+    """A torch dtype from a dtype or any accepted spelling (``verl_digen.dtypes``)."""
     if isinstance(dtype, torch.dtype):
         return dtype
-    key = str(dtype).lower().removeprefix("torch.")
-    if key not in _DTYPES:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(_DTYPES)}")
-    return _DTYPES[key]
+    return getattr(torch, dtypes.canonical(dtype))

@@ -19,7 +19,7 @@ from torch import nn
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.models.conditioning.hashed import HashedPromptEncoder
-from verl_digen.models.spec import (  # noqa: F401  (re-exported: trainer/memory.py reads TINY_TEXT_LEN)
+from verl_digen.models.spec import (  # noqa: F401  (re-exported: config/memory.py reads TINY_TEXT_LEN)
     TINY_LATENT_CHANNELS,
     TINY_POOLED_DIM,
     TINY_TEXT_DIM,

@@ -2,7 +2,7 @@
 
 Modelled on vLLM v1's EngineCore / Executor split: the scheduler decides, a :class:`Backend` only runs
 actions and reports when they finished. The simulator's backend (:class:`SimBackend`) advances a
-virtual clock over a cost model; the Ray runtime's (``trainer/ray_backend.py``) turns actions into
+virtual clock over a cost model; the Ray runtime's (``driver/ray_backend.py``) turns actions into
 verl worker calls and their completions into events with wall-clock times. Both run through
 :func:`run`, which also checks the timeline's invariants at the end (a violation raises
 :class:`~.timeline.TimelineError`).
@@ -27,7 +27,7 @@ EPS = 1e-9
 @dataclass(frozen=True)
 class Completion:
     """One finished action: when it ended and what it produced. ``result`` is the backend's typed
-    receipt for the action's kind (the Ray backend's are in ``trainer/completions.py``); None on the
+    receipt for the action's kind (the Ray backend's are in ``driver/completions.py``); None on the
     simulator, whose actions produce nothing but time."""
 
     action: Action

@@ -51,7 +51,7 @@ class Testbed:
 # Paper testbeds (seeds text, section 5.1; public-numbers.md). One NIC per node as stated ("200 Gb/s",
 # "400 Gb/s"); intra-node: A and C are PCIe cards, B is NVLink. The dense figures: docs/calibration.md.
 # Memory per GPU as the testbeds state it (48 GB: L40S / L20 class; 80 GB: H100 / H800 SXM; 96 GB: H20 class):
-# every dry run of a preset checks its memory plan against it (trainer/memory.py).
+# every dry run of a preset checks its memory plan against it (config/memory.py).
 GPU_A = Gpu("A: 48GB, 155 TF dense", 154.9, memory_gb=48.0)  # quoted 309.7 TF is with sparsity
 GPU_B = Gpu("B: 80GB, 990 TF dense", 989.5, memory_gb=80.0)  # quoted 1,979 TF is with sparsity
 GPU_C = Gpu("C: 96GB, 504 TF", 503.8, memory_gb=96.0)

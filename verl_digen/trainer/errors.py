@@ -1,14 +1,5 @@
-"""``ConfigError``: what every check of a run's config raises, in a module of its own so that the
-checks (``checks``, ``memory``, ``user_inputs``) and the schema (``config``) need not import each other."""
+"""Deprecated alias of ``verl_digen.config.errors``: see ``verl_digen.trainer``."""
 
-from __future__ import annotations
+from verl_digen.trainer import alias
 
-from typing import Any
-
-
-class ConfigError(ValueError):
-    """A configuration value is invalid; the message names the key, the value and what is allowed."""
-
-    def __init__(self, key: str, value: Any, expected: str) -> None:
-        super().__init__(f"config key '{key}' = {value!r} is invalid: expected {expected}")
-        self.key = key
+alias(__name__)

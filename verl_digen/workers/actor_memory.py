@@ -6,9 +6,9 @@
 - the KL reference: the adapters-off base model with LoRA (no copy at all), else a frozen copy in the
   compute dtype that is FSDP2-sharded like the policy, so each rank holds 1/R of it, never a full one;
 - the bytes a rank holds per kind (``memory_report``), which ``bench/memory_plan.py`` holds the
-  estimate of ``trainer/memory.py`` against.
+  estimate of ``config/memory.py`` against.
 
-Why in one place: the dry run's memory plan (``trainer/memory.py``) models exactly these choices, so
+Why in one place: the dry run's memory plan (``config/memory.py``) models exactly these choices, so
 the estimate and the trainer cannot drift apart silently (docs/architecture.md).
 """
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from verl_digen import dtypes
 from verl_digen.algo.loss import LossConfig
 from verl_digen.rewards import DEFAULT_LEARNABLE_REWARD
 from verl_digen.rollout.sampler import SamplerConfig
@@ -44,8 +45,8 @@ class OptimConfig:
     grad_clip: float = 1.0
 
 
-#: the dtypes the trainer can store or compute in (config spelling -> what ``models.parse_dtype`` takes)
-PRECISIONS = ("float64", "float32", "bfloat16", "float16")
+#: the dtypes the trainer can store or compute in (``models.parse_dtype`` takes each)
+PRECISIONS = dtypes.PRECISIONS
 
 
 @dataclass(frozen=True)

@@ -31,7 +31,6 @@ from .convert import (
     DEFAULT_WINDOW_RANGE,
     DEVICES,
     DIGEN_ONLY_SECTIONS,
-    DTYPES,
     ENTRY_KEYS,
     LOSS_MODES,
     NOT_CARRIED,
@@ -66,7 +65,7 @@ from .hook import REGISTRY_MODULE, REGISTRY_PACKAGE, install, is_available, regi
 
 __all__ = [
     "ARCH_HINTS", "ARR", "CFG_KEY", "CHECKED_ENV", "DEFAULT_WINDOW_RANGE", "DEVICES", "DIGEN_ONLY_SECTIONS",
-    "DTYPES", "DigenVerlOmniTrainer", "ENTRY_KEYS", "GUARD_FUNCTION", "GUARD_MODULE", "LOSS_MODES", "NOT_CARRIED",
+    "DigenVerlOmniTrainer", "ENTRY_KEYS", "GUARD_FUNCTION", "GUARD_MODULE", "LOSS_MODES", "NOT_CARRIED",
     "NULL_AGENT_LOOP_MANAGER", "NullAgentLoopManager", "PUBLIC_MODULE", "REGISTRY_MODULE", "REGISTRY_PACKAGE",
     "SDE_TYPES", "TRAINER_MODE", "V0_ENTRY", "V1_ENTRY", "VAE_SCALE_FACTOR", "_classify", "_get", "_native_sections",
     "_nested", "check_entry", "collapse_keys", "entry_guard", "from_verl_omni_config", "install", "is_available",

@@ -39,7 +39,7 @@ class DigenVerlOmniTrainer:
     """
 
     __module__ = PUBLIC_MODULE  # its public home (verl-omni's registry reports module.qualname)
-    runtime_cls: Callable[..., Any] | None = None  # default: verl_digen.trainer.runtime.DigenRuntime
+    runtime_cls: Callable[..., Any] | None = None  # default: verl_digen.driver.runtime.DigenRuntime
 
     def __init__(self, config: Any) -> None:
         self.config = config
@@ -63,7 +63,7 @@ class DigenVerlOmniTrainer:
             return
         runtime_cls = self.runtime_cls
         if runtime_cls is None:
-            from verl_digen.trainer.runtime import DigenRuntime as runtime_cls
+            from verl_digen.driver.runtime import DigenRuntime as runtime_cls
         self.runtime = runtime_cls(self.run_config)
 
     def get_llm_client(self) -> None:

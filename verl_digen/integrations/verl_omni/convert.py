@@ -12,6 +12,8 @@ import os
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from verl_digen import dtypes  # standard library only
+
 logger = logging.getLogger(__name__)
 
 # verl-omni's rollout.algo.sde_type -> verl-digen's rollout.sde_type (same SDE step, same noise_level role)
@@ -24,9 +26,6 @@ ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen mode
 )
 
 ARR = "actor_rollout_ref"
-# verl-omni dtype names (FSDP engine config) -> torch names
-DTYPES = {"fp32": "float32", "float32": "float32", "fp16": "float16", "float16": "float16", "half": "float16",
-          "bf16": "bfloat16", "bfloat16": "bfloat16", "fp64": "float64", "float64": "float64"}
 DEVICES = {"cuda": "cuda", "gpu": "cuda", "cpu": "cpu"}  # verl-omni's trainer.device -> verl-digen's
 LOSS_MODES = ("flow_grpo", "dance_grpo")  # verl-omni loss modes verl-digen implements
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
@@ -72,7 +71,7 @@ def _guess_arch(path: str | None) -> str | None:
 
 
 def _refuse(key: str, value: Any, expected: str) -> Exception:
-    from verl_digen.trainer.errors import ConfigError
+    from verl_digen.config.errors import ConfigError
 
     return ConfigError(key, value, expected)
 
@@ -340,7 +339,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         put(f"trainer.{key}", get(f"trainer.{key}"))
     loggers = get("trainer.logger")
     if loggers is not None:
-        from verl_digen.trainer.config import LOGGERS
+        from verl_digen.config.schema import LOGGERS
 
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
         out["trainer.logger"] = [name for name in loggers if name in LOGGERS] or ["console"]
@@ -361,10 +360,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 def _dtype(value: Any, key: str = f"{ARR}.actor.fsdp_config.model_dtype") -> str | None:
     if value is None:
         return None
-    name = str(value).lower().replace("torch.", "")
-    if name not in DTYPES:
-        raise _refuse(key, value, f"one of {', '.join(DTYPES)}")
-    return DTYPES[name]
+    try:
+        return dtypes.canonical(value)  # verl-omni's fp32 / bf16 / fp16 and the torch names
+    except ValueError:
+        raise _refuse(key, value, f"one of {', '.join(dtypes.ALIASES)}") from None
 
 
 def _kl_coef(coef: float, out: Mapping[str, Any], notes: list[str]) -> float:
@@ -426,7 +425,7 @@ def _classify(raw: Mapping[str, Any], used: set[str], defaults: Mapping[str, Any
     """(changed keys with values, keys at default, every key considered) for ``unmapped_keys``."""
     from dataclasses import fields
 
-    from verl_digen.trainer.config import RunConfig
+    from verl_digen.config import RunConfig
 
     schema = {f"{section.name}.{field.name}" for section in fields(RunConfig)
               for field in fields(getattr(RunConfig(), section.name))}
@@ -509,7 +508,7 @@ def _native_sections(raw: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[st
     """
     from dataclasses import fields
 
-    from verl_digen.trainer.config import RunConfig
+    from verl_digen.config import RunConfig
 
     defaults = RunConfig()
     native: dict[str, Any] = {}
@@ -550,7 +549,7 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     """
     from omegaconf import OmegaConf
 
-    from verl_digen.trainer.config import ConfigError, load, validate
+    from verl_digen.config import ConfigError, load, validate
 
     raw = _as_dict(config)
     resources = raw.get("resources")

@@ -111,7 +111,7 @@ def entry_guard(config: Any) -> None:
     if problem is not None:
         print(f"verl-digen: {problem}", file=sys.stderr)
         raise SystemExit(2)
-    from verl_digen.trainer.config import ConfigError
+    from verl_digen.config import ConfigError
 
     try:
         run_config = to_run_config(config)

@@ -16,7 +16,7 @@ import math
 
 import pytest
 
-from verl_digen.trainer.local import LocalRunConfig, run_local, summarize
+from verl_digen.driver.local import LocalRunConfig, run_local, summarize
 
 pytestmark = pytest.mark.slow
 

@@ -6,11 +6,11 @@ import json
 import pytest
 import torch
 
+from verl_digen.config import ConfigError, compose, validate
+from verl_digen.driver.validation import Validator, image_grid, log_images, segments, validation_steps
+from verl_digen.reporting.trace_stream import RecordStream, read_stream
 from verl_digen.rewards import build_reward
 from verl_digen.schedule.timeline import Record, Timeline, concat_timelines
-from verl_digen.trainer.config import ConfigError, compose, validate
-from verl_digen.trainer.trace_stream import RecordStream, read_stream
-from verl_digen.trainer.validation import Validator, image_grid, log_images, segments, validation_steps
 from verl_digen.workers import policy as P
 
 torch.set_num_threads(1)

@@ -2,10 +2,10 @@
 
 import pytest
 
+from verl_digen.config import compose
+from verl_digen.reporting.metrics import measured_profile
 from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
-from verl_digen.trainer.config import compose
-from verl_digen.trainer.metrics import measured_profile
 
 BASE = ["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",
         "rollout.train_steps=2", "trainer=digen", "digen.tag.policy=never"]

@@ -1,4 +1,4 @@
-"""The dry run's memory plan (verl_digen/trainer/memory.py): printed per pool, exact for the static
+"""The dry run's memory plan (verl_digen/config/memory.py): printed per pool, exact for the static
 parts of a tiny trainer, moved by each knob the way the trainer is built, and a run that cannot fit is
 refused before Ray naming the knobs that would make it fit."""
 
@@ -8,9 +8,8 @@ import pytest
 import torch
 
 from verl_digen.algo.tsp import tsp_backward
+from verl_digen.config import ConfigError, compose, memory, schema, validate
 from verl_digen.main import dry_run
-from verl_digen.trainer import memory
-from verl_digen.trainer.config import ConfigError, compose, validate
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
 
@@ -92,8 +91,8 @@ def test_bad_memory_keys_are_named(override, key):
 def test_cfg_branches_follow_the_adapter_class_not_an_arch_name():
     """Guidance-distilled architectures (declared on the adapter class) train one pass per row at any
     guidance scale; the others two with CFG. The tiny models agree with the declaration."""
+    from verl_digen.config.memory import _trainer_rows
     from verl_digen.models.arch import MODEL_REGISTRY
-    from verl_digen.trainer.memory import _trainer_rows
 
     for arch, cls in MODEL_REGISTRY.items():
         one, four = (_trainer_rows(compose([f"model.arch={arch}", f"rollout.guidance_scale={g}"])) for g in (1, 4))
@@ -197,11 +196,11 @@ def test_suggestions_follow_the_dominant_term_each_with_its_figure():
 
 def test_full_fine_tune_keeps_fp32_masters_by_default():
     bf16 = compose(["model.dtype=bfloat16"])
-    assert memory.master_dtype(bf16) == "float32" and bf16.worker_config().memory.master_dtype == "float32"
+    assert schema.master_dtype(bf16) == "float32" and bf16.worker_config().memory.master_dtype == "float32"
     assert bf16.worker_config().memory.compute("bfloat16") == "bfloat16"  # bf16 compute
     assert memory.memory_plan(bf16).master_dtype == "float32"
-    assert memory.master_dtype(compose(["model.dtype=float64"])) == "float64"  # exact tests keep their dtype
-    assert memory.master_dtype(compose(["model.dtype=bfloat16", "model.lora_rank=4"])) == "bfloat16"
+    assert schema.master_dtype(compose(["model.dtype=float64"])) == "float64"  # exact tests keep their dtype
+    assert schema.master_dtype(compose(["model.dtype=bfloat16", "model.lora_rank=4"])) == "bfloat16"
     assert validate(bf16) == [] or not any("master_dtype" in w for w in validate(bf16))
     asked = compose(["model.dtype=bfloat16", "actor.master_dtype=bfloat16"])
     assert asked.worker_config().memory.master_dtype == "bfloat16"
@@ -240,7 +239,7 @@ def test_every_recipe_checks_its_memory_and_fits():
     from hydra import initialize_config_dir
 
     from verl_digen import recipes
-    from verl_digen.trainer.config import load
+    from verl_digen.config import load
 
     for name in recipes.names():
         with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):

@@ -9,8 +9,9 @@ from pathlib import Path
 
 import pytest
 
+from verl_digen.config import ConfigError, RunConfig, compose, validate
+from verl_digen.config.schema import SCHEDULE_KEYS, checked_schedule_config
 from verl_digen.schedule.config import ScheduleConfig, ScheduleConfigError
-from verl_digen.trainer.config import SCHEDULE_KEYS, ConfigError, RunConfig, checked_schedule_config, compose, validate
 
 PACKAGE = Path(__file__).resolve().parents[2] / "verl_digen"
 

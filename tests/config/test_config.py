@@ -3,7 +3,7 @@
 import pytest
 from hydra.errors import ConfigCompositionException
 
-from verl_digen.trainer.config import ConfigError, RunConfig, compose, validate
+from verl_digen.config import ConfigError, RunConfig, compose, validate
 
 
 def _compose(*overrides: str) -> RunConfig:
@@ -108,12 +108,12 @@ def test_unknown_keys_and_wrong_types_name_themselves():
 def test_bad_config_fails_before_ray_starts():
     import ray
 
-    from verl_digen.trainer.runtime import DigenTrainer
+    from verl_digen.driver.runtime import DigenRuntime
 
     cfg = _compose("rollout.micro_batch_size=5")
     was_running = ray.is_initialized()
     with pytest.raises(ConfigError, match="rollout.micro_batch_size"):
-        DigenTrainer(cfg)
+        DigenRuntime(cfg)
     assert ray.is_initialized() == was_running
 
 

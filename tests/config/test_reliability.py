@@ -18,9 +18,8 @@ import numpy as np
 import pytest
 import torch
 
+from verl_digen.config import ConfigError, checks, compose, validate
 from verl_digen.data import load_prompts
-from verl_digen.trainer import checks
-from verl_digen.trainer.config import ConfigError, compose, validate
 from verl_digen.workers import checkpoint as ckpt
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -144,14 +143,14 @@ def test_retention_keeps_the_newest_complete_checkpoints(tmp_path):
 
 
 def test_a_second_live_run_cannot_take_the_checkpoint_directory(tmp_path):
-    from verl_digen.trainer.runtime import DigenTrainer
+    from verl_digen.driver.runtime import DigenRuntime
 
     root = tmp_path / "ckpt"
     ckpt.acquire_lock(root, "run-a")
     try:
         cfg = compose(["trainer.save_freq=1", f"trainer.default_local_dir={root}", f"trainer.trace_dir={tmp_path}/t",
                        "trainer.logger=[]"])
-        trainer = DigenTrainer(cfg, log=lambda _: None)
+        trainer = DigenRuntime(cfg, log=lambda _: None)
         with pytest.raises(ConfigError, match="in use by run run-a"):
             trainer.init_workers()  # refused before Ray or any worker starts
         assert trainer.trn_wg is None
@@ -415,7 +414,7 @@ def test_a_huge_batch_is_refused_without_allocating_it(tmp_path):
     (its own peak, ``VmHWM``: ``ru_maxrss`` survives exec, so a child of a large test process reports the
     parent's size)."""
     code = ("from pathlib import Path\n"
-            "from verl_digen.trainer.config import ConfigError, compose, validate\n"
+            "from verl_digen.config import ConfigError, compose, validate\n"
             "try:\n    validate(compose(['data.train_batch_size=100000000']))\nexcept ConfigError as e:\n"
             "    print(e)\n    print(next(ln for ln in Path('/proc/self/status').read_text().splitlines()\n"
             "               if ln.startswith('VmHWM')))\n    raise SystemExit(2)\n")
@@ -489,7 +488,7 @@ def test_a_cpu_run_starts_its_own_ray_and_says_which_cluster_it_joined(env, addr
     second Ray in the suite's process is not possible.)"""
     import ray
 
-    from verl_digen.trainer import pools
+    from verl_digen.driver import pools
 
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     for k, v in env.items():

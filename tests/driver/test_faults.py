@@ -5,11 +5,11 @@ import json
 
 import pytest
 
+from verl_digen.config import compose
+from verl_digen.driver.faults import FaultPolicy, GeneratorState, fault_policy
+from verl_digen.reporting.progress import Recent
+from verl_digen.reporting.trace_stream import RecordStream, read_stream
 from verl_digen.schedule.timeline import Record
-from verl_digen.trainer.config import compose
-from verl_digen.trainer.faults import FaultPolicy, GeneratorState, fault_policy
-from verl_digen.trainer.progress import Recent
-from verl_digen.trainer.trace_stream import RecordStream, read_stream
 
 
 def test_action_timeout_is_the_factor_times_the_estimate_with_a_floor():

@@ -10,6 +10,10 @@ import torch
 from omegaconf import OmegaConf
 
 from verl_digen.cli import main
+from verl_digen.config import compose
+from verl_digen.reporting import run_log
+from verl_digen.reporting.plots import PANELS, curve_panels, plot_trace_dir, save_curves_png
+from verl_digen.reporting.progress import Progress
 from verl_digen.schedule import costs, presets
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.export import (
@@ -22,10 +26,6 @@ from verl_digen.schedule.export import (
 )
 from verl_digen.schedule.simulator import simulate
 from verl_digen.schedule.timeline import Record, Timeline
-from verl_digen.trainer import run_log
-from verl_digen.trainer.config import compose
-from verl_digen.trainer.plots import PANELS, curve_panels, plot_trace_dir, save_curves_png
-from verl_digen.trainer.progress import Progress
 from verl_digen.workers import checkpoint as ckpt
 
 
@@ -42,7 +42,7 @@ def _stale_run():
 
 
 def _write_trace_dir(path, timeline, rows, mode="digen"):
-    """The files a run leaves in its trace dir (same formats as DigenTrainer._write_outputs / _report)."""
+    """The files a run leaves in its trace dir (same formats as DigenRuntime._write_outputs / _report)."""
     path.mkdir(parents=True, exist_ok=True)
     (path / f"{mode}_timeline.json").write_text(json.dumps(
         {"mode": mode, "workers": list(timeline.workers), "records": timeline.to_dicts()}))
@@ -248,7 +248,7 @@ def test_resolved_config_round_trips_and_is_stored_in_a_checkpoint(tmp_path):
 def test_stage_time_keys_come_in_one_order_in_every_process():
     """The console's ``time`` line follows the keys' order: built from a set of strings, it changed with
     Python's per-process hash seed."""
-    from verl_digen.trainer.metrics import TIME_KEYS, window_metrics
+    from verl_digen.reporting.metrics import TIME_KEYS, window_metrics
 
     keys = [k for k in window_metrics([], 0.0, 1.0, ["gen0"], ["trainer0"]) if k.startswith("time/")]
     assert keys == list(dict.fromkeys(TIME_KEYS.values()))

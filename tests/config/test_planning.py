@@ -1,4 +1,4 @@
-"""``digen plan`` for a run config (trainer/planning.py): a search bounded by the config's memory plan, the
+"""``digen plan`` for a run config (config/planning.py): a search bounded by the config's memory plan, the
 overrides that launch its winner, ``digen.plan=auto``, and the command line. Nothing starts Ray."""
 
 import json
@@ -10,8 +10,7 @@ import pytest
 
 from verl_digen import recipes
 from verl_digen.cli import main
-from verl_digen.trainer import memory, planning
-from verl_digen.trainer.config import ConfigError, compose, validate
+from verl_digen.config import ConfigError, compose, memory, planning, validate
 
 SMALL = ("data.train_batch_size=4",)  # 64 samples per step: the recipe's model, GPUs and memory, a quick plan
 

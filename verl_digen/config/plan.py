@@ -1,0 +1,133 @@
+"""The resource plan of a run: which pool gets which workers, how the batch is cut, and the step time
+the simulator predicts. Printed by the dry run (``trainer.dry_run=true``) before anything starts."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+from verl_digen.config.schema import ConfigError, RunConfig
+from verl_digen.schedule import presets
+from verl_digen.schedule.config import COLOCATED
+from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
+from verl_digen.schedule.profile_io import Workload
+from verl_digen.schedule.simulator import simulate
+from verl_digen.schedule.split_search import ceiling
+
+
+def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
+    """(the run's cost model resized to its pools, whether its pools are fixed by their hardware), when
+    ``digen.profile`` names one; a preset is re-derived for the run's sampling steps and trained steps."""
+    if not cfg.digen.profile:
+        return None
+    try:
+        _, model, _, spec = presets.resolve(cfg.digen.profile)
+    except ValueError as err:
+        raise ConfigError("digen.profile", cfg.digen.profile, "a profile file or a preset name") from err
+    if spec is not None:
+        model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps()).model
+    model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
+    return model, bool(spec is not None and spec.heterogeneous)
+
+
+def cluster_costs(cfg: RunConfig) -> CostModel | None:
+    """The run's cost model (``cluster``), or None without ``digen.profile``."""
+    found = cluster(cfg)
+    return None if found is None else found[0]
+
+
+def prior_stage_costs(cfg: RunConfig) -> StageCosts:
+    """The scheduler's starting cost estimates (the online profiler refines them from step 1)."""
+    model = cluster_costs(cfg)
+    if model is None:
+        return StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0)
+    return cfg.schedule_config().stage_costs(model, cfg.resources.generator.workers)
+
+
+@dataclass
+class ResourcePlan:
+    pools: list[tuple[str, int, str]]  # (pool, workers, placement)
+    batch: int
+    micro_batches: int
+    release_unit: int
+    trained_steps: int
+    tsp_passes: int
+    predicted_step_s: float | None
+    predicted_colocated: dict[str, float] = field(default_factory=dict)  # baseline -> s/step (costs.BASELINES)
+    heterogeneous: bool = False  # pools of two hardware types (then there is no ceiling)
+    ceiling_s: float | None = None  # the step's work over every GPU (schedule.split_search.ceiling)
+
+    @property
+    def predicted_colocated_step_s(self) -> float | None:
+        """The colocated run this runtime's ``trainer=colocated`` is: the idealized one, step by step."""
+        return self.predicted_colocated.get(IDEAL)
+
+    @property
+    def total_workers(self) -> int:
+        return sum(n for _, n, _ in self.pools)
+
+    def render(self) -> str:
+        lines = ["resource plan:"]
+        for name, n, where in self.pools:
+            lines.append(f"  {name:<10} {n:>4} worker(s)  on {where}")
+        lines += [
+            f"  batch      {self.batch} samples = {self.micro_batches} micro-batch(es); "
+            f"release unit {self.release_unit} micro-batch(es)",
+            f"  training   {self.trained_steps} trained step(s) per sample in {self.tsp_passes} TSP pass(es)",
+        ]
+        if self.predicted_step_s is None:
+            lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
+        else:
+            lines.append(f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)")
+            for b, colo in self.predicted_colocated.items():
+                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
+                             f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
+            if self.heterogeneous:
+                lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
+                             "in every phase)")
+            elif self.ceiling_s is not None:
+                lines.append(f"  ceiling    {self.ceiling_s:.2f} s/step: the step's work over all {self.total_workers} "
+                             f"workers (colocated:ideal, best TSP degree); this run reaches "
+                             f"{self.ceiling_s / self.predicted_step_s:.0%} of it")
+            real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL}
+            if real and min(real.values()) < self.predicted_step_s:
+                best = min(real, key=real.get)
+                lines.append(f"  note       colocated:{best} would be faster on this cluster; "
+                             "`digen plan` says why and searches other splits")
+        return "\n".join(lines)
+
+
+def resource_plan(cfg: RunConfig) -> ResourcePlan:
+    """Pools, batch layout and predicted step time of a validated config."""
+    res, dev = cfg.resources, cfg.trainer.device
+
+    def where(node_resource: str | None) -> str:
+        return f"nodes with resource '{node_resource}'" if node_resource else f"any {dev} node"
+
+    if cfg.trainer.mode == COLOCATED:
+        pools = [("colocated", cfg.total_workers, where(res.trainer.node_resource))]
+    else:
+        pools = [("generator", res.generator.workers, where(res.generator.node_resource)),
+                 ("trainer", res.trainer.workers, where(res.trainer.node_resource))]
+    sched = cfg.schedule_config(steps=3)
+    part = sched.make_partition(res.generator.workers)
+    k = cfg.trained_steps()
+    predicted, colocated, hetero, top = None, {}, False, None
+    found = cluster(cfg)
+    if found is not None:
+        model, hetero = found
+        predicted = simulate(sched, model).step_time
+        if cfg.trainer.mode == COLOCATED:
+            colocated = {IDEAL: predicted}
+        else:  # what users run colocated: per-timestep training (TSP is verl-digen's)
+            colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
+                           policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
+            colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
+        shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
+                         tsp_degree=sched.tsp_degree)
+        top = ceiling(model, shape)
+    return ResourcePlan(
+        pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
+        tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
+        heterogeneous=hetero, ceiling_s=top,
+    )

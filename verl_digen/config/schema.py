@@ -1,0 +1,369 @@
+"""The run configuration: typed dataclasses (the Hydra schema), loading and composing it, and its
+resolution into what the workers (``WorkerConfig``) and the scheduler (``ScheduleConfig``) consume.
+Checking a config is ``config/validate.py``'s job.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from verl_digen.algo.advantages import AdvantageConfig
+from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.selection import StepSelection
+from verl_digen.config.errors import ConfigError
+from verl_digen.dtypes import BYTES
+from verl_digen.rollout.sampler import SamplerConfig
+from verl_digen.schedule import ScheduleConfig
+from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfigError
+from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
+
+ROLLOUT_BACKENDS = ("diffusers", "vllm")
+DEVICES = ("cpu", "cuda")
+LOGGERS = ("console", "tensorboard", "wandb")
+
+
+@dataclass
+class ModelConfig:
+    arch: str = "flux"
+    path: str | None = None  # local path or hub id of a diffusers pipeline; None = tiny random weights
+    dtype: str = "float32"
+    latent_size: int | None = 16  # latent side (pixels / 8); null: the architecture's default size
+    num_frames: int | None = None
+    seed: int = 0
+    lora_rank: int = 0
+    lora_alpha: float | None = None
+    target_modules: list[str] | None = None
+
+
+@dataclass
+class DataConfig:
+    train_files: str | None = None  # .txt (one prompt per line), .jsonl or .parquet (a prompt_key field)
+    train_batch_size: int = 4  # prompts per global step
+    synthetic_prompts: int = 64  # built-in prompts when train_files is None
+    prompt_key: str = "prompt"  # the prompt field / column of .jsonl and .parquet files (verl's name)
+    val_files: str | None = None  # validation prompts (same formats); scored every trainer.test_freq steps
+
+
+@dataclass
+class RolloutConfig:
+    n: int = 4  # samples per prompt (the GRPO group)
+    micro_batch_size: int = 2  # samples per generation micro-batch (the pipeline unit)
+    num_steps: int = 6
+    noise_level: float = 0.7
+    sde_type: str = "flow_grpo"
+    cps_log_prob: str = "gaussian"  # sde_type=cps: gaussian density, or squared_error (flow_grpo / verl-omni)
+    guidance_scale: float = 1.0
+    shift: float = 1.0
+    selection: str = "first_k"
+    train_steps: int | None = 4  # K trained steps (or use timestep_fraction)
+    timestep_fraction: float | None = None
+    window_start: int | None = None
+    window_range: list[int] | None = None  # [lo, hi]: a drawn window lies in steps [lo, hi) (sde_window_range)
+    shared_group_noise: bool = False
+    backend: str = "diffusers"  # rollout engine of the generator pool: diffusers | vllm (vLLM-Omni, GPU)
+
+
+@dataclass
+class ActorConfig:
+    lr: float = 3e-3
+    weight_decay: float = 0.0
+    grad_clip: float = 1.0
+    clip_ratio: float = 0.2
+    kl_coef: float = 0.0
+    # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
+    param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype
+    reduce_dtype: str | None = None  # gradient reduction dtype; null = the master dtype
+    master_dtype: str | None = None  # stored params, grads, AdamW state; null = fp32 (full fine-tune) / model.dtype
+    activation_checkpointing: bool = False  # recompute each transformer block in the backward
+    param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and the optimizer step on the host)
+    optimizer_offload: bool = False  # AdamW state on the host between optimizer steps
+
+
+@dataclass
+class AlgorithmConfig:
+    adv_std: str = "group"
+    std_estimator: str = "population"  # the std's divisor: n (population) or n - 1 (unbiased, verl-omni's)
+    adv_eps: float = 1e-4
+    adv_clip: float | None = 5.0
+    drop_zero_groups: bool = False
+    keep_extremes: int | None = None
+
+
+@dataclass
+class RewardConfig:
+    name: str = "latent_mean"
+    weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
+    kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
+
+
+@dataclass
+class CustomRewardConfig:
+    path: str | None = None  # a Python file defining the reward function (verl's custom_reward_function)
+    name: str = "compute_score"  # the function in that file: fn(images, prompts, **reward_kwargs) -> scores
+    reward_kwargs: dict[str, Any] | None = None  # keyword arguments passed to every call
+
+
+@dataclass
+class PoolConfig:
+    workers: int = 1
+    node_resource: str | None = None  # a Ray custom resource the pool's nodes advertise (GPU type)
+    gpu_memory_gb: float | None = None  # memory of one GPU of the pool: the dry run's memory plan checks it
+
+
+@dataclass
+class ResourcesConfig:
+    generator: PoolConfig = field(default_factory=PoolConfig)
+    trainer: PoolConfig = field(default_factory=PoolConfig)
+
+
+@dataclass
+class GapConfig:
+    enable: bool = True
+
+
+@dataclass
+class TspConfig:
+    degree: int | None = None  # trained steps per pass; None = all K in one pass
+    rows_per_pass: int | None = None  # (sample x step) rows per trainer rank per pass, packed across samples
+    # and micro-batches of an update; None = what degree gives (an update's samples x degree / ranks)
+
+
+@dataclass
+class TagConfig:
+    policy: str = "bts"  # never | static:K | adaptive:R | bts
+
+
+@dataclass
+class TcssConfig:
+    staleness: float = 0.0
+
+
+@dataclass
+class SyncConfig:
+    backend: str = "object_store"
+
+
+@dataclass
+class DigenConfig:
+    gap: GapConfig = field(default_factory=GapConfig)
+    tsp: TspConfig = field(default_factory=TspConfig)
+    tag: TagConfig = field(default_factory=TagConfig)
+    tcss: TcssConfig = field(default_factory=TcssConfig)
+    sync: SyncConfig = field(default_factory=SyncConfig)
+    update: str = "unit"  # unit | micro_batch
+    update_units: int = 1  # release units packed into one update (update=unit, trainer=digen)
+    plan: str | None = None  # auto: the planner's best configuration for this config and cluster, at start
+    profile: str | None = None  # cost estimates: a measured profile file or a simulator preset name
+
+
+@dataclass
+class TrainerConfig:
+    mode: str = DIGEN
+    total_steps: int = 10
+    seed: int = 0
+    device: str = "cpu"
+    project_name: str = "verl-digen"
+    experiment_name: str = "tiny"
+    logger: list[str] = field(default_factory=lambda: ["console"])
+    default_local_dir: str = "outputs/checkpoints"
+    save_freq: int = -1  # save a checkpoint after every N-th step and after the last one; <= 0: never
+    resume_from: str | None = None  # a checkpoint directory, or "auto": the latest complete one (or a fresh start)
+    max_checkpoints: int | None = None  # keep only the N newest complete checkpoints; None keeps all
+    resume_allow_changes: list[str] = field(default_factory=list)  # keys that may differ from the checkpoint's
+    on_nonfinite: str = "skip"  # non-finite reward / loss / grad norm: skip the optimizer step, or stop the run
+    max_nonfinite_steps: int = 3  # stop (exit non-zero) after this many consecutive non-finite steps
+    stall_timeout_s: float | None = 1800.0  # stop when no action finishes for this long (a hung worker); None waits
+    generator_max_restarts: int = 3  # Ray restarts per generator actor; its in-flight actions are retried on it
+    action_timeout_factor: float | None = 10.0  # a generator action over this x its estimate is hung; None: off
+    action_timeout_min_s: float = 300.0  # ... but never before this many seconds (cold starts, loaded hosts)
+    trace_dir: str | None = "outputs/trace"
+    progress: bool = True
+    dry_run: bool = False  # print the resolved config and the resource plan, then exit
+    test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
+    log_val_generations: int = 16  # validation samples drawn as an image grid (PNG, tensorboard, wandb); 0: none
+
+
+@dataclass
+class RunConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    actor: ActorConfig = field(default_factory=ActorConfig)
+    algorithm: AlgorithmConfig = field(default_factory=AlgorithmConfig)
+    reward: RewardConfig = field(default_factory=RewardConfig)
+    custom_reward_function: CustomRewardConfig = field(default_factory=CustomRewardConfig)
+    resources: ResourcesConfig = field(default_factory=ResourcesConfig)
+    digen: DigenConfig = field(default_factory=DigenConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+
+    # -- derived -----------------------------------------------------------------------------------
+    @property
+    def batch(self) -> int:
+        return self.data.train_batch_size * self.rollout.n
+
+    @property
+    def total_workers(self) -> int:
+        return self.resources.generator.workers + self.resources.trainer.workers
+
+    def step_selection(self) -> StepSelection:
+        r = self.rollout
+        return StepSelection(r.selection, k=None if r.timestep_fraction is not None else r.train_steps,
+                             timestep_fraction=r.timestep_fraction, window_start=r.window_start,
+                             window_range=tuple(r.window_range) if r.window_range is not None else None)
+
+    def sampler(self) -> SamplerConfig:
+        r = self.rollout
+        return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=r.sde_type, eta=r.noise_level,
+                             guidance_scale=r.guidance_scale, selection=self.step_selection(),
+                             shared_group_noise=r.shared_group_noise, decode=True,
+                             log_prob=r.cps_log_prob if r.sde_type == "cps" else "gaussian")
+
+    def trained_steps(self) -> int:
+        return self.sampler().validate()
+
+    def worker_config(self) -> WorkerConfig:
+        m, a = self.model, self.actor
+        if self.reward.weights:
+            reward: Any = dict(self.reward.weights)
+        elif self.reward.kwargs:
+            reward = {"name": self.reward.name, **self.reward.kwargs}
+        else:
+            reward = self.reward.name
+        from verl_digen.rewards.custom import with_custom_reward
+
+        reward = with_custom_reward(reward, self.custom_reward_function)
+        return WorkerConfig(
+            policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
+                                num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
+                                lora_alpha=m.lora_alpha,
+                                lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
+            sampler=self.sampler(),
+            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),
+            optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
+            memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
+                                     master_dtype=master_dtype(self),
+                                     activation_checkpointing=a.activation_checkpointing,
+                                     param_offload=a.param_offload, optimizer_offload=a.optimizer_offload),
+            reward=reward,
+            tsp_degree=self.digen.tsp.degree,
+            rows_per_pass=self.digen.tsp.rows_per_pass,
+            seed=self.trainer.seed,
+            device=self.trainer.device,
+            sync_backend=self.digen.sync.backend,
+            rollout_backend=self.rollout.backend,
+        )
+
+    def advantage(self) -> AdvantageConfig:
+        g = self.algorithm
+        return AdvantageConfig(std_scope=g.adv_std, std_estimator=g.std_estimator, eps=g.adv_eps, clip=g.adv_clip,
+                               drop_zero_groups=g.drop_zero_groups, keep_extremes=g.keep_extremes)
+
+    def schedule_config(self, steps: int | None = None) -> ScheduleConfig:
+        d = self.digen
+        return ScheduleConfig(
+            prompts=self.data.train_batch_size, group_size=self.rollout.n,
+            mb_size=self.rollout.micro_batch_size, steps=steps or self.trainer.total_steps,
+            mode=self.trainer.mode,
+            # colocated has no pipeline: its micro-batch layout is irrelevant, so never reject it
+            partition="gap" if d.gap.enable or self.trainer.mode == COLOCATED else "batch",
+            tsp_degree=d.tsp.degree or self.trained_steps(),
+            rows_per_pass=d.tsp.rows_per_pass,
+            policy=d.tag.policy if self.trainer.mode == DIGEN else "never",
+            staleness=d.tcss.staleness,  # the scheduler refuses TCSS outside digen
+            update=d.update,
+            update_units=d.update_units,
+        )
+
+
+#: what each mode's config group (``trainer=<mode>``) sets on top of the dataclass defaults above, which
+#: are ``digen``'s. The dataclasses and this table are the only place a default is written: the YAML in
+#: ``verl_digen/config/`` is generated from them (``python -m verl_digen.config.generate``).
+MODE_DEFAULTS: dict[str, dict[str, Any]] = {
+    DIGEN: {},
+    COLOCATED: {"digen.gap.enable": False, "digen.tsp.degree": 1, "digen.tag.policy": "never"},
+    SEPARATE: {"digen.tsp.degree": 1, "digen.tag.policy": "never"},
+}
+
+
+def master_dtype(cfg: RunConfig) -> str:
+    """The dtype the trainer stores its weights, gradients and AdamW state in: ``actor.master_dtype``
+    when set; else float32 for a full fine-tune of a 16-bit model (fp32 masters, 16-bit compute, as
+    verl's FSDP actor keeps them), else ``model.dtype`` (LoRA: the frozen base stays in its dtype)."""
+    a, m = cfg.actor, cfg.model
+    if a.master_dtype is not None:
+        return a.master_dtype
+    if m.lora_rank == 0 and BYTES.get(m.dtype, 4) < 4:
+        return "float32"
+    return m.dtype
+
+
+def defaults(mode: str = DIGEN) -> RunConfig:
+    """The config ``trainer=<mode>`` composes to without overrides: ``RunConfig()`` plus ``MODE_DEFAULTS``."""
+    if mode not in MODE_DEFAULTS:
+        raise ConfigError("trainer.mode", mode, f"one of {', '.join(MODE_DEFAULTS)}")
+    cfg = RunConfig()
+    cfg.trainer.mode = mode
+    for dotted, value in MODE_DEFAULTS[mode].items():
+        *parents, leaf = dotted.split(".")
+        node: Any = cfg
+        for part in parents:
+            node = getattr(node, part)
+        if not hasattr(node, leaf):
+            raise AttributeError(f"MODE_DEFAULTS[{mode!r}] names {dotted}, which RunConfig lacks")
+        setattr(node, leaf, value)
+    return cfg
+
+
+#: ``ScheduleConfig`` field -> the config key that sets it (``RunConfig.schedule_config``): a scheduler
+#: error is reported under that key. ``digen.gap.enable`` picks the partition, whose layout errors are the
+#: micro-batch size's; ``train_loop`` is not set from the config.
+SCHEDULE_KEYS: dict[str, str] = {
+    "prompts": "data.train_batch_size", "group_size": "rollout.n", "mb_size": "rollout.micro_batch_size",
+    "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
+    "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
+    "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass", "update_units": "digen.update_units",
+}
+
+
+def checked_schedule_config(cfg: RunConfig) -> ScheduleConfig:
+    """``cfg.schedule_config()``, with a scheduler error re-raised as a ``ConfigError`` naming the config key
+    that set the bad field (``SCHEDULE_KEYS``) and its value there."""
+    try:
+        sched = cfg.schedule_config()
+        if cfg.trainer.mode != COLOCATED:
+            sched.check_update_units(cfg.resources.generator.workers)
+        return sched
+    except ScheduleConfigError as err:
+        key = SCHEDULE_KEYS.get(err.field)
+        if key is None:  # a field the config does not set: a bug here, not a user error
+            raise
+        value: Any = cfg
+        for part in key.split("."):
+            value = getattr(value, part)
+        raise ConfigError(key, value, err.expected) from None
+
+
+def load(cfg: DictConfig | dict) -> RunConfig:
+    """Merge a Hydra/OmegaConf config onto the schema: unknown keys and wrong types name themselves."""
+    schema = OmegaConf.structured(RunConfig)
+    try:
+        merged = OmegaConf.merge(schema, cfg)
+    except Exception as err:  # omegaconf's message names full_key, value and expected type
+        raise ConfigError(getattr(err, "full_key", "?") or "?", getattr(err, "value", None),
+                          f"a valid value ({type(err).__name__}: {str(err).splitlines()[0]})") from None
+    return OmegaConf.to_object(merged)
+
+
+def compose(overrides: list[str] | None = None, config_name: str = "digen", config_dir: str | None = None) -> RunConfig:
+    """The packaged Hydra config (or ``config_name`` in ``config_dir``, e.g. a recipe) with ``overrides``
+    applied (for Python callers, tests, recipes and ``digen plan``)."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir, initialize_config_module
+
+    init = (initialize_config_module("verl_digen.config", version_base=None) if config_dir is None
+            else initialize_config_dir(str(config_dir), version_base=None))
+    with init:
+        return load(hydra_compose(config_name, overrides=list(overrides or [])))

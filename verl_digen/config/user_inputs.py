@@ -1,0 +1,122 @@
+"""``validate``'s checks of what users bring: validation prompts (``data.val_files`` with
+``data.prompt_key``, ``trainer.test_freq``), their own reward function (``custom_reward_function``),
+and the VLM judge's options.
+
+Why before Ray: a parquet file without the prompt column, a reward file with a typo in the function
+name or a judge checkpoint that is not on disk each used to surface inside a worker, minutes into the
+run. Every error is a ``ConfigError`` naming the key, the value and what is allowed (docs/config.md).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from verl_digen.config.errors import ConfigError
+
+#: reward.name's default: replaced by the custom function when custom_reward_function.path is set
+DEFAULT_REWARD = "latent_mean"
+
+
+
+def data(cfg: Any) -> list[str]:
+    """``data.prompt_key``, ``data.val_files`` (read and checked like the training prompts) and
+    ``trainer.test_freq``; returns warnings."""
+    from verl_digen.data import load_prompts
+
+    d, t = cfg.data, cfg.trainer
+    if not isinstance(d.prompt_key, str) or not d.prompt_key.strip():
+        raise ConfigError("data.prompt_key", d.prompt_key, "the non-empty name of the prompt field / column")
+    if isinstance(t.test_freq, bool) or not isinstance(t.test_freq, int):
+        raise ConfigError("trainer.test_freq", t.test_freq, "an integer (<= 0 never validates)")
+    n = t.log_val_generations
+    if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+        raise ConfigError("trainer.log_val_generations", n, "an integer >= 0 (validation samples drawn as images)")
+    warnings: list[str] = []
+    if d.val_files is None:
+        if t.test_freq > 0:  # inert: refused rather than ignored
+            raise ConfigError("trainer.test_freq", t.test_freq, "<= 0 while data.val_files is null (validation scores "
+                              "those prompts: set data.val_files, or leave trainer.test_freq at -1)")
+        return warnings
+    try:
+        load_prompts(d.val_files, d.prompt_key)
+    except ValueError as err:
+        raise ConfigError("data.val_files", d.val_files,
+                          f"a readable .txt, .jsonl or .parquet prompt file ({err})") from None
+    if t.test_freq <= 0:
+        warnings.append(f"data.val_files is set but trainer.test_freq={t.test_freq}: validation never runs "
+                        "(set trainer.test_freq=N to validate every N steps and after the last one)")
+    return warnings
+
+
+def custom_reward(cfg: Any) -> None:
+    """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
+    from verl_digen.rewards.custom import CUSTOM, check_function
+
+    c, r = cfg.custom_reward_function, cfg.reward
+    names = list(r.weights) if r.weights else [r.name]
+    if c.path is None:
+        if CUSTOM in names:
+            key = "reward.weights" if r.weights else "reward.name"
+            raise ConfigError("custom_reward_function.path", None, f"a Python file defining the reward function when "
+                              f"{key} names '{CUSTOM}'")
+        return
+    if not isinstance(c.name, str) or not c.name.isidentifier():
+        raise ConfigError("custom_reward_function.name", c.name,
+                          "the name of a function in custom_reward_function.path")
+    try:
+        check_function(c.path, c.name, c.reward_kwargs)
+    except ValueError as err:
+        key = "custom_reward_function.name" if "has no function" in str(err) else "custom_reward_function.path"
+        raise ConfigError(key, c.name if key.endswith("name") else c.path,
+                          f"a loadable reward function ({err})") from None
+    if r.weights:
+        if CUSTOM not in r.weights:
+            raise ConfigError("reward.weights", dict(r.weights), f"an entry '{CUSTOM}' (the custom function's weight, "
+                              f"e.g. reward.weights={{{CUSTOM}: 1.0, ...}}) when custom_reward_function.path is set")
+        return
+    if r.name not in (CUSTOM, DEFAULT_REWARD):
+        raise ConfigError("reward.name", r.name,
+                          f"'{CUSTOM}' (or left at its default) when custom_reward_function.path "
+                          f"is set; combine rewards with reward.weights={{{CUSTOM}: 1.0, {r.name}: w}}")
+    if r.kwargs:
+        raise ConfigError("reward.kwargs", dict(r.kwargs),
+                          "null with custom_reward_function (pass the function's options "
+                          "as custom_reward_function.reward_kwargs)")
+
+
+def vlm_judge(cfg: Any) -> None:
+    """``reward.name=vlm_judge``: a model path, a local directory that exists, and transformers."""
+    r = cfg.reward
+    if r.weights or r.name != "vlm_judge":
+        return
+    kw = dict(r.kwargs or {})
+    path = kw.get("model_path")
+    if not isinstance(path, str) or not path:
+        raise ConfigError("reward.kwargs", kw or None, "a model_path for reward.name=vlm_judge (a Qwen2-VL-style "
+                          "checkpoint directory or hub id in the local cache; docs/rewards.md)")
+    from verl_digen.rewards.external import _looks_local
+
+    if _looks_local(path) and not os.path.isdir(os.path.expanduser(path)):
+        raise ConfigError("reward.kwargs.model_path", path, "an existing checkpoint directory")
+    import inspect
+
+    from verl_digen.rewards.vlm_judge import VLMJudge
+
+    allowed = set(inspect.signature(VLMJudge.__init__).parameters) - {"self"}
+    unknown = sorted(set(kw) - allowed)
+    if unknown:
+        raise ConfigError("reward.kwargs", kw, f"options among {', '.join(sorted(allowed))} (unknown: {unknown})")
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        raise ConfigError("reward.name", r.name, "a reward whose packages are installed (vlm_judge needs transformers: "
+                          "pip install verl-digen[rewards])") from None
+
+
+def check(cfg: Any) -> list[str]:
+    """All of the above; returns warnings."""
+    warnings = data(cfg)
+    custom_reward(cfg)
+    vlm_judge(cfg)
+    return warnings

@@ -1,0 +1,166 @@
+"""``validate``: the one check of a run config before anything starts. Every error is a ``ConfigError``
+naming the key, the bad value and what is allowed, so a typo costs a second instead of a cluster
+start-up. The checks that look past a value's type live beside it: ``checks.py`` (numbers, sizes, files,
+resume), ``memory.py`` (the step's memory against the GPUs) and ``user_inputs.py`` (prompts, custom
+rewards, the VLM judge). Whether the pools fit the Ray cluster is checked once Ray is up
+(``driver/pools.py``).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+from verl_digen.algo.advantages import STD_ESTIMATORS, STD_SCOPES
+from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
+from verl_digen.algo.selection import SELECTION_KINDS
+from verl_digen.config import checks, memory, user_inputs
+from verl_digen.config.errors import ConfigError
+from verl_digen.config.schema import DEVICES, LOGGERS, ROLLOUT_BACKENDS, ModelConfig, RunConfig, checked_schedule_config
+from verl_digen.dtypes import PRECISIONS
+from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
+from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
+
+
+def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
+    ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value >= 1)
+    if not ok:
+        raise ConfigError(key, value, "an integer >= 0" if allow_zero else "an integer >= 1")
+
+
+def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
+    if value not in allowed:
+        raise ConfigError(key, value, f"one of {', '.join(allowed)}")
+
+
+def _check_frames(m: ModelConfig) -> None:
+    """Frames must fit the architecture: none for image models; for a pretrained video model, pixel
+    frames of the form 4k + 1 (Wan's and HunyuanVideo's VAEs compress time 4x causally: 25 -> 7)."""
+    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+
+    arch = canonical_arch(m.arch)
+    video = MODEL_REGISTRY[arch].latent_ndim == 5
+    if not video and m.num_frames is not None:
+        raise ConfigError("model.num_frames", m.num_frames, f"null for the image model '{arch}'")
+    if video and m.path is not None:
+        nf = m.num_frames
+        if not (isinstance(nf, int) and not isinstance(nf, bool) and nf >= 1 and (nf - 1) % 4 == 0):
+            raise ConfigError("model.num_frames", nf, f"pixel frames 4k + 1 (e.g. 25 -> 7 latent frames) for "
+                              f"the pretrained video model '{arch}'")
+    elif m.num_frames is not None:
+        _positive("model.num_frames", m.num_frames)
+
+
+def validate(cfg: RunConfig) -> list[str]:
+    """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one, and return
+    warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
+    (prompt files read, output dirs written to, checkpoints' metadata read), so nothing fails after Ray
+    starts. (Whether the pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
+    from verl_digen.models import known_archs
+    from verl_digen.rewards import REWARDS
+
+    t, r, d = cfg.trainer, cfg.rollout, cfg.digen
+    checks.numbers(cfg)  # NaN / Inf / sign of every float first: later checks compute with them
+    _choice("trainer.mode", t.mode, MODES)
+    _choice("trainer.device", t.device, DEVICES)
+    _positive("trainer.total_steps", t.total_steps)
+    for name in t.logger:
+        _choice("trainer.logger", name, LOGGERS)
+    if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
+        raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory, or auto")
+    try:
+        from verl_digen.models import canonical_arch
+
+        canonical_arch(cfg.model.arch)
+    except ValueError:
+        raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(known_archs())}") from None
+    _choice("model.dtype", cfg.model.dtype, PRECISIONS)
+    _positive("model.lora_rank", cfg.model.lora_rank, allow_zero=True)
+    if cfg.model.latent_size is not None and (cfg.model.latent_size < 2 or cfg.model.latent_size % 2):
+        raise ConfigError("model.latent_size", cfg.model.latent_size, "a positive even number (latents are 2x2-packed)")
+    _check_frames(cfg.model)
+    names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
+    for name in names:
+        if name not in REWARDS:
+            raise ConfigError("reward.name" if not cfg.reward.weights else "reward.weights", name,
+                              f"one of {', '.join(sorted(REWARDS))}")
+    _positive("data.train_batch_size", cfg.data.train_batch_size)
+    if cfg.data.train_files is not None and not os.path.isfile(cfg.data.train_files):
+        raise ConfigError("data.train_files", cfg.data.train_files, "an existing .txt, .jsonl or .parquet prompt file")
+    _positive("rollout.n", r.n)
+    if r.n < 2:
+        raise ConfigError("rollout.n", r.n, "a group size >= 2 (GRPO advantages compare samples of a prompt)")
+    _positive("rollout.micro_batch_size", r.micro_batch_size)
+    _choice("rollout.sde_type", r.sde_type, SDE_KINDS)
+    _choice("rollout.cps_log_prob", r.cps_log_prob, LOG_PROB_KINDS)
+    _choice("rollout.selection", r.selection, SELECTION_KINDS)
+    if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):
+        raise ConfigError("rollout.noise_level", r.noise_level, "a number > 0 (training needs stochastic steps)")
+    _positive("rollout.num_steps", r.num_steps)
+    if not (isinstance(r.guidance_scale, (int, float)) and r.guidance_scale >= 1):
+        raise ConfigError("rollout.guidance_scale", r.guidance_scale, "a number >= 1 (1 = no guidance)")
+    _choice("rollout.backend", r.backend, ROLLOUT_BACKENDS)
+    if r.backend == "vllm" and t.device != "cuda":
+        raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
+    if r.backend == "vllm" and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
+        raise ConfigError("rollout.cps_log_prob", r.cps_log_prob,
+                          "squared_error with rollout.backend=vllm (vLLM-Omni records CPS log-probs in that form)")
+    if cfg.reward.weights and cfg.reward.kwargs:
+        raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
+    wr = r.window_range
+    if wr is not None and not (len(wr) == 2 and all(isinstance(v, int) for v in wr)):
+        raise ConfigError("rollout.window_range", r.window_range, "null or [lo, hi] (two step indices)")
+    try:
+        k = cfg.trained_steps()
+    except ValueError as err:
+        raise ConfigError("rollout.train_steps", r.train_steps, str(err)) from None
+    if d.tsp.degree is not None and not (isinstance(d.tsp.degree, int) and 1 <= d.tsp.degree <= k):
+        raise ConfigError("digen.tsp.degree", d.tsp.degree, f"null or an integer in [1, {k}] (the trained steps)")
+    try:
+        parse_policy(d.tag.policy)
+    except UnknownTagPolicy:
+        raise ConfigError("digen.tag.policy", d.tag.policy, f"a registered TAG policy: {tag_policy_usage()}") from None
+    except ValueError as err:
+        raise ConfigError("digen.tag.policy", d.tag.policy, f"one of {tag_policy_usage()} ({err})") from None
+    from verl_digen.workers.sync import sync_backend_names  # the registered backends (imports ray, not Ray)
+
+    _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
+    _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
+    _choice("algorithm.std_estimator", cfg.algorithm.std_estimator, STD_ESTIMATORS)
+    if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:
+        raise ConfigError("algorithm.adv_std", "batch",
+                          "'group' with trainer=digen (batch-wide std needs the whole batch before any update)")
+    if cfg.actor.lr <= 0:
+        raise ConfigError("actor.lr", cfg.actor.lr, "a number > 0")
+    if cfg.actor.clip_ratio <= 0:
+        raise ConfigError("actor.clip_ratio", cfg.actor.clip_ratio, "a number > 0")
+    if cfg.actor.kl_coef < 0:
+        raise ConfigError("actor.kl_coef", cfg.actor.kl_coef, "a number >= 0")
+    gen, trn = cfg.resources.generator.workers, cfg.resources.trainer.workers
+    _positive("resources.generator.workers", gen)
+    _positive("resources.trainer.workers", trn)
+    # every data-parallel split must be even: FSDP forwards and backwards are collective
+    if t.mode == COLOCATED:
+        if cfg.batch % cfg.total_workers:
+            raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
+                              f"a batch ({cfg.batch} samples) divisible by all {cfg.total_workers} colocated workers")
+    if d.profile is not None:
+        from verl_digen.schedule.presets import names, resolve
+
+        try:
+            resolve(d.profile)
+        except ValueError as err:
+            raise ConfigError("digen.profile", d.profile,
+                              f"a profile file or a preset name ({', '.join(names())})") from err
+    if d.plan is not None and d.plan != "auto":
+        raise ConfigError("digen.plan", d.plan, "null or 'auto' (the planner's configuration, resolved at start)")
+    if d.plan == "auto" and not d.profile:
+        raise ConfigError("digen.plan", d.plan, "null unless digen.profile names the costs to plan with "
+                          "(a profile file or a preset)")
+    checks.sizes(cfg)  # upper bounds and the step's memory, before anything is sized by the batch
+    checks.inert_lora_keys(cfg)
+    checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
+    warnings = memory.check_keys(cfg)  # and a warning for 16-bit master weights of a full fine-tune
+    memory.check_fits(cfg)  # the memory plan against each pool's GPU memory (declared, else the preset's hardware)
+    warnings += checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
+    return warnings + user_inputs.check(cfg)  # validation prompts, custom reward function, VLM judge

@@ -1,0 +1,88 @@
+"""Ray start-up, and resource pools for the generator and the trainer, placed on the nodes their config names.
+
+verl's ``RayResourcePool`` ties a pool to a hardware type only through GPU bundles
+(``accelerator_type``), and its ``ResourcePoolManager`` insists on GPUs. Disaggregation needs each pool
+placed independently, on CPU too: ``PlacedResourcePool`` adds the pool's node resource (a Ray custom
+resource its nodes advertise, e.g. ``H20`` / ``H100``, or on a laptop a stand-in name) to every bundle,
+so Ray can only put the pool's workers on matching nodes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import ray
+from ray.util.placement_group import placement_group
+from verl.single_controller.ray.base import RayResourcePool, sort_placement_group_by_node_ip
+
+from verl_digen.config.schema import RunConfig
+
+#: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
+NODE_RESOURCE_PER_WORKER = 1.0
+
+
+class PlacedResourcePool(RayResourcePool):
+    """A ``RayResourcePool`` whose bundles also require ``node_resource`` (when set)."""
+
+    def __init__(self, workers: int, use_gpu: bool, name_prefix: str, node_resource: str | None = None) -> None:
+        super().__init__([workers], use_gpu=use_gpu, name_prefix=name_prefix, max_colocate_count=1)
+        self.node_resource = node_resource
+
+    def get_placement_groups(self, strategy: str = "STRICT_PACK", name: str | None = None, device_name: str = "cuda"):
+        if self.pgs is not None:
+            return self.pgs
+        bundle: dict[str, float] = {"CPU": self.max_colocate_count}
+        if self.use_gpu:
+            bundle["GPU"] = 1
+        if self.node_resource:
+            bundle[self.node_resource] = NODE_RESOURCE_PER_WORKER
+        prefix = name or f"{self.name_prefix}digen_pool:"
+        pgs = [
+            placement_group(bundles=[dict(bundle) for _ in range(count)], strategy=strategy, name=f"{prefix}{i}")
+            for i, count in enumerate(self._store)
+        ]
+        ray.get([pg.ready() for pg in pgs])
+        self.pgs = sort_placement_group_by_node_ip(pgs)
+        return self.pgs
+
+
+def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) -> None:
+    """Raise ``ConfigError`` naming the pool when the running Ray cluster cannot place it, instead of
+    waiting forever for its placement group. ``pools``: config key -> (workers, node resource)."""
+    from verl_digen.config import ConfigError
+
+    total = ray.cluster_resources()
+    demand: dict[str, int] = {}
+    for key, (workers, node_resource) in pools.items():
+        resource = node_resource or ("GPU" if use_gpu else "CPU")
+        demand[resource] = demand.get(resource, 0) + workers
+        have = int(total.get(resource, 0) // (NODE_RESOURCE_PER_WORKER if node_resource else 1))
+        if demand[resource] > have:
+            raise ConfigError(key, workers, f"at most {have} worker(s) in all on '{resource}', what the Ray "
+                                            f"cluster advertises ({sorted(total)})")
+
+
+#: environment every worker process gets on a CPU run
+CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
+
+
+def ensure_ray(cfg: RunConfig) -> None:
+    """Start (or join) Ray; CPU workers get the verl CPU platform through the runtime env."""
+    if ray.is_initialized():
+        return
+    env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
+    if cfg.trainer.device == "cpu":
+        os.environ.setdefault("VERL_PLATFORM", "cpu")
+    # a CPU run without RAY_ADDRESS starts a Ray instance of its own (``address=None`` would join a cluster
+    # that ``ray start`` left on this host, someone else's, and refuse the num_cpus below); a GPU run joins
+    # the ``ray start`` cluster of its head node
+    address = os.environ.get("RAY_ADDRESS") or ("local" if cfg.trainer.device == "cpu" else None)
+    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
+                              "log_to_driver": True}
+    if address == "local":
+        kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
+    ray.init(address=address, **kwargs)
+    if address != "local":
+        joined = ray.get_runtime_context().gcs_address
+        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s))", flush=True)

@@ -1,0 +1,158 @@
+"""The validation pass: ``data.val_files`` scored every ``trainer.test_freq`` steps and after the last one.
+
+Validation is a barrier, as in verl's trainer: the run is cut into segments at the validation steps,
+each segment runs to its last optimizer step (the pipeline drains), the weights of that version go to
+the generators (which the next segment needs anyway), and every generator samples and scores its
+contiguous share of the validation prompts, one sample each, on a fixed seed stream
+(``policy.VALIDATION_STEP``): two validations of the same weights give the same samples. The colocated
+baseline validates on its own ranks. The pass is timed (``val/seconds``) but outside every step's
+window, so step times and pool-busy fractions stay those of training.
+
+Outputs: ``val/reward_mean``, ``val/reward_std`` and ``val/<component>_mean`` through verl's Tracking
+(and ``<trace_dir>/val/<mode>_val.jsonl``), and a grid of the first ``trainer.log_val_generations``
+samples as ``<trace_dir>/val/<mode>_step_<N>.png``, a tensorboard image and a wandb image.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from verl_digen.data import load_prompts
+from verl_digen.reporting import metric_names as names
+from verl_digen.reporting import run_log
+
+
+def validation_steps(start: int, total: int, freq: int) -> list[int]:
+    """Global steps after which validation runs in a run from ``start`` to ``total``: every multiple of
+    ``freq`` and the last step (none when ``freq <= 0``)."""
+    if freq <= 0 or total <= start:
+        return []
+    steps = [s for s in range(start + 1, total + 1) if s % freq == 0]
+    return steps if steps and steps[-1] == total else [*steps, total]
+
+
+def segments(start: int, total: int, freq: int) -> list[int]:
+    """Step counts of the run's segments (each ends at a validation step or at ``total``)."""
+    ends = validation_steps(start, total, freq) or ([total] if total > start else [])
+    return [end - begin for begin, end in zip([start, *ends], ends)]
+
+
+def image_grid(images: torch.Tensor, columns: int | None = None, pad: int = 2) -> torch.Tensor:
+    """uint8 (N, H, W, 3) images tiled row-major into one uint8 (H', W', 3) image (white padding)."""
+    if images.dim() != 4 or images.shape[-1] != 3 or images.dtype != torch.uint8:
+        raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {tuple(images.shape)}")
+    n, h, w, _ = images.shape
+    cols = columns or math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    grid = torch.full((rows * (h + pad) + pad, cols * (w + pad) + pad, 3), 255, dtype=torch.uint8)
+    for i in range(n):
+        r, c = divmod(i, cols)
+        y, x = pad + r * (h + pad), pad + c * (w + pad)
+        grid[y:y + h, x:x + w] = images[i]
+    return grid
+
+
+def save_png(grid: torch.Tensor, path: str | Path) -> Path:
+    """Write a uint8 (H, W, 3) image as PNG (atomically: a reader never sees half a file)."""
+    from PIL import Image
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    Image.fromarray(grid.numpy()).save(tmp, format="PNG")
+    tmp.replace(path)
+    return path
+
+
+def log_images(tracking: Any, grid: torch.Tensor, step: int, caption: str, tag: str = names.VAL_IMAGES) -> list[str]:
+    """Send the grid to the image-capable Tracking backends in use (tensorboard, wandb); returns their
+    names. Other backends (console, file) get the scalar metrics only."""
+    loggers = getattr(tracking, "logger", {}) or {}
+    sent = []
+    if "tensorboard" in loggers:
+        writer = loggers["tensorboard"].writer
+        writer.add_image(tag, grid.numpy(), step, dataformats="HWC")
+        writer.flush()
+        sent.append("tensorboard")
+    if "wandb" in loggers:
+        wandb = loggers["wandb"]
+        wandb.log({tag: [wandb.Image(grid.numpy(), caption=caption)]}, step=step)
+        sent.append("wandb")
+    return sent
+
+
+@dataclass
+class ValidationResult:
+    """One validation pass: its global step, metrics and where its image grid went."""
+
+    step: int
+    metrics: dict[str, float]
+    rewards: dict[int, float] = field(default_factory=dict)  # validation prompt index -> reward
+    png: str | None = None
+
+
+class Validator:
+    """Runs validation passes of one run (see the module docstring)."""
+
+    def __init__(self, cfg: Any, keep_through: int = 0, run_id: str = "") -> None:
+        """``keep_through``: the step a resumed run continues from (its earlier rows are kept); ``run_id``
+        goes on every row, as on the training metrics'."""
+        self.cfg = cfg
+        self.prompts = load_prompts(cfg.data.val_files, cfg.data.prompt_key)
+        self.keep = max(int(cfg.trainer.log_val_generations), 0)
+        t = cfg.trainer
+        self.dir = Path(t.trace_dir, "val") if t.trace_dir else None
+        self.history = (run_log.MetricsLog(self.dir / f"{t.mode}_val.jsonl", keep_through, run_id=run_id)
+                        if self.dir is not None else None)
+
+    def shares(self, workers: int) -> list[tuple[list[tuple[int, int]], list[str], int]]:
+        """(rows, texts, images to keep) per worker: contiguous near-equal shares of the prompts, one
+        sample each; the first ``log_val_generations`` rows keep their images."""
+        n = len(self.prompts)
+        bounds = [n * i // workers for i in range(workers + 1)]
+        out = []
+        for lo, hi in zip(bounds, bounds[1:]):
+            rows = [(p, 0) for p in range(lo, hi)]
+            out.append((rows, self.prompts[lo:hi], max(0, min(hi, self.keep) - lo)))
+        return out
+
+    def run(self, workers: list, step: int, version: int, tracking: Any | None = None) -> ValidationResult:
+        """Validate ``version`` (the weights after global step ``step``) on ``workers`` (actor handles
+        with a ``validate`` method, holding that version)."""
+        import ray
+
+        t0 = time.perf_counter()
+        calls = [(w, share) for w, share in zip(workers, self.shares(len(workers))) if share[0]]
+        parts = ray.get([w.validate.remote(version, rows, texts, keep) for w, (rows, texts, keep) in calls])
+        seconds = time.perf_counter() - t0
+        rewards = {p: r for part in parts for p, r in zip(part["prompt_ids"], part["rewards"], strict=True)}
+        values = torch.tensor([rewards[p] for p in sorted(rewards)], dtype=torch.float64)
+        metrics = {names.VAL_REWARD_MEAN: float(values.mean()),
+                   names.VAL_REWARD_STD: float(values.std()) if values.numel() > 1 else 0.0,
+                   names.VAL_SAMPLES: float(values.numel()), names.VAL_SECONDS: seconds}
+        components = sorted({k for part in parts for k in part["components"]})
+        if len(components) > 1:
+            for name in components:
+                comp = [v for part in parts for v in part["components"].get(name, [])]
+                metrics[names.val_component_mean(name)] = sum(comp) / len(comp)
+        result = ValidationResult(step, metrics, rewards)
+        images = [part["images"] for part in parts if part["images"] is not None]
+        if images:
+            grid = image_grid(torch.cat(images)[: self.keep])
+            caption = (f"step {step}: first {min(self.keep, len(self.prompts))} validation prompts, "
+                       f"seed {self.cfg.trainer.seed}")
+            if self.dir is not None:
+                result.png = str(save_png(grid, self.dir / f"{self.cfg.trainer.mode}_step_{step}.png"))
+            if tracking is not None:
+                log_images(tracking, grid, step, caption)
+        if tracking is not None:
+            tracking.log(data=metrics, step=step)
+        if self.history is not None:
+            self.history.append(step, metrics)
+        return result

@@ -1,0 +1,153 @@
+"""Per-step metrics of a real run, derived from its timeline and the workers' results."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Any
+
+from verl_digen.config.schema import RunConfig
+from verl_digen.reporting import metric_names as names
+from verl_digen.reporting.metric_names import TIME_KEYS
+from verl_digen.schedule.bounds import busy_fractions, window_bounds
+from verl_digen.schedule.config import COLOCATED
+from verl_digen.schedule.costs import (
+    GENERATE,
+    SCORE,
+    TAG_GENERATE,
+    UPDATE,
+    WEIGHT_SYNC,
+    CostModel,
+    Hardware,
+    Pool,
+)
+from verl_digen.schedule.profile_io import Workload, fit_samples
+from verl_digen.schedule.timeline import TRAINER, Record, Timeline
+
+
+def window_metrics(records: list[Record], start: float, end: float, gen_workers: list[str],
+                   trainer_workers: list[str], colocated: bool = False) -> dict[str, float]:
+    """Busy/bubble fraction of each pool within [start, end] and summed stage times.
+
+    Trainer pool busy = GPU-seconds busy / GPU-seconds held: a ``trainer`` (unit) record holds every
+    rank, a TAG slot record one. Stage times sum each action once (a colocated phase is recorded on
+    every worker: counted on the first); a generator's weight pickup is its own action."""
+    times: dict[str, float] = defaultdict(float)
+    for r in records:
+        counted_once = not colocated or r.worker == trainer_workers[0]
+        if r.kind in TIME_KEYS and counted_once and start - 1e-9 <= r.start < end:
+            times[TIME_KEYS[r.kind]] += r.duration
+    busy = busy_fractions(records, start, end, gen_workers, trainer_workers)
+    gen_busy, trn_busy = busy["generator"], busy["trainer"]
+    out = {
+        names.GENERATOR_BUSY: gen_busy,
+        names.GENERATOR_BUBBLE: 1.0 - gen_busy if gen_workers else 0.0,
+        names.TRAINER_BUSY: trn_busy,
+        names.TRAINER_BUBBLE: 1.0 - trn_busy,
+    }
+    for key in dict.fromkeys(TIME_KEYS.values()):  # TIME_KEYS' order, the same in every process
+        out[key] = times.get(key, 0.0)
+    return out
+
+
+def schedule_metrics(sched: Any, step: int, step_start: float, step_s: float, records: list[Record],
+                     decisions: list) -> dict[str, float]:
+    """Fraction of ideal, staleness and BTS prediction of local step ``step`` of a ``StepScheduler``
+    (from ``records`` and ``decisions``: a suffix of the run's that holds all of this step's)."""
+    recs = [r for r in records if r.step == step]
+    gens = [r for r in recs if r.kind in (GENERATE, TAG_GENERATE)]
+    stale = sum(1 for r in gens if r.stale)
+    # the ideal of the work this step's window held, at this step's measured costs (<= the step)
+    bounds = window_bounds(records, step, step_start, sched.costs, sched.M, sched.G,
+                           unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R)
+    out = {
+        names.FRACTION_OF_IDEAL: bounds.ideal / step_s if step_s > 0 else 0.0,
+        names.IDEAL_STEP_S: bounds.ideal,
+        names.STALE_FRACTION: stale / max(sched.M, 1),
+        names.TAG_MICRO_BATCHES: float(sum(1 for r in gens if r.kind == TAG_GENERATE)),
+    }
+    predicted = [d.predicted_end for d in decisions if d.step == step and d.predicted_end is not None]
+    if predicted:  # BTS's first plan of the step vs what the step really took
+        out[names.BTS_PREDICTED_STEP_S] = predicted[0] - step_start
+    return out
+
+
+def same_hardware(cfg: RunConfig) -> bool:
+    """Whether both pools run on one hardware type (the same ``node_resource``, or none named)."""
+    res = cfg.resources
+    return res.generator.node_resource == res.trainer.node_resource
+
+
+def pool_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Generation and scoring samples of either pool, as samples of both.
+
+    For pools of one hardware type: sampling and scoring run the same code on the same hardware
+    whichever pool runs them, so a generator's measurements price TAG on a trainer rank (which a
+    ``never`` run never does) and both pools' sizes pin down one per-call + per-sample cost."""
+    out = list(samples)
+    for s in samples:
+        if s.get("kind") == TAG_GENERATE:
+            out.append({"pool": "generator", "kind": GENERATE, "size": s["size"], "seconds": s["seconds"]})
+        elif s.get("kind") in (GENERATE, SCORE) and s.get("pool", "generator") == "generator":
+            out.append({**s, "pool": "trainer"})
+    return out
+
+
+def measured_profile(cfg: RunConfig, timeline: Timeline,
+                     probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
+    """The run's stage costs as a simulator profile, fitted from its measured records, so
+    ``digen simulate --profile`` can replay (and re-plan) the same cluster.
+
+    A colocated run measures every worker doing every stage: its phases become samples of both pools'
+    hardware (generation of batch / N samples per worker, training passes of batch / N x degree rows).
+    ``probes``: samples of the runtime's probe (``DigenRuntime(probe=True)``), taken one action at a
+    time after the run. They fit the shape of each cost (per call vs per sample or row, at two sizes)
+    and the costs the run never measured (a ``never`` run's switches); the run's own samples then set
+    each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
+    scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
+    from both pools' samples."""
+    mb = cfg.rollout.micro_batch_size
+    k = cfg.trained_steps()
+    degree = cfg.digen.tsp.degree or k
+    res = cfg.resources
+    samples = []
+    records = timeline.records
+    steps = {r.step for r in records}
+    if len(steps) > 1:  # the first step is warm-up (allocator, caches, first BTS solves): not a cost
+        records = [r for r in records if r.step != min(steps)]
+    if timeline.mode == COLOCATED:
+        n = cfg.total_workers
+        per_worker = cfg.batch // n
+        passes = -(-k // degree)
+        for r in records:
+            if r.worker != timeline.workers[0]:
+                continue
+            if r.kind in (GENERATE, SCORE):
+                for pool in ("generator", "trainer"):
+                    samples.append({"pool": pool, "kind": r.kind, "size": per_worker, "seconds": r.duration})
+            elif r.kind == UPDATE:
+                samples.append({"pool": "trainer", "kind": "train_pass", "size": per_worker * degree,
+                                "seconds": r.duration / passes})
+            else:
+                samples.append({"kind": r.kind, "seconds": r.duration})
+    else:
+        for r in records:
+            if r.kind in (GENERATE, SCORE):
+                samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
+            elif r.kind == TAG_GENERATE:
+                samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
+            elif r.kind == UPDATE:
+                samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
+            elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
+                samples.append({"kind": r.kind, "seconds": r.duration})
+        if same_hardware(cfg):
+            samples = pool_samples(samples)
+    base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
+                     Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
+                     steps_trained=k)
+    if probes:
+        base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
+    d = cfg.digen
+    workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
+                        tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
+                        policy=d.tag.policy)
+    return fit_samples(base, samples), workload
