@@ -11,7 +11,7 @@ import ray
 from verl.single_controller.ray.base import RayWorkerGroup
 
 from verl_digen.config import RunConfig
-from verl_digen.driver.ray_backend import Rows
+from verl_digen.driver.ray_backend import WORKER_METHODS, Rows
 from verl_digen.schedule.costs import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
 
 
@@ -62,9 +62,9 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
             t_update = timed(trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
             measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
         rows, texts = rows_of(step, pairs[:mb])
-        t_to_gen = timed(trn_wg.execute_all_async(SWITCH_TO_GEN))
+        t_to_gen = timed(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_GEN]))
         t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])
-        t_to_train = timed(trn_wg.execute_all_async(SWITCH_TO_TRAIN))
+        t_to_train = timed(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_TRAIN]))
         measured += [{"kind": SWITCH_TO_GEN, "seconds": t_to_gen},
                      {"kind": TAG_GENERATE, "size": mb, "seconds": t_tag},
                      {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]

@@ -48,6 +48,20 @@ from verl_digen.schedule.timeline import gen_worker, tag_slot
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
 
+#: the worker method each action kind runs (generator actions on one ``GeneratorWorker``, trainer ones
+#: on every rank of the trainer pool or, for TAG, one rank). A colocated ``generate`` runs the hybrid
+#: rank's ``tag_generate`` on every rank (its share of the batch); ``publish`` and ``weight_sync`` go
+#: through the weight-sync backend (``workers/sync.py``), whose methods its class lists.
+WORKER_METHODS: dict[str, str] = {
+    GENERATE: "generate_receipt",
+    TAG_GENERATE: "tag_generate",
+    SCORE: "score_rows",
+    UPDATE: "update",
+    SWITCH_TO_GEN: "switch_to_gen",
+    SWITCH_TO_TRAIN: "switch_to_train",
+    OPTIMIZER_STEP: "optimizer_step",
+}
+
 Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
 Advantages = Callable[[int, list[int]], dict[tuple[int, int], float]]
 
@@ -140,7 +154,8 @@ class RayBackend:
             rows, texts = self.rows(g, a.samples)
             n = len(self.trainers)
             shares = [contiguous_share(len(rows), r, n, "colocated generate") for r in range(n)]
-            refs = self.trn_wg.execute_all_async("tag_generate", [g] * n, [self.base + a.version] * n,
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[TAG_GENERATE], [g] * n,
+                                                 [self.base + a.version] * n,
                                                  [rows[sl] for sl in shares], [texts[sl] for sl in shares])
         elif a.kind == TAG_GENERATE:
             rows, texts = self.rows(g, a.samples)
@@ -156,9 +171,9 @@ class RayBackend:
             prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
             adv = self.advantages(a.step, prompt_ids)
             # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
-            refs = self.trn_wg.execute_all_async("update", tuple(parts), self.scale, adv)
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv)
         elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP):
-            refs = self.trn_wg.execute_all_async(a.kind)
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind])
         elif a.kind == PUBLISH:
             refs = self.sync.publish(self.base + a.version)
             if self._keeps_weights():

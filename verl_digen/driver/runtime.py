@@ -38,6 +38,7 @@ from verl_digen.driver.accumulator import StepAccumulator, StepResults
 from verl_digen.driver.faults import fault_policy
 from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray
 from verl_digen.driver.probe import probe_costs
+from verl_digen.driver.ray_backend import WORKER_METHODS
 from verl_digen.driver.stopping import AbandonStep, GuardedBackend, RunStopped, StopSignals
 from verl_digen.reporting import metric_names as names
 from verl_digen.reporting import run_log
@@ -507,7 +508,7 @@ class DigenRuntime:
         that version first (colocated: the ranks switch to generation and back)."""
         colocated = self.gen_wg is None
         if colocated:
-            ray.get(self.trn_wg.execute_all_async(SWITCH_TO_GEN))
+            ray.get(self.trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_GEN]))
             workers = self.trn_wg.workers
         else:
             self.sync.sync(step)
@@ -516,7 +517,7 @@ class DigenRuntime:
             res = self.validator.run(workers, step, step, self._tracking())
         finally:
             if colocated:
-                ray.get(self.trn_wg.execute_all_async(SWITCH_TO_TRAIN))
+                ray.get(self.trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_TRAIN]))
         result.validations.append(res)
         m = res.metrics
         self._console.write(f"step {step}: validation reward {m['val/reward_mean']:+.4f} "

@@ -2,7 +2,8 @@
 
 An :class:`Action` names its kind, the workers it occupies, the global step and policy version it
 belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt, sample) pairs.
-``start`` is stamped by the scheduler with the ``now`` it was emitted at. Kinds (``costs.KINDS``):
+``start`` is stamped by the scheduler with the ``now`` it was emitted at. Kinds (:class:`ActionKind`;
+the worker method each one runs on Ray is stated in ``driver/ray_backend.py``, ``WORKER_METHODS``):
 
 - ``generate``: sample the micro-batch on generator worker ``genI`` with weights ``version``
   (``stale`` when ``version == step - 1``, TCSS).
@@ -20,11 +21,33 @@ belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt
 from __future__ import annotations
 
 from dataclasses import dataclass
+from enum import Enum
+
+
+class ActionKind(str, Enum):
+    """What an action does (listed above). A ``str``: kinds compare equal to, hash like and print as
+    their names, so timelines, profiles and traces store plain strings."""
+
+    GENERATE = "generate"
+    TAG_GENERATE = "tag_generate"
+    SCORE = "score"
+    UPDATE = "update"
+    SWITCH_TO_GEN = "switch_to_gen"
+    SWITCH_TO_TRAIN = "switch_to_train"
+    OPTIMIZER_STEP = "optimizer_step"
+    PUBLISH = "publish"
+    WEIGHT_SYNC = "weight_sync"
+
+    __str__ = str.__str__  # "generate", not "ActionKind.GENERATE" (also in f-strings)
+    __format__ = str.__format__
+
+    def __repr__(self) -> str:  # error messages quote a kind as they quote a string: 'publish'
+        return repr(self.value)
 
 
 @dataclass(eq=False)
 class Action:
-    kind: str
+    kind: ActionKind
     workers: tuple[str, ...]
     step: int
     version: int

@@ -23,33 +23,25 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
+from .actions import ActionKind
 from .rows import row_plan
 
-# Action kinds, shared by the scheduler, the timeline, the profiler and the profile format.
-GENERATE = "generate"
-TAG_GENERATE = "tag_generate"
-SCORE = "score"
-UPDATE = "update"
-SWITCH_TO_GEN = "switch_to_gen"
-SWITCH_TO_TRAIN = "switch_to_train"
-OPTIMIZER_STEP = "optimizer_step"
-PUBLISH = "publish"
-WEIGHT_SYNC = "weight_sync"
-KINDS = (
-    GENERATE,
-    TAG_GENERATE,
-    SCORE,
-    UPDATE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    OPTIMIZER_STEP,
-    PUBLISH,
-    WEIGHT_SYNC,
-)
+# Action kinds, shared by the scheduler, the timeline, the profiler and the profile format: the
+# members of ActionKind under their short names.
+GENERATE = ActionKind.GENERATE
+TAG_GENERATE = ActionKind.TAG_GENERATE
+SCORE = ActionKind.SCORE
+UPDATE = ActionKind.UPDATE
+SWITCH_TO_GEN = ActionKind.SWITCH_TO_GEN
+SWITCH_TO_TRAIN = ActionKind.SWITCH_TO_TRAIN
+OPTIMIZER_STEP = ActionKind.OPTIMIZER_STEP
+PUBLISH = ActionKind.PUBLISH
+WEIGHT_SYNC = ActionKind.WEIGHT_SYNC
+KINDS = tuple(ActionKind)
 
 
 #: cluster-level costs that are one number (not per micro-batch)
-SCALAR_COSTS = ("switch_to_gen", "switch_to_train", "optimizer_step", "weight_sync", "publish")
+SCALAR_COSTS = (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP, WEIGHT_SYNC, PUBLISH)
 
 # The colocated baselines (docs/simulator.md, "Baselines"): what users run today on one pool.
 IDEAL = "ideal"  # batched sampling through full weights, TSP as configured, no recompute, no engine

@@ -8,19 +8,20 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from .actions import ActionKind as K
 from .timeline import TRAINER, Timeline
 
 #: one colour per action kind (a colour-blind-safe palette; no two kinds share one)
 COLORS = {
-    "generate": "#4C72B0",
-    "tag_generate": "#64B5CD",
-    "score": "#DD8452",
-    "update": "#55A868",
-    "switch_to_gen": "#937860",
-    "switch_to_train": "#DA8BC3",
-    "optimizer_step": "#C44E52",
-    "publish": "#CCB974",
-    "weight_sync": "#8172B2",
+    K.GENERATE: "#4C72B0",
+    K.TAG_GENERATE: "#64B5CD",
+    K.SCORE: "#DD8452",
+    K.UPDATE: "#55A868",
+    K.SWITCH_TO_GEN: "#937860",
+    K.SWITCH_TO_TRAIN: "#DA8BC3",
+    K.OPTIMIZER_STEP: "#C44E52",
+    K.PUBLISH: "#CCB974",
+    K.WEIGHT_SYNC: "#8172B2",
 }
 #: hatch of a stale (TCSS) generation: the bar keeps its kind's colour
 STALE_HATCH = "//"

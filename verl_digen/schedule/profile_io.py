@@ -216,4 +216,5 @@ def dump_profile(model: CostModel, path: str | Path, name: str = "", workload: W
     else:
         import yaml
 
-        Path(path).write_text(yaml.safe_dump(d, sort_keys=False))
+        plain = json.loads(json.dumps(d))  # safe_dump refuses str subclasses (action kinds)
+        Path(path).write_text(yaml.safe_dump(plain, sort_keys=False))
