@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_digen.config.errors import ConfigError
+from verl_digen.config.schema import get_key
 from verl_digen.workers import checkpoint as ckpt
 
 #: absolute upper bound of one pool (a typo guard: 1000 workers spawned ~100 processes before failing)
@@ -59,13 +60,6 @@ def _finite(key: str, value: Any, lo: float, strict: bool, what: str = "", optio
     if not ok:
         rel = ">" if strict else ">="
         raise ConfigError(key, value, f"{'null or ' if optional else ''}a finite number {rel} {lo:g}{what}")
-
-
-def _get(cfg: Any, dotted: str) -> Any:
-    v = cfg
-    for part in dotted.split("."):
-        v = getattr(v, part)
-    return v
 
 
 def numbers(cfg: Any) -> None:
@@ -244,7 +238,7 @@ def fingerprint(cfg: Any) -> dict[str, Any]:
 
     out: dict[str, Any] = {}
     for key in RESUME_KEYS:
-        v = _get(cfg, key)
+        v = get_key(cfg, key)
         if key == "model.arch":
             v = canonical_arch(v)
         out[key] = json.loads(json.dumps(v, default=str)) if v is not None else None

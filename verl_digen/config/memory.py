@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from verl_digen.config.errors import ConfigError
-from verl_digen.config.schema import RunConfig, master_dtype
+from verl_digen.config.schema import RunConfig, get_key, master_dtype
 from verl_digen.dtypes import BYTES, PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN
 
@@ -364,9 +364,7 @@ def _mixed(cfg: RunConfig) -> bool:
 def _set(cfg: RunConfig, where: str, **kw) -> RunConfig:
     """A copy of ``cfg`` with the fields ``kw`` of its part ``where`` ("actor", "digen.tsp", ...) replaced."""
     cfg = copy.deepcopy(cfg)
-    obj = cfg
-    for part in where.split("."):
-        obj = getattr(obj, part)
+    obj = get_key(cfg, where)
     for k, v in kw.items():
         setattr(obj, k, v)
     return cfg

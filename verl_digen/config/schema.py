@@ -15,6 +15,7 @@ from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.config.errors import ConfigError
 from verl_digen.dtypes import BYTES
+from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
 from verl_digen.rollout.sampler import SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfigError
@@ -94,7 +95,7 @@ class AlgorithmConfig:
 
 @dataclass
 class RewardConfig:
-    name: str = "latent_mean"
+    name: str = DEFAULT_LEARNABLE_REWARD  # replaced by the custom function when custom_reward_function.path is set
     weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
     kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
 
@@ -300,6 +301,13 @@ def master_dtype(cfg: RunConfig) -> str:
     return m.dtype
 
 
+def get_key(cfg: Any, dotted: str) -> Any:
+    """The value at a dotted config key (``get_key(cfg, "digen.tsp.degree")``)."""
+    for part in dotted.split("."):
+        cfg = getattr(cfg, part)
+    return cfg
+
+
 def defaults(mode: str = DIGEN) -> RunConfig:
     """The config ``trainer=<mode>`` composes to without overrides: ``RunConfig()`` plus ``MODE_DEFAULTS``."""
     if mode not in MODE_DEFAULTS:
@@ -307,10 +315,8 @@ def defaults(mode: str = DIGEN) -> RunConfig:
     cfg = RunConfig()
     cfg.trainer.mode = mode
     for dotted, value in MODE_DEFAULTS[mode].items():
-        *parents, leaf = dotted.split(".")
-        node: Any = cfg
-        for part in parents:
-            node = getattr(node, part)
+        parent, _, leaf = dotted.rpartition(".")
+        node = get_key(cfg, parent)
         if not hasattr(node, leaf):
             raise AttributeError(f"MODE_DEFAULTS[{mode!r}] names {dotted}, which RunConfig lacks")
         setattr(node, leaf, value)
@@ -340,10 +346,7 @@ def checked_schedule_config(cfg: RunConfig) -> ScheduleConfig:
         key = SCHEDULE_KEYS.get(err.field)
         if key is None:  # a field the config does not set: a bug here, not a user error
             raise
-        value: Any = cfg
-        for part in key.split("."):
-            value = getattr(value, part)
-        raise ConfigError(key, value, err.expected) from None
+        raise ConfigError(key, get_key(cfg, key), err.expected) from None
 
 
 def load(cfg: DictConfig | dict) -> RunConfig:

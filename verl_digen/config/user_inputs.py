@@ -13,10 +13,7 @@ import os
 from typing import Any
 
 from verl_digen.config.errors import ConfigError
-
-#: reward.name's default: replaced by the custom function when custom_reward_function.path is set
-DEFAULT_REWARD = "latent_mean"
-
+from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
 
 
 def data(cfg: Any) -> list[str]:
@@ -75,7 +72,7 @@ def custom_reward(cfg: Any) -> None:
             raise ConfigError("reward.weights", dict(r.weights), f"an entry '{CUSTOM}' (the custom function's weight, "
                               f"e.g. reward.weights={{{CUSTOM}: 1.0, ...}}) when custom_reward_function.path is set")
         return
-    if r.name not in (CUSTOM, DEFAULT_REWARD):
+    if r.name not in (CUSTOM, DEFAULT_LEARNABLE_REWARD):  # the default is replaced by the custom function
         raise ConfigError("reward.name", r.name,
                           f"'{CUSTOM}' (or left at its default) when custom_reward_function.path "
                           f"is set; combine rewards with reward.weights={{{CUSTOM}: 1.0, {r.name}: w}}")
