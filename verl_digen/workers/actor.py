@@ -41,7 +41,11 @@ def contiguous_share(n: int, rank: int, world: int, what: str) -> slice:
 
 
 class TSPActorWorker(Worker):
-    """One rank of the trainer pool (FSDP2 across ranks, a plain module with one rank)."""
+    """One rank of the trainer pool (FSDP2 across ranks, a plain module with one rank).
+
+    ``@register(ONE_TO_ALL)`` marks the calls every rank takes together (through the worker group or
+    its ``execute_all_async`` fan-out: collectives inside must run on all ranks); per-rank calls (a
+    TAG slot's ``tag_generate``, a colocated rank's ``score_rows``) carry no dispatch label."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         super().__init__()
@@ -215,7 +219,6 @@ class TSPActorWorker(Worker):
         state = self._gather_weights()
         return None if state is None else P.weights_checksum(state)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
         """Trainer rank 0 joins the cross-pool weight-sync group as its rank 0 (the source), with the
@@ -431,7 +434,6 @@ class HybridWorker(TSPActorWorker):
         self._mode = "train"
         return time.perf_counter() - t0
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
         """Generate ``rows`` on this rank alone with the trainer's current weights (no grad, no
         collective; accumulated gradients and optimizer state untouched). Sampling is
@@ -445,13 +447,11 @@ class HybridWorker(TSPActorWorker):
             self.reward = build_reward(self.cfg.reward)
         return self.reward
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score(self, traj: Trajectories) -> Trajectories:
         """Score on the trainer (colocated mode)."""
         self._require(mode="any")
         return P.score_trajectories(self._reward(), traj)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def validate(self, version: int, rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
         """This rank's share of a validation pass (colocated mode; a sharded rank after
         ``switch_to_gen``), like ``GeneratorWorker.validate``."""
@@ -460,9 +460,9 @@ class HybridWorker(TSPActorWorker):
         return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
                                  list(prompts), keep_images)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
+    # Copied from verl_digen.workers.generator.GeneratorWorker.score_rows (a colocated rank scores its share)
     def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:
         """``score`` split for the data plane (call with ``num_returns=2``): the scored trajectories
-        stay in the object store, only ``policy.reward_rows`` reaches the driver."""
+        stay in the object store, only ``policy.reward_rows`` (ids and rewards) reaches the driver."""
         scored = self.score(traj)
         return scored, P.reward_rows(scored)

@@ -35,7 +35,11 @@ def check_version(held: int, requested: int, who: str) -> None:
 
 
 class GeneratorWorker(Worker):
-    """Rollout + reward on the generator pool; weights arrive versioned from the trainer."""
+    """Rollout + reward on the generator pool; weights arrive versioned from the trainer.
+
+    ``@register`` marks what the worker group calls through verl's dispatch (``wg.init_model()``, one
+    call to all); generation, scoring and validation are per-actor calls (``actor.generate.remote``),
+    routed by the Ray backend, so they carry no dispatch label."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         super().__init__()
@@ -63,7 +67,6 @@ class GeneratorWorker(Worker):
         self.reward = build_reward(self.cfg.reward)
         self.version = 0
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
         """Trajectories for (prompt_id, sample_id) ``rows`` (``prompts[i]`` is row i's text), CPU tensors."""
         self._require_model()
@@ -73,27 +76,23 @@ class GeneratorWorker(Worker):
             return self.backend.generate(step, version, prompt_ids, sample_ids, list(prompts))
         return P.generate_rows(self.model, self.cfg, step, version, rows, prompts)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def generate_receipt(self, step: int, version: int, rows: list[tuple[int, int]],
                          prompts: list[str]) -> tuple[Trajectories, int]:
         """``generate`` plus a receipt (its row count), for ``num_returns=2``: the driver fetches only the
         receipt, which tells a finished call from a dead worker without moving the trajectories."""
         return self.generate(step, version, rows, prompts), len(rows)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score(self, traj: Trajectories) -> Trajectories:
         """Rewards (float64 (B,)) and reward components filled in; images dropped."""
         self._require_model()
         return P.score_trajectories(self.reward, traj)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:
         """``score`` split for the data plane (call with ``num_returns=2``): the scored trajectories
         stay in the object store, only ``policy.reward_rows`` (ids and rewards) reaches the driver."""
         scored = self.score(traj)
         return scored, P.reward_rows(scored)
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def validate(self, version: int, rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
         """This worker's share of a validation pass (``policy.validation_rows``) with the weights it
         holds, which must be ``version``."""
@@ -128,7 +127,6 @@ class GeneratorWorker(Worker):
         self._require_model()
         return P.weights_checksum(P.policy_weights(self.model, self.cfg.policy.lora))
 
-    @register(dispatch_mode=Dispatch.DP_COMPUTE)
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
         """Join the cross-pool weight-sync group as ``rank`` (1..G; trainer rank 0 is rank 0), with the
