@@ -22,6 +22,7 @@ from verl_digen.schedule.export import (
     STEP_LABEL,
     gantt_figure,
     gantt_legend,
+    gantt_rows,
     timeline_from_file,
 )
 from verl_digen.schedule.simulator import simulate
@@ -125,6 +126,21 @@ def test_gantt_legend_names_stale_work_and_step_ends_only_when_there_are_any():
     fresh = Timeline(["gen0", "trainer"], 1, 1, records=[
         Record("gen0", costs.GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", costs.UPDATE, 0, 0, 0, 1.0, 2.0)])
     assert [label for label, _, _ in gantt_legend(fresh)] == [costs.GENERATE, costs.UPDATE]  # no step ended
+
+
+def test_gantt_shows_a_tag_slot_only_when_it_generated():
+    recs = [Record("gen0", costs.GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", costs.UPDATE, 0, 0, 0, 1.0, 2.0),
+            Record("tag1", costs.TAG_GENERATE, 0, 1, 0, 1.0, 2.0)]
+    timeline = Timeline(["gen0", "trainer", "tag0", "tag1"], 1, 1, records=recs)
+    assert gantt_rows(timeline, recs) == ["gen0", "trainer", "tag1"]
+    fig = gantt_figure(timeline)
+    try:
+        (ax,) = fig.axes
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["tag1", "trainer (pool)", "gen0"]
+    finally:
+        import matplotlib.pyplot as plt
+
+        plt.close(fig)
 
 
 def test_gantt_legend_sits_outside_the_axes_and_clear_of_the_time_label():

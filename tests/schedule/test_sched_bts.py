@@ -534,3 +534,20 @@ def test_capped_bts_keeps_its_plan_so_predictions_never_get_worse_within_a_step(
         assert all(b.predicted_end <= a.predicted_end + 1e-9 for a, b in zip(ds, ds[1:])), step
         end = max(r.end for r in tl.records if r.kind == "optimizer_step" and r.step == step)
         assert end == pytest.approx(ds[-1].predicted_end, abs=1e-9)
+
+
+def test_a_plan_over_unknown_costs_predicts_nothing():
+    """Without a prior (zero costs, as a run without digen.profile starts) BTS's first plans price
+    nothing and would "predict" the present: no prediction is kept until a generation and an update
+    have been measured; later plans of the run are kept."""
+    from verl_digen.schedule.config import ScheduleConfig
+    from verl_digen.schedule.executor import SimBackend, run
+
+    real = uniform_stage_costs(1.0, 0.2, score=0.1, tag_generate=0.8, switch_to_gen=0.05, switch_to_train=0.05)
+    cfg = ScheduleConfig(prompts=8, group_size=2, mb_size=2, policy="bts", steps=3)
+    sched = StepScheduler(cfg, StageCosts(generate=0.0, tag_generate=0.0, score=0.0, update=0.0), 1, trainer_ranks=2)
+    run(sched, SimBackend(real))
+    first = [d for d in sched.decisions if d.time == 0.0]
+    assert first and all(d.predicted_end is None for d in first)
+    kept = [d for d in sched.decisions if d.predicted_end is not None]
+    assert kept and all(d.predicted_end > d.time for d in kept)

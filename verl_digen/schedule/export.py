@@ -9,7 +9,7 @@ import json
 from pathlib import Path
 
 from .actions import ActionKind as K
-from .timeline import TRAINER, Timeline
+from .timeline import TRAINER, Timeline, is_tag_slot
 
 #: one colour per action kind (a colour-blind-safe palette; no two kinds share one)
 COLORS = {
@@ -87,9 +87,17 @@ def _shown(timeline: Timeline, max_steps: int | None) -> tuple[list, list[float]
     return recs, ends
 
 
+def gantt_rows(timeline: Timeline, recs: list) -> list[str]:
+    """The workers a Gantt chart shows: all but the TAG slots that ran nothing in ``recs`` (a run whose
+    policy never switched has R empty ``tagJ`` rows otherwise)."""
+    busy = {r.worker for r in recs}
+    return [w for w in timeline.workers if not is_tag_slot(w) or w in busy]
+
+
 def gantt_figure(timeline: Timeline, title: str = "", max_steps: int | None = None):
-    """One row per worker, one bar per action coloured by kind, stale generations hatched, a dashed
-    line at each step's end; the legend sits right of the axes, clear of the time axis."""
+    """One row per worker (TAG slots only when they generated), one bar per action coloured by kind,
+    stale generations hatched, a dashed line at each step's end; the legend sits right of the axes,
+    clear of the time axis."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -98,7 +106,7 @@ def gantt_figure(timeline: Timeline, title: str = "", max_steps: int | None = No
     from matplotlib.patches import Patch
 
     recs, ends = _shown(timeline, max_steps)
-    workers = list(timeline.workers)
+    workers = gantt_rows(timeline, recs)
     fig, ax = plt.subplots(figsize=(14, 0.45 * len(workers) + 1.8))
     for y, w in enumerate(reversed(workers)):
         for r in recs:

@@ -309,7 +309,10 @@ class StepScheduler:
             trainer_ranks=self.R,
         )
         k = max(0, min(int(self.policy.decide(ctx)), free, undispatched))
-        self.decisions.append(Decision(ts, now, undispatched, k, free, ctx.predicted_end))
+        # a prediction is kept only when the costs it priced are known: with no prior (no digen.profile)
+        # and nothing measured yet, BTS plans over zero costs and "predicts" the present
+        priced = ctx.costs.generate > 0 and ctx.costs.update > 0
+        self.decisions.append(Decision(ts, now, undispatched, k, free, ctx.predicted_end if priced else None))
         self._decided = True
         if k == 0:
             return []
