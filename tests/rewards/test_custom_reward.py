@@ -125,3 +125,23 @@ def test_bad_custom_reward_is_refused_before_ray(case, tmp_path, reward_file):
         validate(_cfg(tmp_path, *make(tmp_path, reward_file)))
     assert err.value.key == key, str(err.value)
     assert part in str(err.value)
+
+
+def test_a_reward_file_is_imported_once_per_process_until_it_changes(tmp_path):
+    """validate, the memory plan and the reward build each load the function: one import, not three
+    (a file with side effects at import, a slow import, ran once per load); an edited file is re-read."""
+    import os
+
+    from verl_digen.rewards.custom import load_function
+
+    log = tmp_path / "imports.txt"
+    f = tmp_path / "counted.py"
+    f.write_text(f"open({str(log)!r}, 'a').write('x')\ndef compute_score(images, prompts):\n    return [1.0]\n")
+    cfg = _cfg(tmp_path, f"custom_reward_function.path={f}")
+    validate(cfg)
+    build_reward(cfg.worker_config().reward)
+    assert load_function(str(f), "compute_score")([0], ["p"]) == [1.0]
+    assert log.read_text() == "x"
+    f.write_text(f"open({str(log)!r}, 'a').write('y')\ndef compute_score(images, prompts):\n    return [2.0]\n")
+    os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))  # a new version, even within a tick
+    assert load_function(str(f), "compute_score")([0], ["p"]) == [2.0] and log.read_text() == "xy"

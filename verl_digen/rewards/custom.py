@@ -41,13 +41,17 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
         raise ValueError(f"{path}: expected a .py file, not {p.suffix or 'no suffix'!r}")
     # a private module name per file: two custom rewards never share (or clobber) one module
     mod_name = "digen_custom_reward_" + hashlib.sha1(str(p.resolve()).encode()).hexdigest()[:12]
-    spec = importlib.util.spec_from_file_location(mod_name, p)
-    module = importlib.util.module_from_spec(spec)
-    try:
-        spec.loader.exec_module(module)
-    except Exception as err:
-        raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err})") from None
-    sys.modules[mod_name] = module
+    stamp = (p.stat().st_mtime_ns, p.stat().st_size)
+    module = sys.modules.get(mod_name)
+    if module is None or getattr(module, "__digen_stamp__", None) != stamp:  # imported once per process and version
+        spec = importlib.util.spec_from_file_location(mod_name, p)
+        module = importlib.util.module_from_spec(spec)
+        try:
+            spec.loader.exec_module(module)
+        except Exception as err:
+            raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err})") from None
+        module.__digen_stamp__ = stamp
+        sys.modules[mod_name] = module
     if not hasattr(module, name):
         found = sorted(n for n, v in vars(module).items() if callable(v) and not n.startswith("_")
                        and getattr(v, "__module__", None) == mod_name)
