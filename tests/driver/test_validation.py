@@ -7,7 +7,15 @@ import pytest
 import torch
 
 from verl_digen.config import ConfigError, compose, validate
-from verl_digen.driver.validation import Validator, image_grid, log_images, segments, validation_steps
+from verl_digen.driver.validation import (
+    MIN_TILE,
+    Validator,
+    captioned_grid,
+    image_grid,
+    log_images,
+    segments,
+    validation_steps,
+)
 from verl_digen.reporting.trace_stream import RecordStream, read_stream
 from verl_digen.rewards import build_reward
 from verl_digen.schedule.timeline import Record, Timeline, concat_timelines
@@ -58,6 +66,24 @@ def test_image_grid_tiles_row_major_with_padding():
     assert int(grid[5:8, 4:6].min()) == 255 and int(grid[0].min()) == 255  # empty cell, padding
     with pytest.raises(ValueError, match="uint8"):
         image_grid(imgs.float())
+
+
+def test_validation_grid_has_a_readable_captioned_tile_per_sample():
+    imgs = torch.stack([torch.full((8, 16, 3), 40 * (i + 1), dtype=torch.uint8) for i in range(3)])
+    imgs[0, 0, 0] = torch.tensor([1, 2, 3], dtype=torch.uint8)  # one odd pixel: scaled, not blurred
+    grid = captioned_grid(imgs, ["a red cube", "a blue sphere on a long table by the sea", "x"], [0.5, -1.0, 2.0])
+    scale = MIN_TILE // 8  # the shorter side (8 px) scaled up by a whole factor to MIN_TILE
+    th, tw, pad = 8 * scale, 16 * scale, 4
+    assert torch.equal(grid[pad:pad + scale, pad:pad + scale], torch.tensor([1, 2, 3], dtype=torch.uint8).expand(
+        scale, scale, 3))  # the odd pixel is a scale x scale block
+    assert torch.equal(grid[pad + th - 1, pad + tw - 1], imgs[0, -1, -1])
+    caption = grid[pad + th: pad + th + 40, pad: pad + tw]
+    assert int((caption < 128).sum()) > 50  # text under the tile
+    second = grid[pad + th: pad + th + 40, 2 * pad + tw: 2 * pad + 2 * tw]
+    assert not torch.equal(caption, second)  # each tile its own caption
+    assert grid.shape[0] > 2 * th and grid.shape[1] == 2 * tw + 3 * pad  # 2 columns, 2 rows
+    with pytest.raises(ValueError, match="as many prompts and rewards"):
+        captioned_grid(imgs, ["a"], [0.0])
 
 
 def test_log_images_writes_a_tensorboard_image(tmp_path):

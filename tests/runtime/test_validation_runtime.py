@@ -99,10 +99,13 @@ def test_outputs_png_metrics_file_tensorboard_and_one_time_axis(validated):
     assert {r["run_id"] for r in rows} == {result.run_id} and result.run_id  # as on the training metrics
     assert rows[0]["val/reward_mean"] == pytest.approx(result.validations[0].metrics["val/reward_mean"])
 
-    # a 2 x 2 grid of the first 4 samples (2-pixel white padding around each)
+    # a 2 x 2 grid of the first 4 samples (4-pixel white padding), each tile at least MIN_TILE wide with
+    # its caption (prompt, reward) under it
+    from verl_digen.driver.validation import MIN_TILE
+
     png = Image.open(trace / "val" / "digen_step_3.png")
-    side = (png.size[0] - 6) // 2
-    assert png.size == (2 * side + 6, 2 * side + 6) and side > 0
+    tile = (png.size[0] - 12) // 2
+    assert png.size[0] == 2 * tile + 12 and tile >= MIN_TILE and png.size[1] > png.size[0]
     assert result.validations[1].png == str(trace / "val" / "digen_step_3.png")
 
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

@@ -10,12 +10,14 @@ window, so step times and pool-busy fractions stay those of training.
 
 Outputs: ``val/reward_mean``, ``val/reward_std`` and ``val/<component>_mean`` through verl's Tracking
 (and ``<trace_dir>/val/<mode>_val.jsonl``), and a grid of the first ``trainer.log_val_generations``
-samples as ``<trace_dir>/val/<mode>_step_<N>.png``, a tensorboard image and a wandb image.
+samples, each captioned with its prompt and reward, as ``<trace_dir>/val/<mode>_step_<N>.png``, a
+tensorboard image and a wandb image.
 """
 
 from __future__ import annotations
 
 import math
+import textwrap
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,8 +47,7 @@ def segments(start: int, total: int, freq: int) -> list[int]:
 
 def image_grid(images: torch.Tensor, columns: int | None = None, pad: int = 2) -> torch.Tensor:
     """uint8 (N, H, W, 3) images tiled row-major into one uint8 (H', W', 3) image (white padding)."""
-    if images.dim() != 4 or images.shape[-1] != 3 or images.dtype != torch.uint8:
-        raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {tuple(images.shape)}")
+    _check_images(images)
     n, h, w, _ = images.shape
     cols = columns or math.ceil(math.sqrt(n))
     rows = math.ceil(n / cols)
@@ -56,6 +57,48 @@ def image_grid(images: torch.Tensor, columns: int | None = None, pad: int = 2) -
         y, x = pad + r * (h + pad), pad + c * (w + pad)
         grid[y:y + h, x:x + w] = images[i]
     return grid
+
+
+#: a tile's shorter side is at least this many pixels (a tiny model's 16 x 16 sample is scaled up by a
+#: whole factor, pixel for pixel, so its caption has room); larger samples keep their resolution
+MIN_TILE = 160
+PROMPT_LINES = 2  # the prompt's lines under a tile; the reward takes a third
+LINE_PX = 12  # PIL's built-in bitmap font: 11 px a line, about 6 px a character
+
+
+def _check_images(images: torch.Tensor) -> None:
+    if images.dim() != 4 or images.shape[-1] != 3 or images.dtype != torch.uint8:
+        raise ValueError(f"expected uint8 images of shape (N, H, W, 3), got {images.dtype} {tuple(images.shape)}")
+
+
+def captioned_grid(images: torch.Tensor, prompts: list[str], rewards: list[float], columns: int | None = None,
+                   pad: int = 4) -> torch.Tensor:
+    """uint8 (N, H, W, 3) samples as one uint8 (H', W', 3) image: a tile per sample at its own resolution
+    (a tiny one scaled up by a whole factor to ``MIN_TILE``) with its prompt and reward written under it."""
+    import numpy as np
+    from PIL import Image, ImageDraw
+
+    _check_images(images)
+    n, h, w, _ = images.shape
+    if not len(prompts) == len(rewards) == n:
+        raise ValueError(f"{n} images need as many prompts and rewards, got {len(prompts)} and {len(rewards)}")
+    scale = max(1, math.ceil(MIN_TILE / min(h, w)))
+    tiles = images.repeat_interleave(scale, dim=1).repeat_interleave(scale, dim=2)
+    th, tw = h * scale, w * scale
+    strip = (PROMPT_LINES + 1) * LINE_PX + 4
+    cols = columns or math.ceil(math.sqrt(n))
+    rows = math.ceil(n / cols)
+    canvas = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + strip + pad) + pad), "white")
+    draw = ImageDraw.Draw(canvas)
+    width = max(8, tw // 6)  # characters a line holds
+    for i, (tile, prompt, reward) in enumerate(zip(tiles, prompts, rewards, strict=True)):
+        r, c = divmod(i, cols)
+        x, y = pad + c * (tw + pad), pad + r * (th + strip + pad)
+        canvas.paste(Image.fromarray(tile.numpy()), (x, y))
+        lines = textwrap.wrap(prompt, width, max_lines=PROMPT_LINES, placeholder="...") or [""]
+        for j, line in enumerate([*lines, f"reward {reward:+.4f}"]):
+            draw.text((x, y + th + 2 + j * LINE_PX), line, fill="black")
+    return torch.from_numpy(np.asarray(canvas).copy())
 
 
 def save_png(grid: torch.Tensor, path: str | Path) -> Path:
@@ -144,9 +187,10 @@ class Validator:
         result = ValidationResult(step, metrics, rewards)
         images = [part["images"] for part in parts if part["images"] is not None]
         if images:
-            grid = image_grid(torch.cat(images)[: self.keep])
-            caption = (f"step {step}: first {min(self.keep, len(self.prompts))} validation prompts, "
-                       f"seed {self.cfg.trainer.seed}")
+            shown = torch.cat(images)[: self.keep]  # the first prompts' samples, in prompt order
+            k = shown.shape[0]
+            grid = captioned_grid(shown, self.prompts[:k], [rewards[p] for p in range(k)])
+            caption = f"step {step}: first {k} validation prompts, seed {self.cfg.trainer.seed}"
             if self.dir is not None:
                 result.png = str(save_png(grid, self.dir / f"{self.cfg.trainer.mode}_step_{step}.png"))
             if tracking is not None:
