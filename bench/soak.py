@@ -14,7 +14,9 @@ Two runs of the default tiny config (docs/benchmarks.md, "Soak"):
 One JSON row per run: ``steps``, ``driver_ms_per_step`` (mean), ``rss_mb`` (last sample per process),
 and the growth ratios last-10% / first-10% of the steps (medians of each tenth, so one cold first step
 does not flatter the ratio): ``driver_ms_growth`` and ``rss_growth`` (the largest over the processes;
-``rss_growth_by_process`` has each). Target: every growth <= 1.2.
+``rss_growth_by_process`` has each), and ``rss_kb_per_step``: each process's growth per step in KB
+(last tenth's median minus the first's, over the steps between them). Targets: every growth <= 1.2; the
+driver's ``rss_kb_per_step`` <= 2 over 1,000 real steps.
 
     python bench/soak.py --json                     # 5,000 simulated + 1,000 real steps (the real run is slow)
     python bench/soak.py --json --steps 200 --sim-steps 1000
@@ -62,11 +64,14 @@ def _tenths(values: list[float]) -> tuple[float, float]:
 def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float) -> dict:
     first, last = _tenths(driver_ms)
     growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
+    span = max(1, steps - max(1, steps // 10))  # steps between the two tenths' middles
+    kb = {name: (lambda f, la: (la - f) / span / 1024)(*_tenths(v)) for name, v in rss.items()}
     return {
         "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
         "rss_mb": {name: v[-1] / MB for name, v in rss.items()},
-        "rss_growth": max(growth.values()), "rss_growth_by_process": growth, "wall_s": wall_s,
+        "rss_growth": max(growth.values()), "rss_growth_by_process": growth, "rss_kb_per_step": kb,
+        "wall_s": wall_s,
     }
 
 
@@ -172,7 +177,8 @@ def main() -> None:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb"].items())
         print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
               f"(first tenth {r['driver_ms_first10']:.2f}, last {r['driver_ms_last10']:.2f}, growth "
-              f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; {r['wall_s']:.0f} s")
+              f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; driver "
+              f"{r['rss_kb_per_step']['driver']:+.2f} KB/step; {r['wall_s']:.0f} s")
     if args.json:
         print(json.dumps(rows))
 

@@ -82,6 +82,28 @@ def test_record_stream_appends_only_new_records_and_reads_back_a_torn_file(tmp_p
     assert got[0] == json.loads(json.dumps(vars(records[1])))
 
 
+def test_a_resumed_run_appends_to_the_stream_after_the_steps_its_checkpoint_holds(tmp_path):
+    from verl_digen.schedule.export import read_runs, timeline_from_file
+
+    path = tmp_path / "digen_timeline.jsonl"
+    first = RecordStream(path, [], {"run_id": "a", "first_step": 0})
+    first.records.extend(_rec(i, i + 1.0) for i in range(4))  # steps 0..3; the run died after step 3 began
+    first.close()
+    resumed = RecordStream(path, [], {"run_id": "b", "first_step": 2}, keep_through=2)  # checkpoint of step 2
+    resumed.records.extend(_rec(i, i + 1.0) for i in range(2))  # its local steps 0, 1 are global 2, 3
+    resumed.close()
+    (a, kept), (b, new) = read_runs(path)
+    assert (a["run_id"], [r["step"] for r in kept]) == ("a", [0, 1])  # what step 2 onwards did is redone
+    assert (b["run_id"], [r["step"] for r in new]) == ("b", [0, 1])
+    assert read_stream(path) == (b, new)  # the last run
+    joined = timeline_from_file(path)  # one history: global steps, the second run after the first
+    assert [(r.step, r.version) for r in joined.records] == [(0, 0), (1, 1), (2, 2), (3, 3)]
+    assert [r.end for r in joined.records] == [1.0, 2.0, 3.0, 4.0]
+    fresh = RecordStream(path, [], {"run_id": "c"})  # a fresh run starts the file over
+    fresh.close()
+    assert [h["run_id"] for h, _ in read_runs(path)] == ["c"]
+
+
 def test_recent_window_moves_for_good_and_checks_each_item_about_once():
     items = [_rec(i, float(i)) for i in range(10)]
     w = Recent(items)

@@ -99,6 +99,12 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     meta = ckpt.read_meta(root / "global_step_3")["extra"]
     assert meta["run_id"] == result.run_id != first["run_id"] and meta["parent_run"] == first["run_id"]
     assert meta["data_position"] == 3 * 4
+    # the streamed timeline holds both runs: the first up to its checkpoint (step 1), then the resumed one
+    from verl_digen.schedule.export import read_runs
+
+    (h1, r1), (h2, r2) = read_runs(tmp_path / "trace" / "digen_timeline.jsonl")
+    assert (h1["run_id"], h2["run_id"], h2["first_step"]) == (first["run_id"], result.run_id, 1)
+    assert {r["step"] for r in r1} == {0} and {r["step"] for r in r2} == {0, 1}
     # a stale micro-batch of step 3 was generated during step 2: the recent-records window covered it
     assert result.reports[-1].metrics["digen/stale_fraction"] > 0
     # ... and trained in step 3 by version 2: its rows are reported as stale

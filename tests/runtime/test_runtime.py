@@ -164,6 +164,22 @@ def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
 
 
+def test_a_node_resource_no_node_has_fails_before_any_worker_starts(ray_session, tmp_path):
+    cfg = compose_run("resources.generator.node_resource=H100x", tmp_path=tmp_path)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
+    with pytest.raises(ConfigError, match="resources.generator.node_resource.*H100x.*custom resources: none"):
+        trainer.init_workers()
+    assert trainer.gen_wg is None and trainer.trn_wg is None
+
+
+def test_a_hub_id_missing_from_the_cache_fails_before_any_worker_starts(ray_session, tmp_path):
+    cfg = compose_run("model.path=verl-digen-tests/not-a-cached-model", tmp_path=tmp_path)
+    trainer = DigenRuntime(cfg, log=lambda _: None)  # validate passes: a dry run needs no weights
+    with pytest.raises(ConfigError, match="model.path.*not-a-cached-model.*Hugging Face cache"):
+        trainer.init_workers()
+    assert trainer.gen_wg is None and trainer.trn_wg is None
+
+
 def test_pools_larger_than_the_cluster_fail_before_any_worker_starts(ray_session, tmp_path):
     # 16 > the 8 CPUs of the test session (and below validate's per-machine limit, so Ray is what refuses)
     cfg = compose_run("resources.generator.workers=16", "rollout.micro_batch_size=2", tmp_path=tmp_path)

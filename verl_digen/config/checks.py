@@ -314,6 +314,35 @@ def lora_targets(cfg: Any) -> None:
                           f"(its linear layers end in: {', '.join(leaves)})")
 
 
+def model_source(cfg: Any, single_node: bool) -> str | None:
+    """Once Ray is up, before any worker starts: a ``model.path`` hub id must be in the Hugging Face
+    cache (nothing is downloaded at run time). On one node a missing one is refused; on a cluster the
+    driver's cache need not be the workers', so it returns a warning instead. Not part of ``validate``:
+    a dry run plans a recipe on a machine without its weights."""
+    mp = cfg.model.path
+    if mp is None or Path(mp).expanduser().is_dir() or hub_cached(mp):
+        return None
+    from huggingface_hub.constants import HF_HUB_CACHE
+
+    if single_node:
+        raise ConfigError("model.path", mp, f"a hub id whose pipeline is in the Hugging Face cache ({HF_HUB_CACHE}; "
+                          f"nothing is downloaded at run time: `huggingface-cli download {mp}` where there is "
+                          "network), or a local diffusers pipeline directory")
+    return (f"model.path {mp!r} is not in this node's Hugging Face cache ({HF_HUB_CACHE}); the workers must find "
+            "it in theirs (nothing is downloaded at run time)")
+
+
+def hub_cached(repo_id: str) -> bool:
+    """Whether the diffusers pipeline ``repo_id`` (its ``model_index.json``) is in the local Hugging Face
+    cache (a malformed id is not)."""
+    from huggingface_hub import try_to_load_from_cache
+
+    try:
+        return isinstance(try_to_load_from_cache(repo_id, "model_index.json"), str)
+    except Exception:  # noqa: BLE001 - HFValidationError and kin: not an id the cache can hold
+        return False
+
+
 def files_and_resume(cfg: Any) -> list[str]:
     """Output dirs, prompt files, resume source and checkpoint ownership; returns warnings."""
     from verl_digen.data import load_prompts

@@ -47,6 +47,10 @@ class PlacedResourcePool(RayResourcePool):
         return self.pgs
 
 
+#: resources Ray itself advertises (not a node_resource a user gave a node)
+RAY_BUILTIN = frozenset({"CPU", "GPU", "memory", "object_store_memory"})
+
+
 def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) -> None:
     """Raise ``ConfigError`` naming the pool when the running Ray cluster cannot place it, instead of
     waiting forever for its placement group. ``pools``: config key -> (workers, node resource)."""
@@ -55,6 +59,13 @@ def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) 
     total = ray.cluster_resources()
     demand: dict[str, int] = {}
     for key, (workers, node_resource) in pools.items():
+        if node_resource and node_resource not in total:  # no node advertises it: name the key that asked
+            where = key.removesuffix(".workers") if key.endswith(".workers") else "resources.trainer"
+            custom = sorted(r for r in total
+                            if r not in RAY_BUILTIN and not r.startswith(("node:", "accelerator_type:")))
+            raise ConfigError(f"{where}.node_resource", node_resource,
+                              f"a resource some node of the Ray cluster advertises (custom resources: "
+                              f"{', '.join(custom) or 'none'}; start nodes with `ray start --resources`)")
         resource = node_resource or ("GPU" if use_gpu else "CPU")
         demand[resource] = demand.get(resource, 0) + workers
         have = int(total.get(resource, 0) // (NODE_RESOURCE_PER_WORKER if node_resource else 1))

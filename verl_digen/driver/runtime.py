@@ -169,6 +169,9 @@ class DigenRuntime:
             need = {"resources.generator.workers": (res.generator.workers, res.generator.node_resource),
                     "resources.trainer.workers": (res.trainer.workers, res.trainer.node_resource)}
         check_cluster_fits(need, self.use_gpu)
+        warning = checks.model_source(self.cfg, single_node=len(ray.nodes()) == 1)
+        if warning:
+            self.log(f"warning: {warning}")
         if self.cfg.trainer.mode == COLOCATED:
             self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated",
                                       res.trainer.node_resource)
@@ -434,9 +437,9 @@ class DigenRuntime:
         self._segments = []
         progress = Progress(steps, self.cfg.trainer.progress, self.log)
         self._console.write = progress.write  # metric and checkpoint lines above the bar
-        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it)
+        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it; a resume appends)
         stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), [],
-                               {"run_id": self.run_id, "mode": t.mode, "first_step": first})
+                               {"run_id": self.run_id, "mode": t.mode, "first_step": first}, keep_through=first)
                   if t.trace_dir else None)
         t0 = None
         try:

@@ -3,7 +3,10 @@
 A run that dies (a killed driver, a lost node) still leaves every completed step's records in
 ``<trace_dir>/<mode>_timeline.jsonl``; the whole-run files (``<mode>_trace.json`` and
 ``<mode>_timeline.json``) are written atomically when the run ends or stops (docs/architecture.md,
-"Runtime"). The first line is a header naming the run.
+"Runtime"). Each run starts with a header line naming it (``run_id``, ``first_step``); its records'
+steps and versions count from ``first_step`` and its times from its own start. A resumed run appends
+to the file after the records of the steps its checkpoint holds (what a crashed run did past them is
+dropped), so the file holds the whole history: :func:`read_runs` gives it run by run.
 """
 
 from __future__ import annotations
@@ -13,20 +16,26 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import IO
 
+from verl_digen.schedule.export import read_runs
+
 
 class RecordStream:
     """Appends the records added to ``records`` (a run's growing timeline list) since the last
     ``flush``; each flush costs only the new records, however long the run."""
 
-    def __init__(self, path: str | Path, records: list, header: dict) -> None:
+    def __init__(self, path: str | Path, records: list, header: dict, keep_through: int = 0) -> None:
+        """``keep_through``: the global step a resumed run continues from; the file's earlier runs are kept
+        up to it (0: a fresh run, the file starts over)."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self.records = records
         self.pos = len(records)
         self.offset = 0
-        self._f: IO[str] | None = self.path.open("w", encoding="utf-8")
-        self._f.write(json.dumps({"header": header}) + "\n")
-        self._f.flush()
+        kept = _lines_through(self.path, keep_through) if keep_through > 0 and self.path.exists() else []
+        tmp = self.path.with_name(f".{self.path.name}.tmp")
+        tmp.write_text("".join(line + "\n" for line in kept) + json.dumps({"header": header}) + "\n", encoding="utf-8")
+        tmp.replace(self.path)  # the earlier history is never half-rewritten
+        self._f: IO[str] | None = self.path.open("a", encoding="utf-8")
 
     def flush(self) -> int:
         """Write the new records and push them to the OS; returns how many were written."""
@@ -66,17 +75,20 @@ def _as_dict(record) -> dict:
 
 
 def read_stream(path: str | Path) -> tuple[dict, list[dict]]:
-    """The header and the records of a streamed timeline (a torn last line, from a killed writer, is
-    dropped)."""
-    header: dict = {}
-    records: list[dict] = []
-    for line in Path(path).read_text(encoding="utf-8").splitlines():
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if "header" in obj:
-            header = obj["header"]
-        else:
-            records.append(obj)
-    return header, records
+    """The header and the records of the last run in a streamed timeline (:func:`read_runs` has them
+    all)."""
+    runs = read_runs(path)
+    return runs[-1] if runs else ({}, [])
+
+
+def _lines_through(path: Path, step: int) -> list[str]:
+    """The lines of ``path`` that hold global steps ``< step`` (0-based: the steps a checkpoint of
+    ``step`` completed), with the headers of the runs they belong to."""
+    out: list[str] = []
+    for header, records in read_runs(path):
+        first = int(header.get("first_step", 0))
+        kept = [r for r in records if first + int(r["step"]) < step]
+        if kept:
+            out.append(json.dumps({"header": header}))
+            out.extend(json.dumps(r) for r in kept)
+    return out

@@ -152,19 +152,51 @@ def timeline_from_file(path: str | Path) -> Timeline:
     workers in the run's order when the file names them, else generators, trainer, TAG slots."""
     from .timeline import Record
 
-    text = Path(path).read_text()
-    if str(path).endswith(".jsonl"):  # the stream a run appends per step: a header line, then records
-        lines = [json.loads(line) for line in text.splitlines() if line.strip().startswith("{")
-                 and line.rstrip().endswith("}")]
-        head = next((x["header"] for x in lines if "header" in x), {})
-        data = {**head, "records": [x for x in lines if "header" not in x]}
+    if str(path).endswith(".jsonl"):  # the stream: a header line per run (a resumed run appends its own)
+        data = _joined_runs(path)
     else:
-        data = json.loads(text)
+        data = json.loads(Path(path).read_text())
     recs = [Record(**r) for r in data.get("records", [])]
     workers = data.get("workers") or sorted({r.worker for r in recs}, key=_worker_order)
     steps = len({r.step for r in recs})
     return Timeline(list(workers), 0, steps, data.get("mode", "digen"), recs,
                     staleness=float(data.get("staleness", 0.0)))
+
+
+def _joined_runs(path: str | Path) -> dict:
+    """A streamed timeline's runs as one: steps and versions counted from the first run's first step,
+    and each run's times after the end of the one before (each run's clock starts at its own start)."""
+    runs = read_runs(path)
+    base = int(runs[0][0].get("first_step", 0)) if runs else 0
+    records: list[dict] = []
+    t = 0.0
+    for header, recs in runs:
+        shift = int(header.get("first_step", 0)) - base
+        for r in recs:
+            records.append({**r, "step": r["step"] + shift, "version": r["version"] + shift,
+                            "start": r["start"] + t, "end": r["end"] + t})
+        t = max((r["end"] for r in records), default=t)
+    head = runs[-1][0] if runs else {}
+    return {**head, "records": records}
+
+
+def read_runs(path: str | Path) -> list[tuple[dict, list[dict]]]:
+    """(header, records) of every run in a streamed timeline (``<mode>_timeline.jsonl``, written by
+    ``reporting/trace_stream.py``: a header line per run, then its records), oldest first; a torn last
+    line, from a killed writer, is dropped."""
+    runs: list[tuple[dict, list[dict]]] = []
+    for line in Path(path).read_text(encoding="utf-8").splitlines():
+        try:
+            obj = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if "header" in obj:
+            runs.append((obj["header"], []))
+        elif runs:
+            runs[-1][1].append(obj)
+        else:  # records before any header: one run without a name
+            runs.append(({}, [obj]))
+    return runs
 
 
 def _worker_order(w: str) -> tuple[int, int, str]:
