@@ -123,6 +123,10 @@ def failure_line(err: BaseException, cfg: RunConfig, argv: list[str] | None = No
 
     if isinstance(err, ray.exceptions.RayActorError):
         what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
+    elif isinstance(err, ray.exceptions.RayTaskError) and err.cause is not None:  # the worker's own error
+        cause = str(err.cause).strip()
+        what = (f"{type(err.cause).__name__} in {err.function_name} on pid {err.pid}"
+                + (f": {cause.splitlines()[0][:300]}" if cause else ""))
     else:  # the message's first line: a failed call carries the worker and its error there
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         what = f"{type(err).__name__}: {first}" if first else type(err).__name__

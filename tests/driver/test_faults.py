@@ -9,7 +9,7 @@ from verl_digen.config import compose
 from verl_digen.driver.faults import FaultPolicy, GeneratorState, fault_policy
 from verl_digen.reporting.progress import Recent
 from verl_digen.reporting.trace_stream import RecordStream, read_stream
-from verl_digen.schedule.timeline import Record
+from verl_digen.schedule.timeline import Record, record_dict
 
 
 def test_action_timeout_is_the_factor_times_the_estimate_with_a_floor():
@@ -79,7 +79,7 @@ def test_record_stream_appends_only_new_records_and_reads_back_a_torn_file(tmp_p
         f.write('{"worker": "gen0", "ki')  # a writer killed mid-line
     header, got = read_stream(path)
     assert header == {"run_id": "r1"} and [r["mb"] for r in got] == [1, 2, 3]
-    assert got[0] == json.loads(json.dumps(vars(records[1])))
+    assert got[0] == json.loads(json.dumps(record_dict(records[1])))
 
 
 def test_a_resumed_run_appends_to_the_stream_after_the_steps_its_checkpoint_holds(tmp_path):

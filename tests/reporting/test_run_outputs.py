@@ -26,7 +26,7 @@ from verl_digen.schedule.export import (
     timeline_from_file,
 )
 from verl_digen.schedule.simulator import simulate
-from verl_digen.schedule.timeline import Record, Timeline
+from verl_digen.schedule.timeline import Record, Timeline, record_dict
 from verl_digen.workers import checkpoint as ckpt
 
 
@@ -179,7 +179,7 @@ def test_digen_plot_reads_a_streamed_timeline_when_the_run_was_killed(tmp_path):
     trace = tmp_path / "trace"
     trace.mkdir()
     recs = _stale_run().records
-    lines = [json.dumps({"header": {"mode": "digen", "run_id": "r"}})] + [json.dumps(r.__dict__) for r in recs]
+    lines = [json.dumps({"header": {"mode": "digen", "run_id": "r"}})] + [json.dumps(record_dict(r)) for r in recs]
     (trace / "digen_timeline.jsonl").write_text("\n".join(lines) + "\n" + '{"worker": "gen0", "ki')
     timeline = timeline_from_file(trace / "digen_timeline.jsonl")
     assert timeline.records == recs and timeline.workers[0] == "gen0"

@@ -143,3 +143,35 @@ def test_a_dead_trainer_rank_stops_with_the_trace_and_the_resume_command(ray_ses
     assert line.startswith(f"the run failed: a worker died ({type(err.value).__name__}: ")
     assert line.endswith(f"; resume with: python -m verl_digen.main trainer.total_steps=3 trainer.save_freq=1 "
                          f"trainer.resume_from={ckpt}")
+
+
+def test_a_custom_reward_that_raises_mid_run_ends_it_naming_the_function(ray_session, tmp_path):
+    """The user's function fails in step 2 on a generator: the run stops with one line naming the
+    function and its error, the worker and pid; step 1's checkpoint and the trace so far are kept."""
+    from verl_digen.main import failure_line
+
+    calls = tmp_path / "calls"
+    reward = tmp_path / "flaky.py"
+    reward.write_text(
+        "from pathlib import Path\n"
+        f"CALLS = Path({str(calls)!r})\n"
+        "def compute_score(images, prompts):\n"
+        "    n = len(CALLS.read_text()) if CALLS.exists() else 0\n"
+        "    CALLS.write_text('x' * (n + 1))\n"
+        "    if n >= 2:  # the default run scores 2 micro-batches a step: step 2's first one fails\n"
+        "        raise KeyError('no score for this prompt')\n"
+        "    return [0.5] * len(prompts)\n")
+    cfg = compose_run("trainer.total_steps=3", "trainer.save_freq=1", "digen.tag.policy=never",
+                      f"custom_reward_function.path={reward}", tmp_path=tmp_path)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
+    try:
+        with pytest.raises(Exception) as err:
+            trainer.fit()
+    finally:
+        trainer.shutdown()
+    line = failure_line(err.value, cfg, argv=[])
+    assert line.startswith("the run failed: RuntimeError in score_rows on pid ")
+    assert f"custom reward compute_score in {reward} raised KeyError: 'no score for this prompt'" in line
+    assert line.endswith(f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}")
+    timeline = json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())
+    assert timeline["complete"] is False and timeline["checkpoint"] == str(tmp_path / "ckpt" / "global_step_1")

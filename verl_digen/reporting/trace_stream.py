@@ -12,11 +12,11 @@ dropped), so the file holds the whole history: :func:`read_runs` gives it run by
 from __future__ import annotations
 
 import json
-from dataclasses import asdict
 from pathlib import Path
 from typing import IO
 
 from verl_digen.schedule.export import read_runs
+from verl_digen.schedule.timeline import Record, record_dict
 
 
 class RecordStream:
@@ -70,8 +70,8 @@ class RecordStream:
 
 
 def _as_dict(record) -> dict:
-    """A record's fields (plain values: a shallow copy, far cheaper than ``dataclasses.asdict``)."""
-    return dict(vars(record)) if hasattr(record, "__dict__") else asdict(record)
+    """A record's fields as plain values (``record_dict`` for a ``Record``; a copy of another object's)."""
+    return record_dict(record) if isinstance(record, Record) else dict(vars(record))
 
 
 def read_stream(path: str | Path) -> tuple[dict, list[dict]]:

@@ -90,7 +90,11 @@ class CustomReward(Reward):
             self.name = name
 
     def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None) -> torch.Tensor:
-        out = self.fn(images, list(prompts), **self.reward_kwargs)
+        try:
+            out = self.fn(images, list(prompts), **self.reward_kwargs)
+        except Exception as err:  # name the user's function: through Ray the worker's traceback comes first
+            raise RuntimeError(f"custom reward {self.function} in {self.path} raised {type(err).__name__}: "
+                               f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
         try:
             scores = torch.as_tensor(out if torch.is_tensor(out) else list(out), dtype=torch.float64)
         except (TypeError, ValueError) as err:

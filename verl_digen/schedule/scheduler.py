@@ -76,7 +76,7 @@ class _Step:
     bubbles: int = 0
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Decision:
     """One TAG decision at a trainer bubble (for logs and tests); ``slots`` = TAG micro-batches started."""
 
