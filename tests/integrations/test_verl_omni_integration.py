@@ -260,8 +260,15 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
 
     with pytest.raises(ConfigError, match="resources"):  # the pool split has no verl-omni counterpart
         vo.to_run_config({k: v for k, v in good.items() if k != "resources"}, log=lambda _: None)
-    with pytest.raises(ConfigError, match="algorithm.adv_std"):  # verl-omni's default global std vs trainer=digen
+    # a converted value that validate refuses is named by the verl-omni key the user set, with its value
+    with pytest.raises(ConfigError, match=r"config key 'algorithm.global_std' = True .*'group' with trainer=digen.*"
+                                          r"verl-digen's algorithm.adv_std = 'batch' is converted from it"):
         vo.to_run_config({**good, "algorithm": VERL_OMNI_SD35["algorithm"]}, log=lambda _: None)
+    arr = {**good["actor_rollout_ref"], "actor": {**good["actor_rollout_ref"]["actor"], "optim": {"lr": -1.0}}}
+    with pytest.raises(ConfigError, match=r"config key 'actor_rollout_ref.actor.optim.lr' = -1.0 .*actor.lr"):
+        vo.to_run_config({**good, "actor_rollout_ref": arr}, log=lambda _: None)
+    with pytest.raises(ConfigError, match=r"config key 'actor.lr' = -1.0"):  # set in verl-digen's own section
+        vo.to_run_config({**good, "actor": {"lr": -1.0}}, log=lambda _: None)
     for path in ("ByteDance-Seed/BAGEL-7B-MoT", "Qwen/Qwen-Image-Edit-2509"):  # no adapter: refused, not run as FLUX
         arr = {**good["actor_rollout_ref"], "model": {**good["actor_rollout_ref"]["model"], "path": path}}
         with pytest.raises(ConfigError, match="actor_rollout_ref.model.path"):

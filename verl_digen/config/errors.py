@@ -1,5 +1,5 @@
 """``ConfigError``: what every check of a run's config raises, in a module of its own so that the
-checks (``checks``, ``memory``, ``user_inputs``) and the schema (``config``) need not import each other."""
+checks (``checks``, ``memory``, ``user_inputs``) and the schema need not import each other."""
 
 from __future__ import annotations
 
@@ -11,4 +11,4 @@ class ConfigError(ValueError):
 
     def __init__(self, key: str, value: Any, expected: str) -> None:
         super().__init__(f"config key '{key}' = {value!r} is invalid: expected {expected}")
-        self.key = key
+        self.key, self.value, self.expected = key, value, expected

@@ -126,27 +126,39 @@ def _shifted_sigmas(num_steps: int, shift: float) -> list[float]:
 
 
 def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, notes: list[str] | None = None,
-                          used: set[str] | None = None) -> dict[str, Any]:
+                          used: set[str] | None = None, sources: dict[str, str] | None = None) -> dict[str, Any]:
     """Map a (resolved) verl-omni diffusion config onto verl-digen overrides, as ``{dotted key: value}``.
 
     Only keys whose concept is the same in both are mapped; see docs/migrating-from-verl-omni.md for
     the table. ``trainer_workers`` (verl-digen's trainer pool size) turns verl-omni's per-GPU training
     micro-batch into verl-digen's micro-batch, which the trainer ranks share. Whatever cannot be
     carried over exactly is described, key by key, in ``notes`` (when a list is given); the verl-omni keys
-    that were read go into ``used``. A setting verl-digen cannot run at all (another loss, the
-    direct-preference trainer, an unknown dtype) raises ``ConfigError`` naming the verl-omni key.
+    that were read go into ``used``, and ``sources`` maps each verl-digen key set to the verl-omni key it
+    came from (so a refusal of the converted value can name the key the user set). A setting verl-digen
+    cannot run at all (another loss, the direct-preference trainer, an unknown dtype) raises
+    ``ConfigError`` naming the verl-omni key.
     """
     notes = notes if notes is not None else []
     used = used if used is not None else set()
+    sources = sources if sources is not None else {}
     out: dict[str, Any] = {}
 
     def get(key: str, default: Any = None) -> Any:
         used.add(key)
         return _get(cfg, key, default)
 
-    def put(key: str, value: Any, cast: Callable[[Any], Any] | None = None) -> None:
-        if value is not None:  # unset in verl-omni: verl-digen's default stays
+    def put(key: str, value: Any, cast: Callable[[Any], Any] | None = None, src: str | None = None) -> None:
+        """``out[key] = value`` unless it is None (unset in verl-omni: verl-digen's default stays)."""
+        if value is not None:
             out[key] = cast(value) if cast else value
+            if src is not None:
+                sources[key] = src
+
+    def take(key: str, src: str, cast: Callable[[Any], Any] | None = None) -> Any:
+        """verl-omni's ``src`` carried to ``key`` as it is; returns the value."""
+        value = get(src)
+        put(key, value, cast, src)
+        return value
 
     # -- what is trained: refuse what verl-digen does not implement, before anything else ---------------
     trainer_type = get("algorithm.trainer_type")
@@ -169,12 +181,12 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             raise _refuse(key, True, "false (distillation has no counterpart in verl-digen)")
 
     # -- batch and group --------------------------------------------------------------------------
-    batch = get("data.train_batch_size")
-    put("data.train_batch_size", batch, int)
-    put("rollout.n", get(f"{ARR}.rollout.n"), int)
-    micro = get(f"{ARR}.actor.ppo_micro_batch_size_per_gpu")
+    batch = take("data.train_batch_size", "data.train_batch_size", int)
+    take("rollout.n", f"{ARR}.rollout.n", int)
+    micro_key = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
+    micro = get(micro_key)
     if micro is not None:
-        out["rollout.micro_batch_size"] = int(micro) * int(trainer_workers)
+        put("rollout.micro_batch_size", int(micro) * int(trainer_workers), src=micro_key)
     mini = get(f"{ARR}.actor.ppo_mini_batch_size")
     if mini is not None and batch is not None and mini != batch:
         notes.append(f"{ARR}.actor.ppo_mini_batch_size={mini}: verl-digen takes one optimizer step per global "
@@ -184,14 +196,13 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         notes.append(f"{ARR}.actor.ppo_epochs={epochs}: verl-digen trains each batch once")
 
     # -- sampling: steps, noise, SDE, trained window ------------------------------------------------
-    steps = get(f"{ARR}.rollout.pipeline.num_inference_steps")
-    put("rollout.num_steps", steps, int)
-    put("rollout.noise_level", get(f"{ARR}.rollout.algo.noise_level"), float)
+    steps = take("rollout.num_steps", f"{ARR}.rollout.pipeline.num_inference_steps", int)
+    take("rollout.noise_level", f"{ARR}.rollout.algo.noise_level", float)
     sde = get(f"{ARR}.rollout.algo.sde_type")
     if sde is not None:
         if sde not in SDE_TYPES:
             raise _refuse(f"{ARR}.rollout.algo.sde_type", sde, f"one of {', '.join(SDE_TYPES)}")
-        out["rollout.sde_type"] = SDE_TYPES[sde]
+        put("rollout.sde_type", SDE_TYPES[sde], src=f"{ARR}.rollout.algo.sde_type")
         if sde == "cps":
             out["rollout.cps_log_prob"] = "squared_error"
             notes.append(f"{ARR}.rollout.algo.sde_type=cps: kept verl-omni's CPS log-prob, -(x - mean)^2 without "
@@ -201,7 +212,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     lo_hi = get(f"{ARR}.rollout.algo.sde_window_range")
     if window is not None:
         window = int(window)
-        out.update({"rollout.selection": "window", "rollout.train_steps": window, "rollout.timestep_fraction": None})
+        out.update({"rollout.selection": "window", "rollout.timestep_fraction": None})
+        put("rollout.train_steps", window, src=f"{ARR}.rollout.algo.sde_window_size")
         lo, hi = (int(v) for v in (lo_hi if lo_hi is not None else DEFAULT_WINDOW_RANGE))
         if steps is not None:
             hi = min(hi, int(steps))
@@ -228,11 +240,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
                      "(set rollout.timestep_fraction with rollout.selection=first_k)")
 
     # -- model, guidance, schedule -----------------------------------------------------------------------
-    path = get(f"{ARR}.model.path")
-    put("model.path", path)
+    path = take("model.path", f"{ARR}.model.path")
     arch = _guess_arch(path)
     if arch is not None:
-        out["model.arch"] = arch
+        put("model.arch", arch, src=f"{ARR}.model.path")
     elif path is not None:
         notes.append(f"{ARR}.model.path={path!r}: set model.arch "
                      "(one of flux, sd3, qwen_image, wan, wan2_2, hunyuan_video)")
@@ -242,14 +253,14 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if scale is None and other is not None and float(other) > 1:  # the recipe sets only the other key
         scale, cfg_key, other = other, other_key, None
     if scale is not None:
-        out["rollout.guidance_scale"] = max(1.0, float(scale))
+        put("rollout.guidance_scale", max(1.0, float(scale)), src=f"{ARR}.rollout.pipeline.{cfg_key}")
     if other is not None and float(other) > 1 and float(other) != float(scale if scale is not None else 1.0):
         notes.append(f"{ARR}.rollout.pipeline.{other_key}={other}: not used; for {arch or 'this model'} the guidance "
                      f"scale is {ARR}.rollout.pipeline.{cfg_key}={scale}")
     height, width = get(f"{ARR}.rollout.pipeline.height"), get(f"{ARR}.rollout.pipeline.width")
     vae = int(get(f"{ARR}.model.vae_scale_factor") or _default_vae_scale(arch))
     if height is not None and height == width:
-        out["model.latent_size"] = int(height) // vae
+        put("model.latent_size", int(height) // vae, src=f"{ARR}.rollout.pipeline.height")
     elif height is not None:
         notes.append(f"{ARR}.rollout.pipeline.height/width={height}x{width}: verl-digen uses square latents")
     sched, where = _scheduler_config(path)
@@ -266,90 +277,89 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     # null) whatever the compute dtype is
     fsdp = f"{ARR}.actor.fsdp_config"
     compute = _dtype(get(f"{fsdp}.mixed_precision.param_dtype"), f"{fsdp}.mixed_precision.param_dtype")
-    put("model.dtype", compute or _dtype(get(f"{fsdp}.model_dtype")))
+    put("model.dtype", compute or _dtype(get(f"{fsdp}.model_dtype")),
+        src=f"{fsdp}.mixed_precision.param_dtype" if compute else f"{fsdp}.model_dtype")
     reduce = f"{fsdp}.mixed_precision.reduce_dtype"
-    put("actor.reduce_dtype", _dtype(get(reduce), reduce))
+    put("actor.reduce_dtype", _dtype(get(reduce), reduce), src=reduce)
     buffers = get(f"{fsdp}.mixed_precision.buffer_dtype")
     if buffers is not None and _dtype(buffers, f"{fsdp}.mixed_precision.buffer_dtype") != "float32":
         notes.append(f"{fsdp}.mixed_precision.buffer_dtype={buffers!r}: verl-digen keeps buffers in the model's dtype")
     # memory: offload and activation checkpointing (verl-omni checkpoints activations by default)
-    put("actor.activation_checkpointing", get(f"{ARR}.model.enable_gradient_checkpointing"), bool)
+    take("actor.activation_checkpointing", f"{ARR}.model.enable_gradient_checkpointing", bool)
     offload = get(f"{fsdp}.param_offload")
     policy = get(f"{fsdp}.offload_policy")
     if offload is not None or policy is not None:
-        out["actor.param_offload"] = bool(offload) or bool(policy)
-    put("actor.optimizer_offload", get(f"{fsdp}.optimizer_offload"), bool)
-    rank = get(f"{ARR}.model.lora_rank")
-    put("model.lora_rank", rank, int)
+        put("actor.param_offload", bool(offload) or bool(policy), src=f"{fsdp}.param_offload")
+    take("actor.optimizer_offload", f"{fsdp}.optimizer_offload", bool)
+    rank = take("model.lora_rank", f"{ARR}.model.lora_rank", int)
     if rank:
-        put("model.lora_alpha", get(f"{ARR}.model.lora_alpha"), float)
+        take("model.lora_alpha", f"{ARR}.model.lora_alpha", float)
         targets = get(f"{ARR}.model.target_modules")
         if isinstance(targets, str):
             notes.append(f"{ARR}.model.target_modules={targets!r}: verl-digen takes a module list; its default "
                          "targets (the attention projections of the transformer) are used")
         elif targets is not None:
-            out["model.target_modules"] = list(targets)
+            put("model.target_modules", list(targets), src=f"{ARR}.model.target_modules")
 
     # -- loss, advantages, KL -----------------------------------------------------------------------
-    put("actor.clip_ratio", get(f"{ARR}.actor.diffusion_loss.clip_ratio"), float)
-    put("algorithm.adv_clip", get(f"{ARR}.actor.diffusion_loss.adv_clip_max"), float)
+    take("actor.clip_ratio", f"{ARR}.actor.diffusion_loss.clip_ratio", float)
+    take("algorithm.adv_clip", f"{ARR}.actor.diffusion_loss.adv_clip_max", float)
     use_kl = get(f"{ARR}.actor.use_kl_loss")
     coef = get(f"{ARR}.actor.kl_loss_coef", 0.0)
     if use_kl is not None:
-        out["actor.kl_coef"] = _kl_coef(float(coef), out, notes) if use_kl else 0.0
+        put("actor.kl_coef", _kl_coef(float(coef), out, notes) if use_kl else 0.0, src=f"{ARR}.actor.kl_loss_coef")
     out["algorithm.std_estimator"] = "unbiased"  # verl-omni's torch.std (n - 1), a convention, not a key
     global_std = get("algorithm.global_std")
     if global_std is not None:
-        out["algorithm.adv_std"] = "batch" if global_std else "group"
+        put("algorithm.adv_std", "batch" if global_std else "group", src="algorithm.global_std")
     if get("algorithm.norm_adv_by_std_in_grpo") is False:
         notes.append("algorithm.norm_adv_by_std_in_grpo=False (Dr.GRPO, no std scaling): not supported")
 
     # -- optimizer ------------------------------------------------------------------------------------
-    put("actor.lr", get(f"{ARR}.actor.optim.lr"), float)
-    put("actor.weight_decay", get(f"{ARR}.actor.optim.weight_decay"), float)
+    take("actor.lr", f"{ARR}.actor.optim.lr", float)
+    take("actor.weight_decay", f"{ARR}.actor.optim.weight_decay", float)
     clip, legacy = get(f"{ARR}.actor.optim.clip_grad"), get(f"{ARR}.actor.grad_clip")
     if clip is not None:  # what verl-omni's FSDP engine clips with
-        out["actor.grad_clip"] = float(clip)
+        put("actor.grad_clip", float(clip), src=f"{ARR}.actor.optim.clip_grad")
         if legacy is not None and float(legacy) != float(clip):
             notes.append(f"{ARR}.actor.grad_clip={legacy}: not used (verl-omni's FSDP engine, and so verl-digen, clip "
                          f"with {ARR}.actor.optim.clip_grad={clip})")
     else:
-        put("actor.grad_clip", legacy, float)
+        put("actor.grad_clip", legacy, float, src=f"{ARR}.actor.grad_clip")
 
     # -- data -----------------------------------------------------------------------------------------
     files = get("data.train_files")
     if isinstance(files, (list, tuple)):
         files = files[0] if len(files) == 1 else files
     if isinstance(files, str) and files.endswith((".txt", ".jsonl", ".parquet")):
-        out["data.train_files"] = files  # parquet: verl-omni's layouts (a string or chat messages per row)
-        put("data.prompt_key", get("data.prompt_key"), str)
+        put("data.train_files", files, src="data.train_files")  # parquet: a string or chat messages per row
+        take("data.prompt_key", "data.prompt_key", str)
     elif files is not None:
         notes.append(f"data.train_files={files!r}: verl-digen reads one .txt, .jsonl or .parquet prompt file, "
                      "not a list of them")
 
     # -- trainer bookkeeping --------------------------------------------------------------------------
-    total = get("trainer.total_training_steps")
-    put("trainer.total_steps", total, int)
+    total = take("trainer.total_steps", "trainer.total_training_steps", int)
     if total is None and get("trainer.total_epochs") is not None:
         notes.append(f"trainer.total_training_steps=None: verl-omni derives the steps from trainer.total_epochs="
                      f"{_get(cfg, 'trainer.total_epochs')} and the dataset; verl-digen does not, and runs "
                      "trainer.total_steps (its default unless set)")
-    put("trainer.seed", get(f"{ARR}.rollout.seed"), int)
+    take("trainer.seed", f"{ARR}.rollout.seed", int)
     for key in ("project_name", "experiment_name", "save_freq", "default_local_dir"):
-        put(f"trainer.{key}", get(f"trainer.{key}"))
+        take(f"trainer.{key}", f"trainer.{key}")
     loggers = get("trainer.logger")
     if loggers is not None:
         from verl_digen.config.schema import LOGGERS
 
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
-        out["trainer.logger"] = [name for name in loggers if name in LOGGERS] or ["console"]
+        put("trainer.logger", [name for name in loggers if name in LOGGERS] or ["console"], src="trainer.logger")
         dropped = [name for name in loggers if name not in LOGGERS]
         if dropped:
             notes.append(f"trainer.logger={loggers}: {', '.join(dropped)} not supported "
                          f"(kept: {out['trainer.logger']})")
     device = get("trainer.device")
     if device in DEVICES:
-        out["trainer.device"] = DEVICES[device]
+        put("trainer.device", DEVICES[device], src="trainer.device")
     elif device is not None:
         raise _refuse("trainer.device", device, f"one of {', '.join(DEVICES)} (gpu means cuda)")
     for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):  # the pool split replaces them (resources.*)
@@ -559,8 +569,9 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
                           f"(verl-digen splits verl-omni's {total} GPUs into a generator and a trainer pool)")
     notes: list[str] = []
     used: set[str] = set()
+    sources: dict[str, str] = {}
     trainer_workers = int(_get(raw, "resources.trainer.workers", 1))
-    flat = from_verl_omni_config(raw, trainer_workers=trainer_workers, notes=notes, used=used)
+    flat = from_verl_omni_config(raw, trainer_workers=trainer_workers, notes=notes, used=used, sources=sources)
     files = _get(raw, "data.train_files")
     if files is not None and "data.train_files" not in flat:
         raise ConfigError("data.train_files", files, "one .txt, .jsonl or .parquet prompt file (verl-omni's "
@@ -581,5 +592,21 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     if at_default:
         log(f"verl-omni -> verl-digen: {len(at_default)} verl-omni keys at their defaults have no verl-digen "
             f"counterpart and are ignored: {', '.join(collapse_keys(at_default, considered))}")
-    validate(cfg)
+    try:
+        validate(cfg)
+    except ConfigError as err:
+        raise in_verl_omni_keys(err, raw, sources, native) from None
     return cfg
+
+
+def in_verl_omni_keys(err: Any, raw: Mapping[str, Any], sources: Mapping[str, str], native: Mapping[str, Any]) -> Any:
+    """A refusal of a converted value, re-said in the verl-omni key the user set (a key the user wrote in
+    verl-digen's own sections, or one verl-omni does not set, keeps its verl-digen name)."""
+    from verl_digen.config import ConfigError
+
+    src = sources.get(err.key)
+    section, _, leaf = err.key.partition(".")
+    if src is None or leaf in native.get(section, {}):
+        return err
+    return ConfigError(src, _get(raw, src), f"{err.expected} (verl-digen's {err.key} = {err.value!r} is converted "
+                       "from it)")
