@@ -87,6 +87,9 @@ def test_what_the_driver_holds_stays_flat_over_many_steps():
         acc.add(_scored(step + 1, [(step + 1, 0, 1.0)]))  # the next step's first score arrives early
         acc.advantages(step, [step])
         acc.add(_stepped(step))
+        # the new version is published and picked up after the step was reported
+        acc.add(Completion(Action(PUBLISH, ("trainer",), step, step + 1), 3.0, Receipt(driver_bytes=5)))
+        acc.add(Completion(Action(WEIGHT_SYNC, ("gen0",), step, step + 1), 3.1, Receipt(driver_bytes=5, retries=1)))
     assert len(acc._rewards) <= 2 and len(acc._steps) <= 2
 
 

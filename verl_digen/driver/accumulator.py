@@ -64,10 +64,10 @@ class StepAccumulator:
         a, res = c.action, c.result
         if not isinstance(res, Receipt):  # the simulator's completions carry nothing
             return None
-        # weights travel for the step that will use them: version v is step v's
-        bytes_step = a.version if a.kind in (PUBLISH, WEIGHT_SYNC) else a.step
-        self._steps[bytes_step].driver_bytes += res.driver_bytes
-        st = self._steps[a.step]
+        # weights travel for the step that will use them (version v is step v's): a publish or pickup ends
+        # after its own step's optimizer step, which has already been reported and forgotten
+        st = self._steps[a.version if a.kind in (PUBLISH, WEIGHT_SYNC) else a.step]
+        st.driver_bytes += res.driver_bytes
         st.retries += res.retries
         st.restarts += res.restarts
         if isinstance(res, Scored):
