@@ -8,6 +8,7 @@ worker on CPU, 10 steps, ending with a summary table.
 
 from __future__ import annotations
 
+import re
 import sys
 
 import hydra
@@ -123,10 +124,13 @@ def failure_line(err: BaseException, cfg: RunConfig, argv: list[str] | None = No
 
     if isinstance(err, ray.exceptions.RayActorError):
         what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
-    elif isinstance(err, ray.exceptions.RayTaskError) and err.cause is not None:  # the worker's own error
+    elif isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, BaseException):
+        # the worker's own error first, then the call and its process (Ray's first line: ray::Class.method() (pid=..))
         cause = str(err.cause).strip()
-        what = (f"{type(err.cause).__name__} in {err.function_name} on pid {err.pid}"
-                + (f": {cause.splitlines()[0][:300]}" if cause else ""))
+        head = re.sub(r"\x1b\[[0-9;]*m", "", str(err).strip().split("\n", 1)[0])  # Ray colours its first line
+        call = re.match(r"\s*(ray::\S+?\(\)).*?pid=(\d+)", head)
+        where = f"{call[1]} on pid {call[2]}" if call else (head[:120] or "a worker call")
+        what = f"{type(err.cause).__name__}" + (f": {cause.splitlines()[0][:300]}" if cause else "") + f" (in {where})"
     else:  # the message's first line: a failed call carries the worker and its error there
         first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
         what = f"{type(err).__name__}: {first}" if first else type(err).__name__

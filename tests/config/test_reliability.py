@@ -478,6 +478,14 @@ def test_failure_line_carries_the_errors_message_not_only_its_type(tmp_path):
         "the run failed: RuntimeError: ray::gen0.score() (pid=12, ip=127.0.0.1): my_reward returned 3 scores for 4 "
         "samples; no checkpoint to resume from (trainer.save_freq > 0 writes them)")
     assert failure_line(ValueError(), cfg, argv=[]).startswith("the run failed: ValueError; ")
+    # a worker's own error as Ray raises it: the cause first, then the call and its process (colours dropped)
+    import ray.exceptions as rex
+
+    head = "\x1b[36mray::GeneratorWorker.score_rows()\x1b[39m (pid=4242, ip=10.0.0.1, actor_id=ab, repr=<x>)"
+    task = rex.RayTaskError("GeneratorWorker.score_rows", head + "\n  File ...\nKeyError: 'x'", KeyError("x"),
+                            proctitle="ray::GeneratorWorker.score_rows()", pid=4242, ip="10.0.0.1")
+    assert failure_line(task.as_instanceof_cause(), cfg, argv=[]).startswith(
+        "the run failed: KeyError: 'x' (in ray::GeneratorWorker.score_rows() on pid 4242); ")
 
 
 @pytest.mark.parametrize("env,address,joined", [

@@ -170,8 +170,8 @@ def test_a_custom_reward_that_raises_mid_run_ends_it_naming_the_function(ray_ses
     finally:
         trainer.shutdown()
     line = failure_line(err.value, cfg, argv=[])
-    assert line.startswith("the run failed: RuntimeError in score_rows on pid ")
-    assert f"custom reward compute_score in {reward} raised KeyError: 'no score for this prompt'" in line
+    assert line.startswith(f"the run failed: RuntimeError: custom reward compute_score in {reward} raised "
+                           "KeyError: 'no score for this prompt' (in ray::GeneratorWorker.score_rows() on pid "), line
     assert line.endswith(f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}")
     timeline = json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())
     assert timeline["complete"] is False and timeline["checkpoint"] == str(tmp_path / "ckpt" / "global_step_1")

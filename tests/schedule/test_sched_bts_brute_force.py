@@ -53,7 +53,7 @@ def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float
 
     def events(sched, backend) -> float:  # consume completions until the step's optimizer step ends
         finished, now = backend.wait()
-        for a, end in finished:
+        for a, end in ((c.action, c.end) for c in finished):
             sched.on_complete(a, end)
             if a.kind == "optimizer_step":
                 return end

@@ -44,8 +44,9 @@ class TSPActorWorker(Worker):
     """One rank of the trainer pool (FSDP2 across ranks, a plain module with one rank).
 
     ``@register(ONE_TO_ALL)`` marks the calls every rank takes together (through the worker group or
-    its ``execute_all_async`` fan-out: collectives inside must run on all ranks); per-rank calls (a
-    TAG slot's ``tag_generate``, a colocated rank's ``score_rows``) carry no dispatch label."""
+    its ``execute_all_async`` fan-out: collectives inside must run on all ranks); ``tag_generate`` is
+    ``DP_COMPUTE`` (each rank its own rows: a colocated step's shares), and per-rank calls (a colocated
+    rank's ``score_rows``, validation) carry no dispatch label."""
 
     def __init__(self, cfg: WorkerConfig) -> None:
         super().__init__()
@@ -434,6 +435,7 @@ class HybridWorker(TSPActorWorker):
         self._mode = "train"
         return time.perf_counter() - t0
 
+    @register(dispatch_mode=Dispatch.DP_COMPUTE)  # per-rank arguments: a colocated step's shares
     def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
         """Generate ``rows`` on this rank alone with the trainer's current weights (no grad, no
         collective; accumulated gradients and optimizer state untouched). Sampling is

@@ -1,9 +1,8 @@
 """The disaggregated rollout worker: a no-grad copy of the policy plus the reward model(s).
 
 The driver calls individual actors (``wg.workers[i].generate.remote(...)``) so that each generator
-works on its own micro-batch and picks up weights at its own boundary; through the worker group,
-``generate``/``score`` are ``DP_COMPUTE`` (one argument list entry per worker) and the rest
-``ONE_TO_ALL``.
+works on its own micro-batch and picks up weights at its own boundary; only what every generator does
+alike (``init_model``, weight and version queries) goes through the worker group's ``ONE_TO_ALL``.
 """
 
 from __future__ import annotations
