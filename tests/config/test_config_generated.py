@@ -74,3 +74,18 @@ def test_mode_defaults_name_real_keys_and_modes():
             for part in dotted.split("."):
                 node = getattr(node, part)
             assert node == value
+
+
+def test_the_layers_below_the_config_start_from_its_defaults():
+    """A default is written once: the loss, the sampler and the single-process loop start where the run
+    config does (they used to say clip range 1e-4 and 10 steps against the config's 0.2 and 6)."""
+    from verl_digen.algo.loss import LossConfig
+    from verl_digen.config.schema import defaults
+    from verl_digen.driver.local import LocalRunConfig
+    from verl_digen.rollout.sampler import SamplerConfig
+
+    run = defaults()
+    assert run.worker_config().loss == LossConfig() == LocalRunConfig().loss
+    ours, bare = run.sampler(), SamplerConfig()
+    assert (ours.num_steps, ours.validate()) == (bare.num_steps, bare.validate()) == (
+        LocalRunConfig().sampler.num_steps, LocalRunConfig().sampler.validate())

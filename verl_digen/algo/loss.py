@@ -11,12 +11,16 @@ from dataclasses import dataclass
 
 import torch
 
+#: the default clip range of the importance ratio: verl's PPO default, which a run's ``actor.clip_ratio``
+#: also starts from (Flow-GRPO and verl-omni's diffusion actor use 1e-4; the converter carries theirs)
+CLIP_RANGE = 0.2
+
 
 @dataclass(frozen=True)
 class LossConfig:
     """Clip range of the importance ratio and KL coefficient (Flow-GRPO: 1e-4 and 0.04)."""
 
-    clip_range: float = 1e-4
+    clip_range: float = CLIP_RANGE
     kl_coef: float = 0.0
 
     def __post_init__(self) -> None:

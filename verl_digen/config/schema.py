@@ -11,12 +11,12 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from verl_digen.algo.advantages import AdvantageConfig
-from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.loss import CLIP_RANGE, LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.config.errors import ConfigError
 from verl_digen.dtypes import BYTES
 from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
-from verl_digen.rollout.sampler import SamplerConfig
+from verl_digen.rollout.sampler import NUM_STEPS, TRAIN_STEPS, SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfigError
 from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
@@ -52,14 +52,14 @@ class DataConfig:
 class RolloutConfig:
     n: int = 4  # samples per prompt (the GRPO group)
     micro_batch_size: int = 2  # samples per generation micro-batch (the pipeline unit)
-    num_steps: int = 6
+    num_steps: int = NUM_STEPS
     noise_level: float = 0.7
     sde_type: str = "flow_grpo"
     cps_log_prob: str = "gaussian"  # sde_type=cps: gaussian density, or squared_error (flow_grpo / verl-omni)
     guidance_scale: float = 1.0
     shift: float = 1.0
     selection: str = "first_k"
-    train_steps: int | None = 4  # K trained steps (or use timestep_fraction)
+    train_steps: int | None = TRAIN_STEPS  # K trained steps (or use timestep_fraction)
     timestep_fraction: float | None = None
     window_start: int | None = None
     window_range: list[int] | None = None  # [lo, hi]: a drawn window lies in steps [lo, hi) (sde_window_range)
@@ -72,7 +72,7 @@ class ActorConfig:
     lr: float = 3e-3
     weight_decay: float = 0.0
     grad_clip: float = 1.0
-    clip_ratio: float = 0.2
+    clip_ratio: float = CLIP_RANGE
     kl_coef: float = 0.0
     # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
     param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype

@@ -15,7 +15,6 @@ import torch
 from verl_digen import dtypes
 from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.loss import LossConfig
-from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.tsp import TrainMetrics, tsp_backward
 from verl_digen.data import PromptDataset
 from verl_digen.models.base import DiffusionModel
@@ -39,12 +38,8 @@ class LocalRunConfig:
     dtype: str = "float32"
     reward: str = DEFAULT_LEARNABLE_REWARD
     lora_rank: int = 0
-    sampler: SamplerConfig = field(
-        default_factory=lambda: SamplerConfig(
-            num_steps=6, eta=0.7, selection=StepSelection("first_k", k=4), decode=True
-        )
-    )
-    loss: LossConfig = field(default_factory=lambda: LossConfig(clip_range=0.2))
+    sampler: SamplerConfig = field(default_factory=SamplerConfig)  # the run config's defaults
+    loss: LossConfig = field(default_factory=LossConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
 
     def validate(self) -> None:

@@ -20,17 +20,22 @@ from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainStepConfig
 from verl_digen.models.base import Conditioning, DiffusionModel
 
+#: the default sampling steps and trained steps, which a run's ``rollout.num_steps`` / ``rollout.train_steps``
+#: also start from: the tiny CPU run's (Flow-GRPO trains 9 of 10 on real models)
+NUM_STEPS = 6
+TRAIN_STEPS = 4
+
 
 @dataclass(frozen=True)
 class SamplerConfig:
     """How trajectories are sampled: steps, schedule shift, SDE kind and noise level, CFG, selection."""
 
-    num_steps: int = 10
+    num_steps: int = NUM_STEPS
     shift: float = 1.0
     sde: str = "flow_grpo"
     eta: float = 0.7
     guidance_scale: float = 1.0
-    selection: StepSelection = field(default_factory=lambda: StepSelection("first_k", k=9))
+    selection: StepSelection = field(default_factory=lambda: StepSelection("first_k", k=TRAIN_STEPS))
     shared_group_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     decode: bool = True
     log_prob: str = "gaussian"  # or "squared_error": flow_grpo / verl-omni's CPS log-prob (sde="cps" only)
