@@ -218,8 +218,9 @@ def test_registry_errors():
         build_reward(Brightness(), seed=1)
     with pytest.raises(ValueError, match="'name' key"):
         build_reward({"brightness": "heavy"})
-    with pytest.raises(ValueError, match="already registered"):
-        register_reward("brightness", Brightness)
+    with pytest.raises(ValueError, match="reward 'brightness' is already registered by .*Brightness"):
+        register_reward("brightness", Colorfulness)
+    assert register_reward("brightness", Brightness) is Brightness  # the same one again: a re-import
 
 
 def test_register_custom_reward():
@@ -229,12 +230,12 @@ def test_register_custom_reward():
         def score(self, images, prompts, latents):
             return torch.ones(images.shape[0])
 
-    register_reward("test_ones", Ones)
+    register_reward("test_ones", Ones)  # or @register_reward("test_ones") on the class
     try:
         out = build_reward({"test_ones": 2.0, "brightness": 1.0})(torch.zeros(2, 3, 4, 4), _prompts(2))
         torch.testing.assert_close(out, torch.full((2,), 2.0, dtype=torch.float64))
     finally:
-        REWARDS.pop("test_ones")
+        REWARDS.unregister("test_ones")
 
 
 # ---------------------------------------------------------------- combiner

@@ -11,6 +11,7 @@ from verl_digen.models.qwen_image import QwenImageModel
 from verl_digen.models.sd3 import SD3Model
 from verl_digen.models.wan import WanModel
 from verl_digen.models.wan2_2 import Wan22Model
+from verl_digen.registry import Registry
 
 #: every supported architecture, one line each
 ADAPTERS: tuple[type[DiffusersAdapter], ...] = (
@@ -34,8 +35,8 @@ REQUIRED_ATTRIBUTES: tuple[str, ...] = (
     "latent_ndim",
 )
 
-#: canonical arch name -> adapter class
-MODEL_REGISTRY: dict[str, type[DiffusersAdapter]] = {}
+#: canonical arch name -> adapter class (a :class:`verl_digen.registry.Registry`)
+MODEL_REGISTRY: Registry[type[DiffusersAdapter]] = Registry("model arch")
 #: other spelling -> canonical arch name
 ARCH_ALIASES: dict[str, str] = {}
 
@@ -55,14 +56,15 @@ def register(cls: type[DiffusersAdapter]) -> type[DiffusersAdapter]:
     taken = [n for n in names if n in MODEL_REGISTRY or n in ARCH_ALIASES]
     if taken or len(set(names)) != len(names):
         raise ValueError(f"{cls.__name__}: arch name(s) {taken or names} already registered or repeated")
-    MODEL_REGISTRY[cls.arch] = cls
+    MODEL_REGISTRY.register(cls.arch, cls)
     ARCH_ALIASES.update({alias: cls.arch for alias in names[1:]})
     return cls
 
 
 def unregister(arch: str) -> None:
     """Remove ``arch`` and its aliases (tests that register a throwaway adapter)."""
-    cls = MODEL_REGISTRY.pop(arch)
+    cls = MODEL_REGISTRY[arch]
+    MODEL_REGISTRY.unregister(arch)
     for alias in cls.aliases:
         ARCH_ALIASES.pop(alias.lower(), None)
 

@@ -1,9 +1,12 @@
-"""Rewards by name, so configs can say ``reward: pickscore`` (a mapping of several: :mod:`.combine`)."""
+"""Rewards by name, so configs can say ``reward: pickscore`` (a mapping of several: :mod:`.combine`).
+``REWARDS`` is a :class:`verl_digen.registry.Registry`, as models, TAG policies and sync backends are."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any
+
+from verl_digen.registry import Registry
 
 from .base import Reward
 from .custom import CustomReward
@@ -17,7 +20,23 @@ from .offline import Brightness, Colorfulness, JpegCompressibility, JpegIncompre
 DEFAULT_LEARNABLE_REWARD = "latent_mean"
 
 #: name -> factory (a Reward subclass or any callable returning a Reward); extend with register_reward
-REWARDS: dict[str, Callable[..., Reward]] = {
+REWARDS: Registry[Callable[..., Reward]] = Registry("reward")
+
+
+def _vlm_judge(**kwargs: Any) -> Reward:
+    """The VLM judge (transformers is imported only when it is used)."""
+    from .vlm_judge import VLMJudge
+
+    return VLMJudge(**kwargs)
+
+
+def register_reward(name: str, factory: Callable[..., Reward] | None = None, overwrite: bool = False) -> Any:
+    """Add a reward under ``name`` (a plugin's own reward model, say): ``register_reward("mine", Mine)``, or
+    ``@register_reward("mine")`` on the class; a different reward under a taken name raises."""
+    return REWARDS.register(name, factory, overwrite=overwrite)
+
+
+for _name, _factory in {
     "jpeg_compressibility": JpegCompressibility,
     "jpeg_incompressibility": JpegIncompressibility,
     "brightness": Brightness,
@@ -30,26 +49,12 @@ REWARDS: dict[str, Callable[..., Reward]] = {
     "imagereward": ImageRewardScore,
     "ocr": OcrReward,
     "custom": CustomReward,  # custom_reward_function.path / .name (rewards/custom.py)
-    "vlm_judge": lambda **kw: _vlm_judge(**kw),  # transformers imported only when used
-}
-
-
-def _vlm_judge(**kwargs: Any) -> Reward:
-    from .vlm_judge import VLMJudge
-
-    return VLMJudge(**kwargs)
-
-
-def register_reward(name: str, factory: Callable[..., Reward], overwrite: bool = False) -> None:
-    """Add a reward under ``name`` (a plugin's own reward model, say); refuses to shadow silently."""
-    if name in REWARDS and not overwrite:
-        raise ValueError(f"reward '{name}' is already registered; pass overwrite=True to replace it")
-    REWARDS[name] = factory
+    "vlm_judge": _vlm_judge,
+}.items():
+    register_reward(_name, _factory)
 
 
 def build_named(name: str, **kwargs: Any) -> Reward:
     """The reward registered under ``name``, built with ``kwargs`` (:func:`.combine.build_reward`
     takes every other form of a reward spec)."""
-    if name not in REWARDS:
-        raise ValueError(f"unknown reward '{name}'; known rewards: {', '.join(sorted(REWARDS))}")
-    return REWARDS[name](**kwargs)
+    return REWARDS.lookup(name)(**kwargs)

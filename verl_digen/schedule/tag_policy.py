@@ -13,7 +13,8 @@ is one file: a class with ``decide`` under the decorator. Its name is accepted (
 
 This module depends on no policy: ``policies.py`` (never / static / adaptive) and ``bts.py`` import
 it, not each other, and the scheduler hands them a :class:`SchedulerView` (plain counts and clocks)
-instead of any policy's own state. Only the standard library is imported.
+instead of any policy's own state. Only the standard library is imported (and
+``verl_digen.registry``, which imports nothing else).
 """
 
 from __future__ import annotations
@@ -22,6 +23,8 @@ import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Protocol
+
+from verl_digen.registry import Registry, qualname
 
 from .costs import StageCosts
 
@@ -108,7 +111,9 @@ class UnknownTagPolicy(ValueError):
     """A spec naming no registered policy (the message lists the registered ones)."""
 
 
-_REGISTRY: dict[str, PolicyEntry] = {}
+#: spec name -> entry (a :class:`verl_digen.registry.Registry`; two entries are the same when their
+#: factories are)
+TAG_POLICIES: Registry[PolicyEntry] = Registry("TAG policy", identity=lambda e: qualname(e.factory))
 _NAME = re.compile(r"^[a-z][a-z0-9_]*$")
 _SPEC = re.compile(r"^\s*([a-z][a-z0-9_]*)\s*(?:[:(=]\s*([0-9.eE+-]+)\s*\)?)?\s*$")
 
@@ -127,11 +132,8 @@ def register_tag_policy(name: str, *, arg: Callable[[str], Any] | None = None, a
         raise ValueError(f"TAG policy {name!r}: arg_required needs an arg converter")
 
     def deco(factory: Any) -> Any:
-        old = _REGISTRY.get(name)
-        if old is not None and _qualname(old.factory) != _qualname(factory):
-            raise ValueError(f"TAG policy {name!r} is already registered by {_qualname(old.factory)}")
         spelled = usage or (name if arg is None else f"{name}:X" if arg_required else f"{name}[:X]")
-        _REGISTRY[name] = PolicyEntry(name, factory, arg, arg_required, spelled)
+        TAG_POLICIES.register(name, PolicyEntry(name, factory, arg, arg_required, spelled))
         return factory
 
     return deco
@@ -139,17 +141,17 @@ def register_tag_policy(name: str, *, arg: Callable[[str], Any] | None = None, a
 
 def unregister_tag_policy(name: str) -> None:
     """Remove ``name`` from the registry (tests, plugins that replace a policy)."""
-    _REGISTRY.pop(name, None)
+    TAG_POLICIES.unregister(name)
 
 
 def tag_policy_names() -> tuple[str, ...]:
     """The registered policy names, sorted."""
-    return tuple(sorted(_REGISTRY))
+    return tuple(sorted(TAG_POLICIES))
 
 
 def tag_policy_usage() -> str:
     """The registered specs as users write them, sorted: ``adaptive[:R], bts, never, static:K``."""
-    return ", ".join(_REGISTRY[n].usage for n in sorted(_REGISTRY))
+    return ", ".join(TAG_POLICIES[n].usage for n in sorted(TAG_POLICIES))
 
 
 def parse_policy(spec: str | TagPolicy) -> TagPolicy:
@@ -158,7 +160,7 @@ def parse_policy(spec: str | TagPolicy) -> TagPolicy:
     if not isinstance(spec, str):
         return spec
     m = _SPEC.match(spec.lower())
-    entry = _REGISTRY.get(m.group(1)) if m else None
+    entry = TAG_POLICIES.get(m.group(1)) if m else None
     if entry is None:
         raise UnknownTagPolicy(f"unknown TAG policy {spec!r}; registered: {tag_policy_usage()}")
     text = m.group(2)
@@ -174,7 +176,3 @@ def parse_policy(spec: str | TagPolicy) -> TagPolicy:
         return entry.factory(entry.arg(text))
     except ValueError as e:
         raise ValueError(f"bad TAG policy {spec!r}: {e}") from None
-
-
-def _qualname(obj: Any) -> str:
-    return f"{getattr(obj, '__module__', '?')}.{getattr(obj, '__qualname__', repr(obj))}"

@@ -49,7 +49,10 @@ import ray
 import torch
 import torch.distributed as dist
 
-_BACKENDS: dict[str, type[SyncBackend]] = {}
+from verl_digen.registry import Registry
+
+#: ``digen.sync.backend`` name -> backend class (a :class:`verl_digen.registry.Registry`)
+SYNC_BACKENDS: Registry[type[SyncBackend]] = Registry("sync backend")
 
 
 def register_sync_backend(name: str) -> Callable[[type[SyncBackend]], type[SyncBackend]]:
@@ -59,11 +62,8 @@ def register_sync_backend(name: str) -> Callable[[type[SyncBackend]], type[SyncB
         raise ValueError(f"sync backend name {name!r} must be lower-case letters, digits and '_'")
 
     def deco(cls: type[SyncBackend]) -> type[SyncBackend]:
-        old = _BACKENDS.get(name)
-        if old is not None and (old.__module__, old.__qualname__) != (cls.__module__, cls.__qualname__):
-            raise ValueError(f"sync backend {name!r} is already registered by {old.__module__}.{old.__qualname__}")
+        SYNC_BACKENDS.register(name, cls)
         cls.name = name
-        _BACKENDS[name] = cls
         return cls
 
     return deco
@@ -71,20 +71,17 @@ def register_sync_backend(name: str) -> Callable[[type[SyncBackend]], type[SyncB
 
 def unregister_sync_backend(name: str) -> None:
     """Remove ``name`` from the registry (tests, plugins that replace a backend)."""
-    _BACKENDS.pop(name, None)
+    SYNC_BACKENDS.unregister(name)
 
 
 def sync_backend_names() -> tuple[str, ...]:
     """The registered backend names, sorted."""
-    return tuple(sorted(_BACKENDS))
+    return tuple(sorted(SYNC_BACKENDS))
 
 
 def sync_backend(name: str) -> type[SyncBackend]:
     """The backend class registered under ``name``; a ValueError names it and lists the registered ones."""
-    cls = _BACKENDS.get(name)
-    if cls is None:
-        raise ValueError(f"unknown sync backend {name!r}; registered: {', '.join(sync_backend_names())}")
-    return cls
+    return SYNC_BACKENDS.lookup(name)
 
 
 def layout_hash(state: dict[str, torch.Tensor]) -> int:
