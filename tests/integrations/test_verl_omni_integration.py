@@ -278,6 +278,30 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
         vo.to_run_config(listed, log=lambda _: None)
 
 
+def test_separate_asyncs_standalone_rollout_pool_becomes_the_generator_pool(tmp_path):
+    """verl-omni's separate_async script gives the rollout GPUs of its own (rollout.nnodes x
+    rollout.n_gpus_per_node); without +resources they become the generator pool and the actor's GPUs the
+    trainer pool, in one log line; with +resources the line says what replaced them."""
+    from verl_digen.integrations import verl_omni as vo
+
+    good = _runnable(tmp_path)
+    arr = {**good["actor_rollout_ref"], "rollout": {**good["actor_rollout_ref"]["rollout"], "nnodes": 1,
+                                                     "n_gpus_per_node": 3}}
+    trainer = {**good["trainer"], "v1": {"trainer_mode": "separate_async"}, "n_gpus_per_node": 2, "nnodes": 1}
+    recipe = {k: v for k, v in good.items() if k != "resources"} | {"actor_rollout_ref": arr, "trainer": trainer}
+    logged: list[str] = []
+    cfg = vo.to_run_config(recipe, log=logged.append)
+    assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (3, 2)
+    line = next(x for x in logged if "standalone rollout pool" in x)
+    assert "rollout.nnodes x actor_rollout_ref.rollout.n_gpus_per_node=3" in line
+    assert "resources.trainer.workers=2" in line
+    assert not any("rollout.n_gpus_per_node" in x and "not converted" in x for x in logged)
+    logged.clear()
+    cfg = vo.to_run_config({**recipe, "resources": good["resources"]}, log=logged.append)
+    assert cfg.resources.generator.workers == 2
+    assert any("standalone rollout pool is replaced by resources.generator.workers=2" in x for x in logged), logged
+
+
 def test_verl_omni_parquet_memory_and_precision_keys_carry_over(tmp_path):
     """A verl-omni script's own data (a parquet of chat messages, as its data_process scripts write) is
     read; its offload flags, gradient checkpointing and mixed precision reach verl-digen's keys."""

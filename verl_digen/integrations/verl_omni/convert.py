@@ -538,6 +538,13 @@ def _native_sections(raw: Mapping[str, Any], flat: Mapping[str, Any]) -> dict[st
     return native
 
 
+def _standalone_rollout_gpus(raw: Mapping[str, Any]) -> int:
+    """GPUs of verl-omni's standalone rollout pool (``separate_async``: ``rollout.nnodes`` > 0, its default
+    0 meaning the rollout shares the actor's GPUs); 0 when there is none."""
+    nodes = int(_get(raw, f"{ARR}.rollout.nnodes", 0) or 0)
+    return nodes * int(_get(raw, f"{ARR}.rollout.n_gpus_per_node", 1) or 1) if nodes > 0 else 0
+
+
 def is_dry_run(config: Any) -> bool:
     """Whether the verl-omni config asks for verl-digen's dry run (``+trainer.dry_run=true``)."""
     return bool(_get(_as_dict(config), "trainer.dry_run", False))
@@ -562,13 +569,26 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     from verl_digen.config import ConfigError, load, validate
 
     raw = _as_dict(config)
-    resources = raw.get("resources")
-    if not isinstance(resources, Mapping) or not {"generator", "trainer"} <= set(resources):
-        total = _get(raw, "trainer.nnodes", 1) * _get(raw, "trainer.n_gpus_per_node", 1)
-        raise ConfigError("resources", resources, "+resources.generator.workers=G +resources.trainer.workers=R "
-                          f"(verl-digen splits verl-omni's {total} GPUs into a generator and a trainer pool)")
     notes: list[str] = []
     used: set[str] = set()
+    resources = raw.get("resources")
+    standalone = _standalone_rollout_gpus(raw)
+    actor_gpus = int(_get(raw, "trainer.nnodes", 1) or 1) * int(_get(raw, "trainer.n_gpus_per_node", 1) or 1)
+    pool_keys = f"{ARR}.rollout.nnodes x {ARR}.rollout.n_gpus_per_node"
+    if standalone and not isinstance(resources, Mapping):  # separate_async: the standalone rollout generates
+        resources = {"generator": {"workers": standalone}, "trainer": {"workers": actor_gpus}}
+        raw = {**raw, "resources": resources}
+        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool becomes the generator pool "
+                     f"(resources.generator.workers={standalone}); trainer.nnodes x trainer.n_gpus_per_node="
+                     f"{actor_gpus} the trainer pool (resources.trainer.workers={actor_gpus})")
+    elif standalone:
+        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool is replaced by resources.generator."
+                     f"workers={_get(raw, 'resources.generator.workers')}")
+    if standalone:
+        used.update({f"{ARR}.rollout.nnodes", f"{ARR}.rollout.n_gpus_per_node"})
+    if not isinstance(resources, Mapping) or not {"generator", "trainer"} <= set(resources):
+        raise ConfigError("resources", resources, "+resources.generator.workers=G +resources.trainer.workers=R "
+                          f"(verl-digen splits verl-omni's {actor_gpus} GPUs into a generator and a trainer pool)")
     sources: dict[str, str] = {}
     trainer_workers = int(_get(raw, "resources.trainer.workers", 1))
     flat = from_verl_omni_config(raw, trainer_workers=trainer_workers, notes=notes, used=used, sources=sources)
