@@ -400,6 +400,24 @@ def test_bad_input_is_refused_before_ray_naming_the_key(case, tmp_path, monkeypa
     assert part in str(err.value) and repr(key)[1:-1] in str(err.value)
 
 
+def test_wandb_without_credentials_is_refused_before_ray(tmp_path, monkeypatch):
+    """verl's Tracking would start wandb after Ray and the workers, and stop the run there (no key, no TTY
+    to ask for one); validate says so first. Offline mode, a key or a `wandb login` entry let it through."""
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.netrc
+    cfg = compose([f"trainer.trace_dir={tmp_path}/trace", "trainer.logger=[console,wandb]"])
+    with pytest.raises(ConfigError, match=r"trainer.logger.*wandb has no credentials for api.wandb.ai.*WANDB_MODE"):
+        validate(cfg)
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    validate(cfg)
+    monkeypatch.delenv("WANDB_MODE")
+    netrc = tmp_path / ".netrc"
+    netrc.write_text("machine api.wandb.ai\n  login user\n  password 0123456789abcdef\n")
+    netrc.chmod(0o600)
+    validate(cfg)
+
+
 def test_config_md_table_lists_exactly_the_tested_classes():
     text = (ROOT / "docs" / "config.md").read_text()
     section = text[text.index("## Bad input"):]

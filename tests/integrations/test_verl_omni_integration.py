@@ -278,6 +278,20 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
         vo.to_run_config(listed, log=lambda _: None)
 
 
+def test_wandb_is_left_out_with_a_line_where_it_cannot_start(tmp_path, monkeypatch):
+    from verl_digen.integrations import verl_omni as vo
+
+    for name in ("WANDB_API_KEY", "WANDB_MODE", "WANDB_BASE_URL", "NETRC"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    logged: list[str] = []
+    cfg = vo.to_run_config(_runnable(tmp_path), log=logged.append)  # the script logs to console and wandb
+    assert cfg.trainer.logger == ["console"]
+    assert any("trainer.logger: wandb left out: it has no credentials" in x for x in logged), logged
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    assert vo.to_run_config(_runnable(tmp_path), log=lambda _: None).trainer.logger == ["console", "wandb"]
+
+
 def test_separate_asyncs_standalone_rollout_pool_becomes_the_generator_pool(tmp_path):
     """verl-omni's separate_async script gives the rollout GPUs of its own (rollout.nnodes x
     rollout.n_gpus_per_node); without +resources they become the generator pool and the actor's GPUs the

@@ -314,6 +314,27 @@ def lora_targets(cfg: Any) -> None:
                           f"(its linear layers end in: {', '.join(leaves)})")
 
 
+def wandb_unready() -> str | None:
+    """Why ``trainer.logger=[wandb]`` would fail once the run has started (None: it can start): wandb is not
+    installed, or has no credentials (``WANDB_API_KEY``, a ``wandb login`` entry in ~/.netrc) while it is
+    neither offline nor disabled (``WANDB_MODE``). Checked without the network."""
+    import importlib.util
+    import netrc
+
+    if importlib.util.find_spec("wandb") is None:
+        return "is not installed (pip install wandb)"
+    if os.environ.get("WANDB_MODE", "").lower() in ("offline", "disabled", "dryrun") or os.environ.get("WANDB_API_KEY"):
+        return None
+    host = os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai").split("://")[-1].split("/")[0]
+    try:
+        if netrc.netrc().authenticators(host):
+            return None
+    except (OSError, netrc.NetrcParseError):
+        pass
+    return (f"has no credentials for {host} (it would stop the run after Ray and the workers started): set "
+            "WANDB_API_KEY or run `wandb login`, or WANDB_MODE=offline to log locally")
+
+
 def model_source(cfg: Any, single_node: bool) -> str | None:
     """Once Ray is up, before any worker starts: a ``model.path`` hub id must be in the Hugging Face
     cache (nothing is downloaded at run time). On one node a missing one is refused; on a cluster the

@@ -66,6 +66,8 @@ def validate(cfg: RunConfig) -> list[str]:
     _positive("trainer.total_steps", t.total_steps)
     for name in t.logger:
         _choice("trainer.logger", name, LOGGERS)
+    if "wandb" in t.logger and (why := checks.wandb_unready()):
+        raise ConfigError("trainer.logger", list(t.logger), f"loggers that can start here: wandb {why}")
     if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
         raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory, or auto")
     try:

@@ -596,6 +596,13 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     if files is not None and "data.train_files" not in flat:
         raise ConfigError("data.train_files", files, "one .txt, .jsonl or .parquet prompt file (verl-omni's "
                           "parquet layouts are read: a prompt string or chat messages per row)")
+    if "wandb" in flat.get("trainer.logger", []):
+        from verl_digen.config.checks import wandb_unready
+
+        why = wandb_unready()
+        if why:  # verl-omni's scripts log to wandb; on a machine without it the run keeps its other loggers
+            flat["trainer.logger"] = [n for n in flat["trainer.logger"] if n != "wandb"] or ["console"]
+            notes.append(f"trainer.logger: wandb left out: it {why}")
     native = _native_sections(raw, flat)
     native.setdefault("trainer", {}).setdefault("mode", "digen")
     path = _get(raw, f"{ARR}.model.path")
