@@ -74,7 +74,8 @@ def _check_images(images: torch.Tensor) -> None:
 def captioned_grid(images: torch.Tensor, prompts: list[str], rewards: list[float], columns: int | None = None,
                    pad: int = 4) -> torch.Tensor:
     """uint8 (N, H, W, 3) samples as one uint8 (H', W', 3) image: a tile per sample at its own resolution
-    (a tiny one scaled up by a whole factor to ``MIN_TILE``) with its prompt and reward written under it."""
+    (a tiny one scaled up by a whole factor to ``MIN_TILE``) with its prompt and reward written under it,
+    tiled by :func:`image_grid`."""
     import numpy as np
     from PIL import Image, ImageDraw
 
@@ -83,22 +84,20 @@ def captioned_grid(images: torch.Tensor, prompts: list[str], rewards: list[float
     if not len(prompts) == len(rewards) == n:
         raise ValueError(f"{n} images need as many prompts and rewards, got {len(prompts)} and {len(rewards)}")
     scale = max(1, math.ceil(MIN_TILE / min(h, w)))
-    tiles = images.repeat_interleave(scale, dim=1).repeat_interleave(scale, dim=2)
     th, tw = h * scale, w * scale
     strip = (PROMPT_LINES + 1) * LINE_PX + 4
-    cols = columns or math.ceil(math.sqrt(n))
-    rows = math.ceil(n / cols)
-    canvas = Image.new("RGB", (cols * (tw + pad) + pad, rows * (th + strip + pad) + pad), "white")
-    draw = ImageDraw.Draw(canvas)
     width = max(8, tw // 6)  # characters a line holds
-    for i, (tile, prompt, reward) in enumerate(zip(tiles, prompts, rewards, strict=True)):
-        r, c = divmod(i, cols)
-        x, y = pad + c * (tw + pad), pad + r * (th + strip + pad)
-        canvas.paste(Image.fromarray(tile.numpy()), (x, y))
+    tiles = []
+    for image, prompt, reward in zip(images.repeat_interleave(scale, 1).repeat_interleave(scale, 2), prompts,
+                                     rewards, strict=True):
+        tile = Image.new("RGB", (tw, th + strip), "white")
+        tile.paste(Image.fromarray(image.numpy()), (0, 0))
         lines = textwrap.wrap(prompt, width, max_lines=PROMPT_LINES, placeholder="...") or [""]
+        draw = ImageDraw.Draw(tile)
         for j, line in enumerate([*lines, f"reward {reward:+.4f}"]):
-            draw.text((x, y + th + 2 + j * LINE_PX), line, fill="black")
-    return torch.from_numpy(np.asarray(canvas).copy())
+            draw.text((0, th + 2 + j * LINE_PX), line, fill="black")
+        tiles.append(torch.from_numpy(np.asarray(tile).copy()))
+    return image_grid(torch.stack(tiles), columns, pad)
 
 
 def save_png(grid: torch.Tensor, path: str | Path) -> Path:

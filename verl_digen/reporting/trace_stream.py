@@ -54,8 +54,8 @@ class RecordStream:
         self.flush()
         self.records, self.pos, self.offset = records, len(records), offset
 
-    def _row(self, record) -> dict:
-        row = _as_dict(record)
+    def _row(self, record: Record) -> dict:
+        row = record_dict(record)
         if self.offset:
             row["step"] += self.offset
             row["version"] += self.offset
@@ -67,11 +67,6 @@ class RecordStream:
             self.flush()
             self._f.close()
             self._f = None
-
-
-def _as_dict(record) -> dict:
-    """A record's fields as plain values (``record_dict`` for a ``Record``; a copy of another object's)."""
-    return record_dict(record) if isinstance(record, Record) else dict(vars(record))
 
 
 def read_stream(path: str | Path) -> tuple[dict, list[dict]]:
