@@ -1,22 +1,25 @@
 """Soak: does the driver's per-step time and the memory of every process stay flat over a long run?
 
-Two runs of the default tiny config (docs/benchmarks.md, "Soak"):
+Two runs of the default tiny config, and Ray alone at the real run's pace (docs/benchmarks.md, "Soak"):
 
 - ``sim``: the scheduler on the simulator's virtual clock (no Ray), with the runtime's per-step driver
   work on every optimizer step: the recent-records window, the step's metrics and BTS figures, and the
-  timeline streamed to a .jsonl file. ``driver_ms`` is the wall time of each step's loop (all of it is
-  driver work here).
+  timeline streamed to a .jsonl file and then dropped from memory. ``driver_ms`` is the wall time of
+  each step's loop (all of it is driver work here).
 - ``real``: the tiny Ray run (``trainer.total_steps=N``, progress off). ``driver_ms`` is the driver's
   busy time per step: its wall time outside ``ray.wait`` (launching actions, collecting results,
   metrics, logging, the streamed timeline). ``rss_mb`` is sampled every step for the driver and each
   worker (psutil on the workers' pids).
+- ``ray``: no verl-digen, the same number of actor calls per step as the real run made, at its step
+  time: the driver's growth that is Ray's own. The real row's ``driver_kb_per_step_over_ray`` is the
+  real driver's growth minus this one (verl-digen's share).
 
 One JSON row per run: ``steps``, ``driver_ms_per_step`` (mean), ``rss_mb`` (last sample per process),
 and the growth ratios last-10% / first-10% of the steps (medians of each tenth, so one cold first step
 does not flatter the ratio): ``driver_ms_growth`` and ``rss_growth`` (the largest over the processes;
 ``rss_growth_by_process`` has each), and ``rss_kb_per_step``: each process's growth per step in KB
 (last tenth's median minus the first's, over the steps between them). Targets: every growth <= 1.2; the
-driver's ``rss_kb_per_step`` <= 2 over 1,000 real steps.
+driver's ``rss_kb_per_step`` <= 2 over 1,000 real steps (the ``ray`` row shows how much of it is Ray's).
 
     python bench/soak.py --json                     # 5,000 simulated + 1,000 real steps (the real run is slow)
     python bench/soak.py --json --steps 200 --sim-steps 1000
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing
 import os
 import statistics
 import sys
@@ -41,7 +45,7 @@ import psutil  # noqa: E402
 from verl_digen.config import compose  # noqa: E402
 from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
-from verl_digen.reporting.progress import Recent  # noqa: E402
+from verl_digen.reporting.progress import Recent, forget_read  # noqa: E402
 from verl_digen.reporting.trace_stream import RecordStream  # noqa: E402
 from verl_digen.schedule.costs import OPTIMIZER_STEP, StageCosts  # noqa: E402
 from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
@@ -98,6 +102,8 @@ def soak_sim(steps: int, out_dir: str) -> dict:
         window_metrics(recent, state["last_end"], end, gen_names, trn_names)
         schedule_metrics(sched, a.step, state["last_end"], end - state["last_end"], recent, step_dec)
         stream.flush()
+        forget_read(sched.timeline.records, window, stream)
+        forget_read(sched.decisions, decisions)
         state["prev_start"], state["last_end"] = state["last_end"], end
         now = time.perf_counter()
         driver_ms.append(1e3 * (now - state["t"]))
@@ -149,13 +155,52 @@ def soak_real(steps: int, out_dir: str) -> dict:
             for i, w in enumerate(wg.workers if wg is not None else []):
                 procs[f"{name}{i}"] = psutil.Process(ray.get(w.runtime_info.remote())["pid"])
         t0 = mark["t"] = time.perf_counter()
-        trainer.fit()
+        result = trainer.fit()
         wall = time.perf_counter() - t0
     finally:
         ray.wait = real_wait
         DigenRuntime._report = report
         trainer.shutdown()
-    return _row("real", steps, driver_ms, rss, wall)
+    row = _row("real", steps, driver_ms, rss, wall)
+    row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on
+    return row
+
+
+def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
+    """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
+    by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
+    bookkeeping), the floor under the real run's; the difference is verl-digen's share."""
+    import ray
+
+    from verl_digen.driver.pools import ensure_ray
+
+    ensure_ray(compose(["trainer.progress=false", "trainer.logger=[]"]))
+
+    @ray.remote(num_cpus=0)
+    class Echo:
+        def call(self, x: int) -> int:
+            return x
+
+    actors = [Echo.remote(), Echo.remote()]
+    ray.get([a.call.remote(0) for a in actors])
+    proc = psutil.Process()
+    driver_ms: list[float] = []
+    rss: list[float] = []
+    t0 = time.perf_counter()
+    try:
+        for _ in range(steps):
+            start = time.perf_counter()
+            pending = [actors[i % 2].call.remote(i) for i in range(calls_per_step)]
+            while pending:
+                done, pending = ray.wait(pending, num_returns=1)
+                ray.get(done)
+            driver_ms.append(1e3 * (time.perf_counter() - start))
+            rss.append(float(proc.memory_info().rss))
+            time.sleep(max(0.0, step_s - (time.perf_counter() - start)))
+        wall = time.perf_counter() - t0
+    finally:
+        ray.shutdown()
+    return _row("ray", steps, driver_ms, {"driver": rss}, wall)
 
 
 def main() -> None:
@@ -172,13 +217,22 @@ def main() -> None:
     with tempfile.TemporaryDirectory(prefix="digen-soak-") as out:
         rows.append(soak_sim(args.sim_steps, out))
         if not args.skip_real:
-            rows.append(soak_real(args.steps, out))
+            real = soak_real(args.steps, out)
+            rows.append(real)
+            with multiprocessing.get_context("spawn").Pool(1) as fresh:  # a process of its own, as the real run's
+                ray_only = fresh.apply(soak_ray, (args.steps, round(real["ray_calls_per_step"]),
+                                                  real["wall_s"] / args.steps))
+            rows.append(ray_only)
+            real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
+                                                   - ray_only["rss_kb_per_step"]["driver"])
     for r in rows:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb"].items())
         print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
               f"(first tenth {r['driver_ms_first10']:.2f}, last {r['driver_ms_last10']:.2f}, growth "
               f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; driver "
               f"{r['rss_kb_per_step']['driver']:+.2f} KB/step; {r['wall_s']:.0f} s")
+        if "driver_kb_per_step_over_ray" in r:
+            print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:
         print(json.dumps(rows))
 

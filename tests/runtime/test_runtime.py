@@ -4,6 +4,7 @@ import json
 import pickle
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -12,11 +13,14 @@ import torch
 from runtime_helpers import compose_run
 
 from verl_digen.config import ConfigError
+from verl_digen.driver import runtime
 from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting.metric_names import step_names
+from verl_digen.reporting.progress import Recent, forget_read
 from verl_digen.schedule import TimelineError, check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
+from verl_digen.schedule.timeline import Record
 from verl_digen.workers import actor_memory
 
 pytestmark = pytest.mark.ray
@@ -119,14 +123,31 @@ def test_resume_reproduces_the_uninterrupted_run(ray_session, tmp_path):
     _assert_params_close(straight, resumed, atol=1e-10)
 
 
-def test_reward_rises_over_a_short_digen_run(ray_session, tmp_path):
+def test_reward_rises_over_a_short_digen_run_whose_driver_holds_only_a_window(ray_session, tmp_path, monkeypatch):
+    # no trace_dir: the timeline streams to a scratch file, which the run removes
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
     cfg = compose_run("model.dtype=float32", "model.latent_size=16", "data.train_batch_size=4", "rollout.n=4",
                       "rollout.micro_batch_size=4", "rollout.num_steps=6", "rollout.train_steps=4",
-                      "trainer.total_steps=8", tmp_path=tmp_path)
+                      "trainer.total_steps=8", "trainer.trace_dir=null", f"trainer.default_local_dir={tmp_path}")
+    held: list[int] = []  # records in the driver's memory after each step's forgetting
+
+    def counted(items, *readers):
+        gone = forget_read(items, *readers)
+        if readers and isinstance(readers[0], Recent) and items and isinstance(items[0], Record):
+            held.append(len(items))
+        return gone
+
+    monkeypatch.setattr(runtime, "forget_read", counted)
     result, _ = _run(cfg)
     rewards = [r.metrics["reward/mean"] for r in result.reports]
     spread = max(r.metrics["reward/std"] for r in result.reports)
     assert sum(rewards[-2:]) / 2 - sum(rewards[:2]) / 2 > 2 * spread, rewards
+    # the driver held about two steps of records at a time, and the whole run came back at the end
+    per_step = len(result.timeline.records) / 8
+    assert len(held) == 8 and max(held) <= 2.5 * per_step, (held, per_step)
+    check_timeline(result.timeline)
+    assert sorted(r.step for r in result.timeline.records if r.kind == OPTIMIZER_STEP) == list(range(8))
+    assert not list(tmp_path.glob("digen-timeline-*"))
 
 
 def test_heterogeneous_pools_land_on_their_nodes(tmp_path):

@@ -19,7 +19,9 @@ scheduling invariants at the end of every run; a violation is written next to th
 from __future__ import annotations
 
 import math
+import os
 import signal
+import tempfile
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -43,8 +45,9 @@ from verl_digen.driver.stopping import AbandonStep, GuardedBackend, RunStopped, 
 from verl_digen.reporting import metric_names as names
 from verl_digen.reporting import run_log
 from verl_digen.reporting.metrics import measured_profile, schedule_metrics, window_metrics
-from verl_digen.reporting.progress import Progress, Recent
-from verl_digen.reporting.trace_stream import RecordStream
+from verl_digen.reporting.progress import Progress, Recent, forget_read
+from verl_digen.reporting.step_reports import StepReport, StepReports
+from verl_digen.reporting.trace_stream import RecordStream, restore_segments
 from verl_digen.schedule import ScheduleConfig, StepScheduler
 from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
@@ -67,16 +70,8 @@ from verl_digen.workers.sync import WeightSync, sync_backend
 
 
 @dataclass
-class StepReport:
-    """What one global step measured (also logged through verl's Tracking)."""
-
-    step: int
-    metrics: dict[str, float]
-
-
-@dataclass
 class RunResult:
-    reports: list[StepReport] = field(default_factory=list)
+    reports: StepReports = field(default_factory=StepReports)
     timeline: Timeline | None = None
     final_step: int = 0
     profile_path: str | None = None
@@ -437,10 +432,16 @@ class DigenRuntime:
         self._segments = []
         progress = Progress(steps, self.cfg.trainer.progress, self.log)
         self._console.write = progress.write  # metric and checkpoint lines above the bar
-        t = self.cfg.trainer  # the timeline streamed to disk as the run goes (a crash keeps it; a resume appends)
-        stream = (RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), [],
-                               {"run_id": self.run_id, "mode": t.mode, "first_step": first}, keep_through=first)
-                  if t.trace_dir else None)
+        # the timeline streamed to disk as the run goes (a crash keeps it; a resume appends); without a
+        # trace_dir to a scratch file: either way the driver holds only a window of it until the end
+        t = self.cfg.trainer
+        header = {"run_id": self.run_id, "mode": t.mode, "first_step": first}
+        if t.trace_dir:
+            stream = RecordStream(Path(t.trace_dir, f"{t.mode}_timeline.jsonl"), [], header, keep_through=first)
+        else:
+            fd, scratch = tempfile.mkstemp(prefix="digen-timeline-", suffix=".jsonl")
+            os.close(fd)
+            stream = RecordStream(scratch, [], header)
         t0 = None
         try:
             base = first
@@ -450,15 +451,19 @@ class DigenRuntime:
                 if freq > 0:
                     self._validate(result, base)
         finally:
-            if stream is not None:
-                stream.close()
+            stream.close()
             progress.close()
             self._console.write = self.log
+            try:
+                restore_segments(stream.path, self._segments)
+            finally:
+                if not t.trace_dir:
+                    stream.path.unlink(missing_ok=True)
         result.timeline = concat_timelines(self._segments)
         return result
 
     def _run_segment(self, result: RunResult, base: int, steps: int, total: int, progress: Progress,
-                     stream: RecordStream | None, t0: float | None) -> float:
+                     stream: RecordStream, t0: float | None) -> float:
         """Global steps ``base + 1 .. base + steps`` through one scheduler; returns the time origin,
         which later segments share so the run's timeline stays one time axis."""
         sched = self._scheduler(steps)
@@ -472,9 +477,7 @@ class DigenRuntime:
         if t0 is not None:
             backend.t0 = t0
         self._segments.append((base - self.start_step, sched.timeline))
-        result.timeline = concat_timelines(self._segments)  # the live timeline while there is one segment
-        if stream is not None:
-            stream.follow(sched.timeline.records, base - self.start_step)
+        stream.follow(sched.timeline.records, base - self.start_step)
         last_end = prev_start = backend.now()  # a later segment's first step starts after the validation
         window = Recent(sched.timeline.records)
         decisions = Recent(getattr(sched, "decisions", []))
@@ -497,8 +500,9 @@ class DigenRuntime:
             if self._should_save(g + 1, last=g + 1 == total) or (stopping and self.cfg.trainer.save_freq > 0):
                 self._save(g + 1)
             result.checkpoint = self.last_checkpoint
-            if stream is not None:
-                stream.flush()
+            stream.flush()  # then forget what is on disk and behind this step's window
+            forget_read(sched.timeline.records, window, stream)
+            forget_read(decisions.items, decisions)
             progress.update(g + 1, result.reports[-1].metrics)
             if stopping and g + 1 < total:
                 self._check_signal(after=g + 1)

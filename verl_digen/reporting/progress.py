@@ -1,4 +1,5 @@
-"""Driver-side helpers of the step loop: a moving window over the growing timeline, and the progress bar."""
+"""Driver-side helpers of the step loop: a moving window over the growing timeline (and forgetting what
+every reader has passed), and the progress bar."""
 
 from __future__ import annotations
 
@@ -13,12 +14,24 @@ class Recent:
     which ``keep`` is false and returns the rest, so a long run never rescans its whole history."""
 
     def __init__(self, items: list) -> None:
-        self.items, self.start = items, 0
+        self.items, self.pos = items, 0
 
     def since(self, keep) -> list:
-        while self.start < len(self.items) and not keep(self.items[self.start]):
-            self.start += 1
-        return self.items[self.start:]
+        while self.pos < len(self.items) and not keep(self.items[self.pos]):
+            self.pos += 1
+        return self.items[self.pos:]
+
+
+def forget_read(items: list, *readers) -> int:
+    """Delete the leading ``items`` that every reader (each with a ``pos`` into ``items``: a
+    :class:`Recent`, a ``RecordStream``) has passed, and move the readers back; returns how many went.
+    The step loop calls it once a step, so the driver holds a window of the run, not its history."""
+    k = min(r.pos for r in readers)
+    if k > 0:
+        del items[:k]
+        for r in readers:
+            r.pos -= k
+    return k
 
 
 class Progress:

@@ -6,7 +6,9 @@ A run that dies (a killed driver, a lost node) still leaves every completed step
 "Runtime"). Each run starts with a header line naming it (``run_id``, ``first_step``); its records'
 steps and versions count from ``first_step`` and its times from its own start. A resumed run appends
 to the file after the records of the steps its checkpoint holds (what a crashed run did past them is
-dropped), so the file holds the whole history: :func:`read_runs` gives it run by run.
+dropped), so the file holds the whole history: :func:`read_runs` gives it run by run. The driver keeps
+only a window of records in memory while the run goes; :func:`restore_segments` reads the run back at
+its end.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from verl_digen.schedule.export import read_runs
-from verl_digen.schedule.timeline import Record, record_dict
+from verl_digen.schedule.timeline import Record, Timeline, record_dict
 
 
 class RecordStream:
@@ -74,6 +76,18 @@ def read_stream(path: str | Path) -> tuple[dict, list[dict]]:
     all)."""
     runs = read_runs(path)
     return runs[-1] if runs else ({}, [])
+
+
+def restore_segments(path: str | Path, segments: list[tuple[int, Timeline]]) -> None:
+    """Refill each ``(offset, timeline)`` segment of the file's last run with its records, read back from
+    the stream: the runtime drops records once streamed (``forget_read``), and rebuilds the whole
+    timeline here once, at the end, for the invariant check, the trace and the profile. A segment's
+    records are those of its steps, ``offset <= step < offset + timeline.steps``, back on its own step
+    and version numbering."""
+    _, rows = read_stream(path)
+    for offset, timeline in segments:
+        timeline.records[:] = [Record(**{**r, "step": r["step"] - offset, "version": r["version"] - offset})
+                               for r in rows if offset <= r["step"] < offset + timeline.steps]
 
 
 def _lines_through(path: Path, step: int) -> list[str]:
