@@ -36,7 +36,8 @@ def _policy_config(meta: dict[str, Any]):
                                    "it cannot be exported")
     tm = c.get("model.target_modules")
     return PolicyConfig(arch=c["model.arch"], pretrained=c.get("model.path"), dtype=c.get("model.dtype", "float32"),
-                        latent_size=c.get("model.latent_size"), num_frames=c.get("model.num_frames"),
+                        latent_size=c.get("model.latent_size"),
+                        latent_width=c.get("model.latent_width"), num_frames=c.get("model.num_frames"),
                         seed=int(c.get("model.seed", 0)), lora_rank=int(c.get("model.lora_rank", 0)),
                         lora_alpha=c.get("model.lora_alpha"), lora_target_modules=tuple(tm) if tm else None)
 

@@ -224,7 +224,7 @@ def test_every_unconverted_key_is_named():
     changed, at_default = vo.unmapped_keys(raw, used, defaults)
     # set by the recipe and not converted: named with their values; at defaults: named too
     assert changed == {"actor_rollout_ref.rollout.temperature": 0.5, "data.seed": 7, "trainer.brand_new": 1}
-    assert sorted(at_default) == ["actor_rollout_ref.rollout.top_k", "trainer.test_freq"]
+    assert sorted(at_default) == ["actor_rollout_ref.rollout.top_k"]  # test_freq is read: validation carries
 
 
 def test_converted_recipe_validates_and_logs_every_note(tmp_path):
@@ -251,12 +251,31 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
     assert (cfg.rollout.guidance_scale, cfg.rollout.shift, cfg.digen.tsp.degree) == (4.5, 3.0, 3)
     assert (cfg.reward.name, cfg.trainer.mode, cfg.trainer.logger) == ("jpeg_compressibility", "separate", ["console"])
     assert cfg.trainer.device == "cuda"  # verl-omni's `gpu`, converted; the same-named key does not override it
-    # verl-omni's validation set (a parquet dataset of its own layout) and test_freq do not carry over
+    # validation and resume carry over: val_files every test_freq steps, resume_mode=auto (verl-omni's default)
     val = _runnable(tmp_path)
-    val["data"] = {**val["data"], "val_files": "/nonexistent/test.parquet"}
-    val["trainer"] = {**val["trainer"], "test_freq": 5}
-    cfg = vo.to_run_config(val, log=lambda _: None)
-    assert (cfg.data.val_files, cfg.trainer.test_freq) == (None, -1)
+    val_file = val["data"]["train_files"]
+    val["data"] = {**val["data"], "val_files": [val_file]}
+    val["trainer"] = {**val["trainer"], "test_freq": 5, "log_val_generations": 4, "val_before_train": True,
+                      "resume_mode": "auto"}
+    notes: list[str] = []
+    cfg = vo.to_run_config(val, log=notes.append)
+    assert (cfg.data.val_files, cfg.trainer.test_freq, cfg.trainer.log_val_generations) == (val_file, 5, 4)
+    assert cfg.trainer.resume_from == "auto"
+    assert any("trainer.val_before_train=True: verl-digen validates after every" in n for n in notes)
+    off = {**val, "trainer": {**val["trainer"], "test_freq": -1, "resume_mode": "disable"}}
+    cfg = vo.to_run_config(off, log=lambda _: None)  # verl-omni's placeholder val_files stay unused
+    assert (cfg.data.val_files, cfg.trainer.test_freq, cfg.trainer.resume_from) == (None, -1, None)
+    for trainer, data, key in (({"resume_mode": "resume_path"}, {}, "trainer.resume_from_path"),
+                               ({"resume_mode": "latest"}, {}, "trainer.resume_mode"),
+                               ({}, {"val_files": [val_file, val_file]}, "data.val_files"),
+                               ({}, {"val_files": "/nonexistent/test.parquet"}, "data.val_files")):
+        bad = {**val, "trainer": {**val["trainer"], **trainer}, "data": {**val["data"], **data}}
+        with pytest.raises(ConfigError, match=f"config key '{re.escape(key)}'"):
+            vo.to_run_config(bad, log=lambda _: None)
+    ckpt = tmp_path / "ckpt" / "global_step_3"
+    path = {**val, "trainer": {**val["trainer"], "resume_mode": "resume_path", "resume_from_path": str(ckpt)}}
+    with pytest.raises(ConfigError, match="config key 'trainer.resume_from_path'"):  # no such checkpoint yet
+        vo.to_run_config(path, log=lambda _: None)
 
     with pytest.raises(ConfigError, match="resources"):  # the pool split has no verl-omni counterpart
         vo.to_run_config({k: v for k, v in good.items() if k != "resources"}, log=lambda _: None)
@@ -429,6 +448,41 @@ def test_latent_size_uses_the_architectures_vae_compression():
     assert latent("/ckpt/wan2_2_ti2v") == (44, "wan2_2")
     assert latent("Wan-AI/Wan2.2-TI2V-5B-Diffusers", vae_scale_factor=8) == (88, "wan2_2")
     assert latent("stabilityai/stable-diffusion-3.5-medium") == (88, "sd3")
+
+
+def test_video_sizes_and_frames_carry_over_as_diffusers_generates_them(tmp_path):
+    """Wan2.2 DanceGRPO's 704x1280, 8 frames: a non-square latent (44 x 80 with the 16x VAE) and the 9 frames
+    diffusers' pipeline really generates (it rounds 8 to 4k + 1); a side off the packing grid is rounded
+    down as the pipeline does; frames on an image model are noted, not carried."""
+    from verl_digen.config import ConfigError
+
+    def convert(path: str, **pipeline) -> tuple[dict, list[str]]:
+        notes: list[str] = []
+        out = vo.from_verl_omni_config({"actor_rollout_ref": {"model": {"path": path},
+                                                              "rollout": {"pipeline": pipeline}}}, notes=notes)
+        return out, notes
+
+    out, notes = convert("Wan-AI/Wan2.2-TI2V-5B-Diffusers", height=704, width=1280, num_frames=8)
+    assert (out["model.latent_size"], out["model.latent_width"], out["model.num_frames"]) == (44, 80, 9)
+    assert any("num_frames=8: diffusers' wan2_2 pipeline generates 9 frames" in n for n in notes)
+    out, notes = convert("Wan-AI/Wan2.1-T2V-1.3B-Diffusers", height=480, width=480, num_frames=33)
+    assert (out["model.latent_size"], out["model.num_frames"]) == (60, 33) and "model.latent_width" not in out
+    assert not any("num_frames" in n or "rounded" in n for n in notes)
+    out, notes = convert("black-forest-labs/FLUX.1-dev", height=520, width=1024, num_frames=4)
+    assert (out["model.latent_size"], out["model.latent_width"]) == (64, 128) and "model.num_frames" not in out
+    assert any("height=520: rounded down to 512 px" in n for n in notes)
+    assert any("num_frames=4: not used by the image model flux" in n for n in notes)
+    with pytest.raises(ConfigError, match=r"config key 'actor_rollout_ref.rollout.pipeline.width' = 8 .*at least 16"):
+        convert("black-forest-labs/FLUX.1-dev", height=512, width=8)
+    # the converted Wan2.2 recipe validates (it used to fail on model.num_frames, a key the user never set)
+    wan = _runnable(tmp_path)
+    wan["actor_rollout_ref"] = copy.deepcopy(wan["actor_rollout_ref"])
+    wan["actor_rollout_ref"]["model"]["path"] = "Wan-AI/Wan2.2-TI2V-5B-Diffusers"
+    wan["actor_rollout_ref"]["rollout"]["pipeline"].update(height=704, width=1280, num_frames=8)
+    wan["actor_rollout_ref"]["rollout"]["algo"]["sde_type"] = "dance_sde"
+    cfg = vo.to_run_config(wan, log=lambda _: None)
+    assert (cfg.model.arch, cfg.model.latent_size, cfg.model.latent_width, cfg.model.num_frames) == (
+        "wan2_2", 44, 80, 9)
 
 
 def test_a_cpu_run_through_verl_omnis_entry_sets_the_cpu_platform_before_verl_detects_one():

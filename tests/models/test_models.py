@@ -26,7 +26,7 @@ from verl_digen.models import (
     lora_state_dict,
 )
 from verl_digen.models.conditioning import HashedPromptEncoder, PipelinePromptEncoder
-from verl_digen.models.packing import pack_2x2, unpack_2x2
+from verl_digen.models.packing import image_ids, pack_2x2, unpack_2x2
 from verl_digen.models.tiny import tiny_components
 
 ARCHS = ["flux", "sd3", "qwen_image", "wan", "wan2_2", "hunyuan_video"]
@@ -151,6 +151,31 @@ def test_packing_roundtrip():
     x = torch.randn(2, 4, 6, 8)
     assert pack_2x2(x).shape == (2, 12, 16)
     assert torch.equal(unpack_2x2(pack_2x2(x), 6, 8), x)
+
+
+@pytest.mark.parametrize("pipeline", ["FluxPipeline", "QwenImagePipeline"])
+def test_non_square_packing_and_positions_equal_the_diffusers_pipelines(pipeline):
+    """A 6 x 10 latent (rows x columns) is packed, unpacked and positioned as diffusers' own pipeline does it
+    for a 48 x 80 px image (its helpers, vae_scale_factor 8): a swapped height and width would differ."""
+    cls = getattr(diffusers, pipeline)
+    x = torch.randn(2, 4, 6, 10, dtype=F64)
+    tokens = cls._pack_latents(x, 2, 4, 6, 10)
+    assert torch.equal(pack_2x2(x), tokens)
+    assert torch.equal(unpack_2x2(tokens, 6, 10), cls._unpack_latents(tokens, 48, 80, 8).reshape(x.shape))
+    if pipeline == "FluxPipeline":
+        assert torch.equal(image_ids(6, 10, "cpu", F64), cls._prepare_latent_image_ids(2, 3, 5, "cpu", F64))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_non_square_latents_sample_and_decode_with_height_and_width_in_place(arch):
+    model = build_model(arch, dtype="float64", latent_size=4, latent_width=6)
+    assert tuple(model.latent_shape[-2:]) == (4, 6)
+    x, s, c = inputs(model, b=2)
+    assert model.velocity(x, s, c, 1.0).shape == x.shape
+    h, w = model.decode(x).shape[-2:]
+    assert h * 6 == w * 4 and h > 4  # pixels keep the latent's aspect ratio
+    with pytest.raises(ValueError, match="latent_width must be a positive even number, got 5"):
+        build_model(arch, latent_size=4, latent_width=5)
 
 
 # -- decoding -------------------------------------------------------------------------------------------
@@ -374,6 +399,8 @@ def test_real_loading_path_on_a_saved_tiny_pipeline(arch, tmp_path):
     x, s, c = inputs(model, b=2)
     assert model.velocity(x, s, c, 3.0).shape == x.shape
     assert model.decode(x).shape == (2, 3, 32, 32)
+    wide = build_model(arch, pretrained=str(tmp_path), dtype=F64, latent_size=4, latent_width=8, text_encoders=False)
+    assert wide.latent_shape == (4, 4, 8) and wide.decode(inputs(wide, b=1)[0]).shape == (1, 3, 8, 16)
     # the trainer-side path: only the transformer, from its subfolder; LoRA applies to it too
     transformer = load_transformer(arch, str(tmp_path), torch.float32)
     assert type(transformer) is type(saved)

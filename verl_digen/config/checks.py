@@ -37,7 +37,8 @@ LATENT_CHANNELS = 16  # every supported VAE (FLUX, SD3.5, Qwen-Image, Wan2.1, Hu
 
 #: the config a checkpoint records, checked on resume (changed keys are refused unless allowed)
 RESUME_KEYS = (
-    "model.arch", "model.path", "model.dtype", "model.latent_size", "model.num_frames", "model.seed",
+    "model.arch", "model.path", "model.dtype", "model.latent_size", "model.latent_width", "model.num_frames",
+    "model.seed",
     "model.lora_rank", "model.lora_alpha", "model.target_modules",
     "data.train_files", "data.train_batch_size", "data.synthetic_prompts",
     "rollout.n", "rollout.num_steps", "rollout.shift", "rollout.sde_type", "rollout.noise_level",
@@ -119,9 +120,10 @@ def step_bytes(cfg: Any) -> tuple[int, int]:
     Update Queue at once, plus the TCSS share of the next step's."""
     m, r = cfg.model, cfg.rollout
     samples = cfg.data.train_batch_size * r.n
-    side = m.latent_size if m.latent_size is not None else 64
+    height = m.latent_size if m.latent_size is not None else 64
+    width = m.latent_width if m.latent_width is not None else height
     frames = (m.num_frames - 1) // 4 + 1 if m.num_frames else 1  # the video VAEs' 4x temporal compression
-    per_sample = LATENT_CHANNELS * side * side * frames * (r.num_steps + 1) * 4
+    per_sample = LATENT_CHANNELS * height * width * frames * (r.num_steps + 1) * 4
     ahead = 1 + (cfg.digen.tcss.staleness or 0)
     return samples * DRIVER_BYTES_PER_SAMPLE, int(samples * ahead * per_sample)
 
@@ -138,9 +140,10 @@ def sizes(cfg: Any) -> None:
         raise ConfigError("rollout.num_steps", r.num_steps,
                           f"at most {MAX_SAMPLING_STEPS} sampling steps (flow-matching "
                           "samplers use 10-50; each is a transformer forward per sample and a latent kept per step)")
-    if m.latent_size is not None and m.latent_size > MAX_LATENT:
-        raise ConfigError("model.latent_size", m.latent_size, f"an even number in [2, {MAX_LATENT}] (latents per side; "
-                          f"{MAX_LATENT} is {MAX_LATENT * 8} px with the 8x VAEs)")
+    for key, side in (("model.latent_size", m.latent_size), ("model.latent_width", m.latent_width)):
+        if side is not None and side > MAX_LATENT:
+            raise ConfigError(key, side, f"an even number in [2, {MAX_LATENT}] (latents per side; "
+                              f"{MAX_LATENT} is {MAX_LATENT * 8} px with the 8x VAEs)")
     if cfg.actor.lr > MAX_LR:
         raise ConfigError("actor.lr", cfg.actor.lr,
                           f"a number in (0, {MAX_LR:g}] (AdamW moves every weight by about lr "
@@ -156,8 +159,8 @@ def sizes(cfg: Any) -> None:
     if cfg.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS") and trajectories > ram // 2:
         raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                           f"a batch whose trajectories fit this machine: {samples:,} samples per step hold "
-                          f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.num_frames, "
-                          f"rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
+                          f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.latent_width, "
+                          f"model.num_frames, rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
 
 
 def inert_lora_keys(cfg: Any) -> None:
@@ -303,7 +306,7 @@ def lora_targets(cfg: Any) -> None:
 
     with torch.random.fork_rng():
         model = build_model(m.arch, pretrained=None, dtype=torch.float32, device="cpu", seed=m.seed,
-                            latent_size=m.latent_size, num_frames=m.num_frames)
+                            latent_size=m.latent_size, latent_width=m.latent_width, num_frames=m.num_frames)
     names = [n for n, _ in model.transformer.named_modules() if n]
     missing = [t for t in m.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
     if missing:

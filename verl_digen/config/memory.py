@@ -122,8 +122,8 @@ def _tiny_size(cfg: RunConfig) -> ModelSize:
     from verl_digen.models import build_model
     from verl_digen.models.tiny import TINY_TEXT_LEN
 
-    model = build_model(cfg.model.arch, latent_size=cfg.model.latent_size, num_frames=cfg.model.num_frames,
-                        seed=cfg.model.seed)
+    model = build_model(cfg.model.arch, latent_size=cfg.model.latent_size, latent_width=cfg.model.latent_width,
+                        num_frames=cfg.model.num_frames, seed=cfg.model.seed)
     t = model.transformer
     names = set(getattr(t, "_no_split_modules", None) or ())
     blocks = sum(1 for mod in t.modules() if type(mod).__name__ in names) or 1

@@ -31,7 +31,8 @@ class ModelConfig:
     arch: str = "flux"
     path: str | None = None  # local path or hub id of a diffusers pipeline; None = tiny random weights
     dtype: str = "float32"
-    latent_size: int | None = 16  # latent side (pixels / 8); null: the architecture's default size
+    latent_size: int | None = 16  # latent height (pixels / 8); null: the architecture's default size
+    latent_width: int | None = None  # latent width when it differs from the height; null: square
     num_frames: int | None = None
     seed: int = 0
     lora_rank: int = 0
@@ -238,8 +239,8 @@ class RunConfig:
         reward = with_custom_reward(reward, self.custom_reward_function)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
-                                num_frames=m.num_frames, seed=m.seed, lora_rank=m.lora_rank,
-                                lora_alpha=m.lora_alpha,
+                                latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,
+                                lora_rank=m.lora_rank, lora_alpha=m.lora_alpha,
                                 lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
             sampler=self.sampler(),
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),

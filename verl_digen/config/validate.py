@@ -78,8 +78,12 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(known_archs())}") from None
     _choice("model.dtype", cfg.model.dtype, PRECISIONS)
     _positive("model.lora_rank", cfg.model.lora_rank, allow_zero=True)
-    if cfg.model.latent_size is not None and (cfg.model.latent_size < 2 or cfg.model.latent_size % 2):
-        raise ConfigError("model.latent_size", cfg.model.latent_size, "a positive even number (latents are 2x2-packed)")
+    for key, side in (("model.latent_size", cfg.model.latent_size), ("model.latent_width", cfg.model.latent_width)):
+        if side is not None and (isinstance(side, bool) or side < 2 or side % 2):
+            raise ConfigError(key, side, "a positive even number (latents are 2x2-packed)")
+    if cfg.model.latent_width is not None and cfg.model.latent_size is None:
+        raise ConfigError("model.latent_width", cfg.model.latent_width, "null unless model.latent_size (the latent "
+                          "height) is set too: a null latent_size means the architecture's default square")
     _check_frames(cfg.model)
     names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
     for name in names:

@@ -134,6 +134,7 @@ def load_pretrained(
     width: int | None = None,
     num_frames: int | None = None,
     latent_size: int | None = None,
+    latent_width: int | None = None,
     text_encoders: bool = True,
     negative_prompt: str = "",
     local_files_only: bool = True,
@@ -141,8 +142,8 @@ def load_pretrained(
     """A ``DiffusionModel`` from a saved diffusers pipeline. Prompts go through the pipeline's text
     encoders; if the pipeline has none (``text_encoders=False`` or saved without them), through hashed
     embeddings shaped for the transformer. A pipeline missing only some text encoders is an error.
-    ``latent_size`` (latent side) sets height = width = latent_size x the VAE's spatial compression
-    when neither is given."""
+    ``latent_size`` (the latent height) and ``latent_width`` (None: square) set height and width, in
+    latents x the VAE's spatial compression, when neither is given."""
     arch = canonical_arch(arch)
     cls = MODEL_REGISTRY[arch]
     spec = cls.pretrained
@@ -160,7 +161,8 @@ def load_pretrained(
     pipe.to(device)
     transformer = pipe.transformer
     if latent_size is not None and height is None and width is None:
-        height = width = latent_size * cls.vae_factors(pipe.vae)[0]
+        factor = cls.vae_factors(pipe.vae)[0]
+        height, width = latent_size * factor, (latent_width or latent_size) * factor
     encoder = PipelinePromptEncoder(pipe, cls) if all(present) else hashed_encoder_for(arch, transformer)
     shape = latent_shape_for(arch, transformer, pipe.vae, height, width, num_frames)
     scheduler = getattr(pipe, "scheduler", None)

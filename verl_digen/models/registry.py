@@ -27,6 +27,7 @@ def build_tiny_model(
     latent_size: int | None = None,
     num_frames: int = 3,
     guidance_embeds: bool | None = None,
+    latent_width: int | None = None,
 ) -> DiffusersAdapter:
     """Tiny random-weight ``arch`` (same seed, same weights). See ``tiny.build_tiny``."""
     return build_tiny(
@@ -37,6 +38,7 @@ def build_tiny_model(
         latent_size=latent_size,
         num_frames=num_frames,
         guidance_embeds=guidance_embeds,
+        latent_width=latent_width,
     )
 
 
@@ -49,12 +51,13 @@ def build_model(
     seed: int = 0,
     latent_size: int | None = None,
     num_frames: int | None = None,
+    latent_width: int | None = None,
     **kwargs: Any,
 ) -> DiffusersAdapter:
     """``pretrained=None`` (or "tiny") builds the tiny model; otherwise loads ``pretrained`` (local path
     or cached hub id) with ``load_pretrained`` (``kwargs``: height, width, text_encoders, ...).
-    ``latent_size`` is the latent side in both cases (pixels = the VAE's spatial compression x latent
-    for real weights, e.g. 8 for FLUX, 16 for Wan2.2);
+    ``latent_size`` / ``latent_width`` are the latent height / width in both cases (width None: square;
+    pixels = the VAE's spatial compression x latent for real weights, e.g. 8 for FLUX, 16 for Wan2.2);
     ``num_frames`` counts latent frames for tiny models and pixel frames (4k + 1) for real weights.
     ``dtype`` may be a torch dtype or a config string ("float32", "bf16", ...)."""
     arch = canonical_arch(arch)
@@ -66,10 +69,12 @@ def build_model(
             dtype=dtype,
             device=device,
             latent_size=latent_size,
+            latent_width=latent_width,
             num_frames=num_frames or 3,
             **kwargs,
         )
-    return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, latent_size=latent_size, **kwargs)
+    return load_pretrained(arch, pretrained, dtype, device, num_frames=num_frames, latent_size=latent_size,
+                           latent_width=latent_width, **kwargs)
 
 
 def parse_dtype(dtype: torch.dtype | str) -> torch.dtype:

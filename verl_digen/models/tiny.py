@@ -71,20 +71,24 @@ def build_tiny(
     latent_size: int | None = None,
     num_frames: int = 3,
     guidance_embeds: bool | None = None,
+    latent_width: int | None = None,
 ) -> DiffusersAdapter:
-    """A tiny random-weight model of ``arch``; ``latent_size`` is H = W of the latent (default 32 for
-    images, 16 for video), ``num_frames`` the latent frame count for video. ``guidance_embeds``
+    """A tiny random-weight model of ``arch``; ``latent_size`` is the latent height (default 32 for
+    images, 16 for video), ``latent_width`` its width (default: ``latent_size``, a square),
+    ``num_frames`` the latent frame count for video. ``guidance_embeds``
     overrides the distilled-guidance switch where the class has one (FLUX defaults to True like
     FLUX.1-dev; False gives an undistilled FLUX that uses real CFG)."""
     cls = MODEL_REGISTRY[canonical_arch(arch)]
     video = cls.latent_ndim == 5
     if latent_size is None:
         latent_size = 16 if video else 32
-    if latent_size <= 0 or latent_size % 2:
-        raise ValueError(f"latent_size must be a positive even number, got {latent_size}")
+    latent_width = latent_size if latent_width is None else latent_width
+    for name, side in (("latent_size", latent_size), ("latent_width", latent_width)):
+        if side <= 0 or side % 2:
+            raise ValueError(f"{name} must be a positive even number, got {side}")
     transformer, vae = tiny_components(cls.arch, seed, guidance_embeds)
     transformer = cast_module(transformer, dtype, device)
     vae = cast_module(vae, dtype, device)
-    side = (latent_size, latent_size)
+    side = (latent_size, latent_width)
     shape = (TINY_LATENT_CHANNELS, num_frames, *side) if video else (TINY_LATENT_CHANNELS, *side)
     return cls(transformer, vae, tiny_prompt_encoder(cls.arch), shape)

@@ -24,6 +24,7 @@ class PolicyConfig:
     pretrained: str | None = None
     dtype: str = "float32"
     latent_size: int | None = None
+    latent_width: int | None = None  # None: square (latent_size)
     num_frames: int | None = None
     seed: int = 0  # initial weights of tiny models
     lora_rank: int = 0  # 0 = full fine-tuning

@@ -67,7 +67,7 @@ def build_policy(cfg: WorkerConfig, device: torch.device | str = "cpu", dtype: s
     p = cfg.policy
     model = build_model(
         p.arch, pretrained=p.pretrained, dtype=parse_dtype(dtype or p.dtype), device=device, seed=p.seed,
-        latent_size=p.latent_size, num_frames=p.num_frames,
+        latent_size=p.latent_size, latent_width=p.latent_width, num_frames=p.num_frames,
     )
     if p.lora:
         # peft draws the A matrices from the global RNG: seed it so every worker gets the same adapters

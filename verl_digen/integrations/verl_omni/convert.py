@@ -19,6 +19,7 @@ logger = logging.getLogger(__name__)
 # verl-omni's rollout.algo.sde_type -> verl-digen's rollout.sde_type (same SDE step, same noise_level role)
 SDE_TYPES = {"sde": "flow_grpo", "cps": "cps", "dance_sde": "dance_grpo"}
 VAE_SCALE_FACTOR = 8  # verl-omni's default model.vae_scale_factor (pixels per latent cell)
+PIPELINE_SIDE = 512  # verl-omni's default rollout.pipeline.height and width (pixels)
 ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen model.arch
     ("qwen-image", "qwen_image"), ("qwen_image", "qwen_image"), ("flux", "flux"),
     ("stable-diffusion-3", "sd3"), ("sd3", "sd3"), ("hunyuan", "hunyuan_video"),
@@ -38,10 +39,9 @@ ENTRY_KEYS = ("ray_kwargs", "transfer_queue", "trainer.use_v1", "trainer.v1.trai
               f"{ARR}.rollout.agent.agent_loop_manager_class")
 # top-level sections that exist only in verl-digen's schema (verl-omni has none of these names)
 DIGEN_ONLY_SECTIONS = ("model", "rollout", "actor", "resources", "digen")
-#: same-named keys whose verl-omni values do not carry over: its validation set is a parquet dataset of
-#: its own layout, scored by its own reward stack (verl-digen's validation pass runs from its own entry
-#: point, docs/migrating-from-verl-omni.md)
-NOT_CARRIED = frozenset({"data.val_files", "trainer.test_freq"})
+#: same-named keys that the mapping alone decides (verl-omni's placeholder ``val_files`` default is used
+#: only when ``test_freq`` > 0, where the mapping carries both)
+NOT_CARRIED = frozenset({"data.val_files", "trainer.test_freq", "trainer.log_val_generations"})
 
 
 def _get(cfg: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
@@ -259,10 +259,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
                      f"scale is {ARR}.rollout.pipeline.{cfg_key}={scale}")
     height, width = get(f"{ARR}.rollout.pipeline.height"), get(f"{ARR}.rollout.pipeline.width")
     vae = int(get(f"{ARR}.model.vae_scale_factor") or _default_vae_scale(arch))
-    if height is not None and height == width:
-        put("model.latent_size", int(height) // vae, src=f"{ARR}.rollout.pipeline.height")
-    elif height is not None:
-        notes.append(f"{ARR}.rollout.pipeline.height/width={height}x{width}: verl-digen uses square latents")
+    _image_size(height, width, vae, put, notes)
+    _video_frames(get(f"{ARR}.rollout.pipeline.num_frames"), arch, put, notes)
     sched, where = _scheduler_config(path)
     if sched is not None:
         out["rollout.shift"] = scheduler_shift(sched, height, width, vae)
@@ -345,6 +343,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
                      f"{_get(cfg, 'trainer.total_epochs')} and the dataset; verl-digen does not, and runs "
                      "trainer.total_steps (its default unless set)")
     take("trainer.seed", f"{ARR}.rollout.seed", int)
+    _validation_and_resume(get, put, take, notes)
     for key in ("project_name", "experiment_name", "save_freq", "default_local_dir"):
         take(f"trainer.{key}", f"trainer.{key}")
     loggers = get("trainer.logger")
@@ -365,6 +364,82 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):  # the pool split replaces them (resources.*)
         used.add(key)
     return out
+
+
+def _image_size(height: Any, width: Any, vae: int, put: Callable[..., None], notes: list[str]) -> None:
+    """verl-omni's pixel ``height`` x ``width`` as the latent height (``model.latent_size``) and width
+    (``model.latent_width``, set only when it differs). As diffusers' pipelines do, a side that is not a
+    multiple of the VAE's compression x 2 (the 2x2 packing) is rounded down to one, with a note."""
+    if height is None and width is None:
+        return
+    sides = {"height": int(height if height is not None else PIPELINE_SIDE),
+             "width": int(width if width is not None else PIPELINE_SIDE)}
+    latent = {name: 2 * (px // (2 * vae)) for name, px in sides.items()}
+    for name, px in sides.items():
+        if latent[name] < 2:
+            raise _refuse(f"{ARR}.rollout.pipeline.{name}", px, f"at least {2 * vae} px (the VAE's {vae}x compression "
+                          "times the 2x2 latent packing)")
+        if latent[name] * vae != px:
+            notes.append(f"{ARR}.rollout.pipeline.{name}={px}: rounded down to {latent[name] * vae} px (a multiple of "
+                         f"{2 * vae}), as diffusers' pipeline does")
+    put("model.latent_size", latent["height"], src=f"{ARR}.rollout.pipeline.height")
+    if latent["width"] != latent["height"]:
+        put("model.latent_width", latent["width"], src=f"{ARR}.rollout.pipeline.width")
+
+
+def _video_frames(frames: Any, arch: str | None, put: Callable[..., None], notes: list[str]) -> None:
+    """verl-omni's ``pipeline.num_frames`` as ``model.num_frames`` for a video model. diffusers' video
+    pipelines generate ``4k + 1`` frames (their VAEs compress time 4x causally) and round any other count to
+    ``n // 4 * 4 + 1``; verl-digen takes the count the pipeline really generates, with a note."""
+    if frames is None:
+        return
+    from verl_digen.models.arch import MODEL_REGISTRY
+
+    key = f"{ARR}.rollout.pipeline.num_frames"
+    if arch is None or MODEL_REGISTRY[arch].latent_ndim != 5:
+        if int(frames) != 1:  # verl-omni's default is 1
+            notes.append(f"{key}={frames}: not used by the image model {arch or '(unknown architecture)'}")
+        return
+    n = int(frames)
+    temporal = MODEL_REGISTRY[arch].vae_factors(None)[1]
+    generated = n if n % temporal == 1 else n // temporal * temporal + 1
+    put("model.num_frames", generated, src=key)
+    if generated != n:
+        notes.append(f"{key}={n}: diffusers' {arch} pipeline generates {generated} frames ({temporal}k + 1; it rounds "
+                     f"{n}), and so does verl-digen (model.num_frames={generated})")
+
+
+def _validation_and_resume(get: Callable[..., Any], put: Callable[..., None], take: Callable[..., Any],
+                           notes: list[str]) -> None:
+    """verl-omni's validation (``data.val_files`` every ``trainer.test_freq`` steps) and resume
+    (``trainer.resume_mode``: ``auto``, its default, resumes from the latest checkpoint in
+    ``default_local_dir``; ``disable``; ``resume_path`` with ``trainer.resume_from_path``)."""
+    freq, val = get("trainer.test_freq"), get("data.val_files")
+    if isinstance(val, (list, tuple)) and len(val) == 1:
+        val = val[0]
+    if freq is not None and int(freq) > 0:
+        if not (isinstance(val, str) and val.endswith((".txt", ".jsonl", ".parquet"))):
+            raise _refuse("data.val_files", val, f"one .txt, .jsonl or .parquet prompt file (trainer.test_freq={freq} "
+                          "validates on it)")
+        put("data.val_files", val, src="data.val_files")
+        put("trainer.test_freq", int(freq), src="trainer.test_freq")
+        take("trainer.log_val_generations", "trainer.log_val_generations", int)
+        if get(f"{ARR}.rollout.val_kwargs") is not None:
+            notes.append(f"{ARR}.rollout.val_kwargs: validation samples with the training sampler "
+                         "(rollout.num_steps, rollout.noise_level), on a fixed seed stream")
+    if get("trainer.val_before_train") and freq is not None and int(freq) > 0:
+        notes.append("trainer.val_before_train=True: verl-digen validates after every trainer.test_freq-th step and "
+                     "after the last one, not before the first")
+    mode = get("trainer.resume_mode")
+    if mode == "auto":
+        put("trainer.resume_from", "auto", src="trainer.resume_mode")
+    elif mode == "resume_path":
+        path = get("trainer.resume_from_path")
+        if not path:
+            raise _refuse("trainer.resume_from_path", path, "a checkpoint directory (trainer.resume_mode=resume_path)")
+        put("trainer.resume_from", str(path), src="trainer.resume_from_path")
+    elif mode not in (None, "disable"):
+        raise _refuse("trainer.resume_mode", mode, "one of auto, disable, resume_path")
 
 
 def _dtype(value: Any, key: str = f"{ARR}.actor.fsdp_config.model_dtype") -> str | None:
