@@ -355,6 +355,58 @@ def test_tsp_loss_with_cfg_and_kl_to_a_reference_equals_an_independent_loss():
     assert got.summary()["kl"] > 0
 
 
+def _verl_omni_sde_mean_and_std(x, v, s, s_next, eta, sigma_max):
+    """verl-omni's Flow-GRPO step (flow_match_sde.py, sde_type=sde), written out: the mean and its std_dev_t
+    (the step's real std is std_dev_t sqrt(|dt|)); sigma = 1 takes sigma_max in the std, as there."""
+    dt = s_next - s
+    std_t = math.sqrt(s / (1 - (sigma_max if s == 1 else s))) * eta
+    mean = x * (1 + std_t**2 / (2 * s) * dt) + v * (1 + std_t**2 * (1 - s) / (2 * s)) * dt
+    return mean, std_t
+
+
+def test_dt_weighted_kl_equals_verl_omnis_flow_grpo_kl_on_a_shifted_schedule():
+    """With actor.kl_dt_weighted (what the converter sets for verl-omni's sde), the loss's KL is verl-omni's
+    |mu - mu_ref|^2 / (2 std_t^2), row by row, on a shift-3 schedule whose |dt| differs at every step."""
+    model = build_tiny_model("sd3", dtype=D, latent_size=8)
+    cfg = SamplerConfig(num_steps=4, shift=3.0, sde="flow_grpo", eta=0.7, selection=StepSelection("first_k", k=3),
+                        decode=False)
+    prompts = ["a cat", "a cat"]
+    traj = sample_trajectories(model, model.encode_prompts(prompts), prompts, [0, 0], [0, 1], cfg,
+                               seed=2, step=0, version=0)
+    traj.advantages = torch.tensor([0.0, 0.0], dtype=D)  # zero advantages: the loss is the KL term alone
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(6)
+        for p in model.transformer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+    def reference(x, sigma, cond):
+        return ref.velocity(x, sigma, cond, cfg.guidance_scale)
+
+    sigma_max = float(cfg.sigmas(D)[1])
+    dts, want = set(), 0.0
+    for i in range(2):
+        one = slice(i, i + 1)
+        for j in range(3):
+            x, sig = traj.states[one, j], traj.sigmas[one, j]
+            s, s_next = float(traj.sigmas[i, j]), float(traj.sigmas_next[i, j])
+            mean, std_t = _verl_omni_sde_mean_and_std(x, model.velocity(x, sig, traj.cond.index(one), 1.0), s, s_next,
+                                                      cfg.eta, sigma_max)
+            ref_mean, _ = _verl_omni_sde_mean_and_std(x, ref.velocity(x, sig, traj.cond.index(one), 1.0), s, s_next,
+                                                      cfg.eta, sigma_max)
+            want += float(((mean - ref_mean) ** 2).mean().detach()) / (2 * std_t**2)
+            dts.add(round(s - s_next, 12))
+    assert len(dts) == 3  # the shift makes every trained step's |dt| different
+    coef, scale = 0.1, 0.5
+    weighted = cfg.train_config(LossConfig(kl_coef=coef, kl_dt_weighted=True))
+    got = tsp_backward(model, traj, weighted, scale, degree=1, reference=reference)
+    assert got.summary()["loss"] == pytest.approx(scale * coef * want, rel=1e-9)
+    model.transformer.zero_grad()
+    plain = tsp_backward(model, traj, cfg.train_config(LossConfig(kl_coef=coef)), scale, degree=1, reference=reference)
+    assert plain.summary()["loss"] != pytest.approx(scale * coef * want, rel=1e-3)  # the Gaussian KL differs
+    model.transformer.zero_grad()
+
+
 def test_ode_and_full_noise_transitions():
     from verl_digen.algo.sde import check_sde, transition
 

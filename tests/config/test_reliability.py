@@ -291,6 +291,15 @@ def _ckpt_partial(tmp_path: Path) -> str:
     return str(path.rename(path.parent / ".partial-global_step_1"))
 
 
+def _foreign_checkpoint(tmp_path: Path) -> str:
+    """A checkpoint directory another trainer wrote (verl-omni's layout: actor/ and a step marker)."""
+    step = tmp_path / "omni" / "global_step_3"
+    (step / "actor").mkdir(parents=True)
+    (step / "actor" / "model_world_size_1_rank_0.pt").write_bytes(b"weights")
+    (tmp_path / "omni" / "latest_checkpointed_iteration.txt").write_text("3")
+    return str(tmp_path / "omni")
+
+
 def _ckpt(tmp_path: Path, *overrides: str) -> str:
     return str(fake_checkpoint(tmp_path / "c", 1, compose(list(overrides))))
 
@@ -379,6 +388,10 @@ BAD_INPUT = {
     "latent-width-without-height": (lambda t: ["model.latent_size=null", "model.latent_width=8"], "model.latent_width",
                                     "null unless model.latent_size"),
     "lr-huge": (lambda t: ["actor.lr=1e30"], "actor.lr", "a number in (0, 1]"),
+    "kl-weight-without-kl": (lambda t: ["actor.kl_dt_weighted=true"], "actor.kl_dt_weighted",
+                             "false while actor.kl_coef=0"),
+    "other-trainers-checkpoints": (lambda t: [*SAVE, f"trainer.default_local_dir={_foreign_checkpoint(t)}"],
+                                   "trainer.default_local_dir", "global_step_3 is not one"),
     "lora-alpha-without-lora": (lambda t: ["model.lora_alpha=8"], "model.lora_alpha", "null while model.lora_rank=0"),
     "target-modules-without-lora": (lambda t: ["model.target_modules=[to_q]"], "model.target_modules",
                                     "null while model.lora_rank=0"),

@@ -183,17 +183,21 @@ def test_window_range_bounds_the_drawn_window():
 
 
 def test_kl_coefficient_is_converted_to_verl_omnis_convention():
-    """verl-omni's sde KL is verl-digen's times |dt|: the coefficient is scaled by the trained steps' mean |dt|."""
+    """verl-omni's sde KL is verl-digen's times each row's |dt|: the coefficient carries as it is, with the
+    per-row weighting on (tests/algo: the weighted KL equals verl-omni's formula at shift 3)."""
     notes: list[str] = []
     out = vo.from_verl_omni_config({"actor_rollout_ref": {
         "actor": {"use_kl_loss": True, "kl_loss_coef": 0.04},
         "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": "sde"}}}}, notes=notes)
-    assert out["actor.kl_coef"] == pytest.approx(0.04 / 10)  # no shift: |dt| = 1 / T on every step
-    assert "kl_loss_coef=0.04: converted" in "\n".join(notes)
-    cps = vo.from_verl_omni_config({"actor_rollout_ref": {
-        "actor": {"use_kl_loss": True, "kl_loss_coef": 0.04},
-        "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": "cps"}}}})
-    assert cps["actor.kl_coef"] == 0.04  # CPS / DanceGRPO: the same convention, copied
+    assert out["actor.kl_coef"] == 0.04 and out["actor.kl_dt_weighted"] is True
+    assert "actor.kl_dt_weighted=true weights each row's KL by its own |dt|" in "\n".join(notes)
+    for sde in ("cps", "dance_sde"):  # the same convention as verl-digen's: copied, unweighted
+        other = vo.from_verl_omni_config({"actor_rollout_ref": {
+            "actor": {"use_kl_loss": True, "kl_loss_coef": 0.04},
+            "rollout": {"pipeline": {"num_inference_steps": 10}, "algo": {"sde_type": sde}}}})
+        assert other["actor.kl_coef"] == 0.04 and "actor.kl_dt_weighted" not in other
+    off = vo.from_verl_omni_config({"actor_rollout_ref": {"actor": {"use_kl_loss": False, "kl_loss_coef": 0.04}}})
+    assert off["actor.kl_coef"] == 0.0 and "actor.kl_dt_weighted" not in off
 
 
 @pytest.mark.parametrize("key,value", [
@@ -262,6 +266,9 @@ def test_converted_recipe_validates_and_logs_every_note(tmp_path):
     assert (cfg.data.val_files, cfg.trainer.test_freq, cfg.trainer.log_val_generations) == (val_file, 5, 4)
     assert cfg.trainer.resume_from == "auto"
     assert any("trainer.val_before_train=True: verl-digen validates after every" in n for n in notes)
+    own = {**val, "trainer": {**val["trainer"], "resume_from": str(tmp_path / "nowhere")}}  # +trainer.resume_from wins
+    with pytest.raises(ConfigError, match=r"config key 'trainer.resume_from' = '.*nowhere'"):
+        vo.to_run_config(own, log=lambda _: None)
     off = {**val, "trainer": {**val["trainer"], "test_freq": -1, "resume_mode": "disable"}}
     cfg = vo.to_run_config(off, log=lambda _: None)  # verl-omni's placeholder val_files stay unused
     assert (cfg.data.val_files, cfg.trainer.test_freq, cfg.trainer.resume_from) == (None, -1, None)

@@ -22,6 +22,9 @@ class LossConfig:
 
     clip_range: float = CLIP_RANGE
     kl_coef: float = 0.0
+    #: each row's KL times its own |dt| = |sigma - sigma_next|: verl-omni's Flow-GRPO KL, which divides the
+    #: squared mean gap by 2 std_t^2 where the step's real variance is std_t^2 |dt| (off: the Gaussian KL)
+    kl_dt_weighted: bool = False
 
     def __post_init__(self) -> None:
         if not self.clip_range > 0:

@@ -133,6 +133,8 @@ def _rows_loss(
             ref_v = reference(x, sigma, cond)
             ref_mean, _ = transition(cfg.sde, x, ref_v, sigma, sigma_next, cfg.eta, cfg.sigma_max)
         kl = kl_to_reference(step.mean, ref_mean, step.std)
+        if cfg.loss.kl_dt_weighted:
+            kl = kl * (sigma - sigma_next).abs()
     return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl)
 
 

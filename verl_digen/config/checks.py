@@ -163,9 +163,9 @@ def sizes(cfg: Any) -> None:
                           f"model.num_frames, rollout.num_steps), over half of its {ram / 2**30:.0f} GiB")
 
 
-def inert_lora_keys(cfg: Any) -> None:
-    """LoRA keys without LoRA would do nothing: refused, naming the key that turns them off (the
-    validation keys' counterpart is in ``user_inputs``)."""
+def inert_keys(cfg: Any) -> None:
+    """Keys that would do nothing (LoRA keys without LoRA, a KL weighting without a KL term): refused,
+    naming the key that turns them off (the validation keys' counterpart is in ``user_inputs``)."""
     m = cfg.model
     if m.lora_rank == 0:
         for key, value in (("model.lora_alpha", m.lora_alpha), ("model.target_modules", m.target_modules)):
@@ -173,6 +173,8 @@ def inert_lora_keys(cfg: Any) -> None:
                 raise ConfigError(key, value if not isinstance(value, list) else list(value),
                                   "null while model.lora_rank=0 (LoRA is off: a full fine-tune; set "
                                   "model.lora_rank > 0 to train adapters)")
+    if cfg.actor.kl_dt_weighted and cfg.actor.kl_coef == 0:
+        raise ConfigError("actor.kl_dt_weighted", True, "false while actor.kl_coef=0 (there is no KL term to weight)")
 
 
 def _ram_bytes() -> int:
@@ -396,6 +398,13 @@ def files_and_resume(cfg: Any) -> list[str]:
     if source is not None:
         warnings += check_resume(cfg, source)
     if saves:
+        foreign = ckpt.foreign_step_dirs(t.default_local_dir)
+        if foreign:
+            (d, why), more = foreign[0], f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
+            raise ConfigError("trainer.default_local_dir", t.default_local_dir,
+                              f"a directory whose global_step_* folders are verl-digen checkpoints: {d.name}{more} "
+                              f"is not one ({why}), and saving that step would replace it. Choose another directory "
+                              "(verl-digen cannot resume another trainer's checkpoints, e.g. verl-omni's)")
         found = ckpt.complete_checkpoints(t.default_local_dir)
         inside = source is not None and Path(source).resolve().parent == Path(t.default_local_dir).resolve()
         if found and not inside:

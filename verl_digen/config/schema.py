@@ -75,6 +75,7 @@ class ActorConfig:
     grad_clip: float = 1.0
     clip_ratio: float = CLIP_RANGE
     kl_coef: float = 0.0
+    kl_dt_weighted: bool = False  # each row's KL x its |dt| (verl-omni's Flow-GRPO KL; set by the converter)
     # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
     param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype
     reduce_dtype: str | None = None  # gradient reduction dtype; null = the master dtype
@@ -243,7 +244,7 @@ class RunConfig:
                                 lora_rank=m.lora_rank, lora_alpha=m.lora_alpha,
                                 lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
             sampler=self.sampler(),
-            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef),
+            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
                                      master_dtype=master_dtype(self),

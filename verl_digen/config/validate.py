@@ -164,7 +164,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("digen.plan", d.plan, "null unless digen.profile names the costs to plan with "
                           "(a profile file or a preset)")
     checks.sizes(cfg)  # upper bounds and the step's memory, before anything is sized by the batch
-    checks.inert_lora_keys(cfg)
+    checks.inert_keys(cfg)
     checked_schedule_config(cfg)  # the scheduler's own checks: layout, staleness, update, policy
     warnings = memory.check_keys(cfg)  # and a warning for 16-bit master weights of a full fine-tune
     memory.check_fits(cfg)  # the memory plan against each pool's GPU memory (declared, else the preset's hardware)

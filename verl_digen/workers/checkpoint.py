@@ -141,6 +141,16 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
     return sorted(out)
 
 
+def foreign_step_dirs(root: str | Path) -> list[tuple[Path, str]]:
+    """(dir, why) of every ``global_step_<N>`` folder under ``root`` that is not a complete verl-digen
+    checkpoint (another trainer's, e.g. verl-omni's, or a damaged one): saving step N would replace it."""
+    r = Path(root)
+    if not r.is_dir():
+        return []
+    return sorted((d, why) for d in r.iterdir() if d.name.startswith(STEP_PREFIX) and step_of(d) is not None
+                  and (why := problem(d)) is not None)
+
+
 def latest(root: str | Path) -> Path | None:
     """The complete checkpoint with the highest step under ``root`` (partial ones never count)."""
     found = complete_checkpoints(root)

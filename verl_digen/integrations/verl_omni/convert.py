@@ -119,12 +119,6 @@ def scheduler_shift(sched: Mapping[str, Any], height: int | None, width: int | N
     return math.exp(base_shift + slope * (seq_len - base_len))
 
 
-def _shifted_sigmas(num_steps: int, shift: float) -> list[float]:
-    """verl-digen's schedule (algo/sigmas.py), in plain Python: T + 1 sigmas from 1 to 0, time-shifted."""
-    raw = [1.0 - i / num_steps for i in range(num_steps + 1)]
-    return [shift * s / (1 + (shift - 1) * s) for s in raw]
-
-
 def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, notes: list[str] | None = None,
                           used: set[str] | None = None, sources: dict[str, str] | None = None) -> dict[str, Any]:
     """Map a (resolved) verl-omni diffusion config onto verl-digen overrides, as ``{dotted key: value}``.
@@ -431,6 +425,8 @@ def _validation_and_resume(get: Callable[..., Any], put: Callable[..., None], ta
         notes.append("trainer.val_before_train=True: verl-digen validates after every trainer.test_freq-th step and "
                      "after the last one, not before the first")
     mode = get("trainer.resume_mode")
+    if get("trainer.resume_from") is not None:  # verl-digen's own key, written into the config: it wins
+        return
     if mode == "auto":
         put("trainer.resume_from", "auto", src="trainer.resume_mode")
     elif mode == "resume_path":
@@ -451,30 +447,21 @@ def _dtype(value: Any, key: str = f"{ARR}.actor.fsdp_config.model_dtype") -> str
         raise _refuse(key, value, f"one of {', '.join(dtypes.ALIASES)}") from None
 
 
-def _kl_coef(coef: float, out: Mapping[str, Any], notes: list[str]) -> float:
-    """verl-omni's ``kl_loss_coef`` as verl-digen's ``actor.kl_coef``.
+def _kl_coef(coef: float, out: dict[str, Any], notes: list[str]) -> float:
+    """verl-omni's ``kl_loss_coef`` as verl-digen's ``actor.kl_coef``, with the row weighting that makes the
+    two KL terms equal.
 
-    For ``sde`` (Flow-GRPO) verl-omni divides the squared mean difference by ``2 std_t^2`` where the step's
-    real std is ``std_t sqrt(|dt|)``; verl-digen divides by the real variance, so its KL is verl-omni's
-    divided by ``|dt|``. The coefficient is therefore multiplied by the mean ``|dt|`` of the trained steps
-    (exact when they all have the same ``|dt|``, as without a shift). CPS and DanceGRPO: same convention.
+    For ``sde`` (Flow-GRPO) verl-omni divides the squared mean gap by ``2 std_t^2`` where the step's real
+    std is ``std_t sqrt(|dt|)``; verl-digen divides by the real variance, so verl-omni's KL of a row is
+    verl-digen's times that row's ``|dt|``. ``actor.kl_dt_weighted`` applies exactly that per row, so the
+    coefficient carries over as it is, for any sigma shift. CPS and DanceGRPO: the same convention.
     """
-    if not coef or out.get("rollout.sde_type", "flow_grpo") != "flow_grpo":
-        return coef
-    steps = int(out.get("rollout.num_steps", 10))
-    sigmas = _shifted_sigmas(steps, float(out.get("rollout.shift", 1.0)))
-    if out.get("rollout.selection") == "window":
-        start = out.get("rollout.window_start")
-        lo, hi = (start, start + int(out["rollout.train_steps"])) if start is not None else out["rollout.window_range"]
-    else:
-        lo, hi = 0, int(out.get("rollout.train_steps", steps - 1))
-    dts = [sigmas[i] - sigmas[i + 1] for i in range(lo, hi)]
-    converted = coef * sum(dts) / len(dts)
-    spread = f"; |dt| ranges {min(dts):.4g}..{max(dts):.4g} over those steps" if max(dts) - min(dts) > 1e-12 else ""
-    notes.append(f"{ARR}.actor.kl_loss_coef={coef}: converted to actor.kl_coef={converted:.6g} (x mean |dt| = "
-                 f"{sum(dts) / len(dts):.4g} of the trained steps {lo}..{hi - 1}): verl-omni's sde KL divides by std "
-                 f"without sqrt(dt){spread}")
-    return converted
+    if coef and out.get("rollout.sde_type", "flow_grpo") == "flow_grpo":
+        out["actor.kl_dt_weighted"] = True
+        notes.append(f"{ARR}.actor.kl_loss_coef={coef}: verl-omni's sde KL divides by std_t^2 without the step's "
+                     "|dt|; actor.kl_dt_weighted=true weights each row's KL by its own |dt|, so the loss is "
+                     "verl-omni's at any shift")
+    return coef
 
 
 def verl_omni_defaults() -> dict[str, Any] | None:
