@@ -132,3 +132,42 @@ def load_prompts(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> list
     if not prompts:
         raise ValueError(f"{path}: no prompts (the file is empty or has only blank lines)")
     return prompts
+
+
+#: the per-row columns of verl's dataset layout that verl-omni's reward functions take
+REWARD_FIELDS = ("data_source", "reward_model", "extra_info")
+
+
+def load_reward_fields(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> dict[str, dict[str, Any]]:
+    """Per prompt text, what verl's dataset layout gives a reward function besides the image:
+    ``data_source``, ``ground_truth`` (from the ``reward_model`` column) and ``extra_info``, read from a
+    ``.parquet`` or ``.jsonl`` file (a ``.txt`` file has none: empty). Keyed by the prompt, which is what
+    a generator scores with; a prompt listed twice with different fields is a ``ValueError``."""
+    path = Path(path)
+    if path.suffix == ".txt":
+        return {}
+    if path.suffix == ".parquet":
+        import pyarrow.parquet as pq
+
+        table = pq.read_table(path)
+        cols = [c for c in (prompt_key, *REWARD_FIELDS) if c in table.column_names]
+        rows = table.select(cols).to_pylist()
+        where = [f"{path}: row {i}" for i in range(len(rows))]
+    else:
+        rows, where = [], []
+        for no, ln in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            if ln.strip():
+                rows.append(json.loads(ln))
+                where.append(f"{path}:{no}")
+    out: dict[str, dict[str, Any]] = {}
+    for at, row in zip(where, rows):
+        reward_model = row.get("reward_model") or {}
+        fields = {"data_source": row.get("data_source"),
+                  "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+                  "extra_info": dict(row.get("extra_info") or {})}
+        prompt = _row_prompt(at, row, prompt_key)
+        if out.setdefault(prompt, fields) != fields:
+            raise ValueError(f"{at}: the prompt {prompt[:80]!r} is listed earlier with another data_source, "
+                             "ground_truth or extra_info; a reward function could not tell them apart")
+    return out
+

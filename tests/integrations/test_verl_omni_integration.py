@@ -492,6 +492,29 @@ def test_video_sizes_and_frames_carry_over_as_diffusers_generates_them(tmp_path)
         "wan2_2", 44, 80, 9)
 
 
+def test_verl_omnis_custom_reward_function_carries_and_hpsv3_without_its_package_is_refused(tmp_path):
+    """reward.custom_reward_function.{path,name,reward_kwargs} become verl-digen's custom_reward_function (its
+    per-sample signature is taken as it is); HPSv3's file imports the hpsv3 package: without it, a refusal
+    before Ray naming verl-omni's key and the missing module."""
+    from verl_digen.config import ConfigError
+
+    scorer = tmp_path / "my_scorer.py"
+    scorer.write_text("def compute_score_ocr(data_source, solution_image, ground_truth, extra_info, scale=1.0):\n"
+                      "    return scale\n")
+    good = _runnable(tmp_path, reward={"custom_reward_function": {
+        "path": str(scorer), "name": "compute_score_ocr", "reward_kwargs": {"scale": 2.0}}})
+    cfg = vo.to_run_config(good, log=lambda _: None)
+    crf = cfg.custom_reward_function
+    assert (crf.path, crf.name, dict(crf.reward_kwargs)) == (str(scorer), "compute_score_ocr", {"scale": 2.0})
+    hps = tmp_path / "hpsv3_reward.py"
+    hps.write_text("import hpsv3\ndef compute_score_hpsv3(data_source, solution_image, ground_truth, extra_info):\n"
+                   "    return 0.0\n")
+    bad = _runnable(tmp_path, reward={"custom_reward_function": {"path": str(hps), "name": "compute_score_hpsv3"}})
+    with pytest.raises(ConfigError, match=r"config key 'reward.custom_reward_function.path' .*No module named "
+                                          r"'hpsv3'"):
+        vo.to_run_config(bad, log=lambda _: None)
+
+
 def test_a_cpu_run_through_verl_omnis_entry_sets_the_cpu_platform_before_verl_detects_one():
     """verl's auto_set_device turns trainer.device=cpu into cuda unless VERL_PLATFORM=cpu; the plugin sets
     it at ``import verl`` for a digen run through the v1 entry that asked for the CPU, and only then."""

@@ -94,6 +94,58 @@ def test_wrong_output_is_a_clear_error(tmp_path):
         CustomReward(str(f))(torch.rand(2, 3, 4, 4), ["a", "b"])
 
 
+#: verl-omni's per-sample contract (its reward_score/*.py functions): the OCR-style score compares the
+#: image with the row's ground truth; a dict result gives "score"
+PER_SAMPLE_FILE = '''
+import torch
+
+def compute_score(data_source, solution_image, ground_truth, extra_info, bonus=0.0, **kwargs):
+    assert solution_image.dtype == torch.uint8 and solution_image.shape[0] == 3
+    mean = float(solution_image.float().mean()) / 255
+    return {"score": mean + len(ground_truth or "") + extra_info.get("w", 0) + bonus, "raw": mean,
+            "source": data_source}
+'''
+
+
+def test_verl_omnis_per_sample_function_gets_the_rows_ground_truth(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    data = tmp_path / "ocr.parquet"
+    pq.write_table(pa.table({
+        "data_source": ["ocr", "ocr"],
+        "prompt": [[{"role": "user", "content": 'a sign that says "hi"'}], [{"role": "user", "content": "a cat"}]],
+        "reward_model": [{"ground_truth": "hi"}, {"ground_truth": "meow!"}],
+        "extra_info": [{"w": 10}, {"w": 20}]}), data)
+    f = tmp_path / "omni_reward.py"
+    f.write_text(PER_SAMPLE_FILE)
+    cfg = _cfg(tmp_path, f"data.train_files={data}", "data.train_batch_size=2", f"custom_reward_function.path={f}",
+               "+custom_reward_function.reward_kwargs={bonus: 0.5}")
+    assert validate(cfg) == []
+    reward = build_reward(cfg.worker_config().reward)  # what the generator builds, with the data files' rows
+    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    prompts = ["a cat", 'a sign that says "hi"', "not in the data"]
+    pixels = [float((im.clamp(0, 1) * 255).round().to(torch.uint8).float().mean()) / 255 for im in images]
+    want = torch.tensor([pixels[0] + 5 + 20 + 0.5, pixels[1] + 2 + 10 + 0.5, pixels[2] + 0.5], dtype=torch.float64)
+    assert torch.allclose(reward(images, prompts), want, rtol=0, atol=1e-12)
+    # video: the whole (3, F, H, W) sample in one call, as verl-omni passes it (HPSv3 picks its own frames)
+    video = torch.rand(2, 3, 4, 6, 6)
+    out = reward(video, ["a cat", "a cat"])
+    assert torch.allclose(out, torch.tensor([float((v.clamp(0, 1) * 255).round().mean()) / 255 + 25.5
+                                             for v in video], dtype=torch.float64), atol=1e-12)
+
+
+def test_load_reward_fields_refuses_a_prompt_with_two_ground_truths(tmp_path):
+    from verl_digen.data import load_reward_fields
+
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a", "reward_model": {"ground_truth": "x"}}\n\n{"prompt": "a", "reward_model": '
+                 '{"ground_truth": "y"}}\n')
+    with pytest.raises(ValueError, match=r"p.jsonl:3: the prompt 'a' is listed earlier with another"):
+        load_reward_fields(f)
+    assert load_reward_fields(tmp_path / "x.txt") == {}
+
+
 BAD = {
     "missing-file": (lambda t, f: [f"custom_reward_function.path={t}/nope.py"], "custom_reward_function.path",
                      "no such file"),
@@ -115,7 +167,17 @@ BAD = {
     "other-reward-name": (lambda t, f: [f"custom_reward_function.path={f}", "reward.name=brightness"],
                           "reward.name", "reward.weights={custom: 1.0, brightness: w}"),
     "custom-without-path": (lambda t, f: ["reward.name=custom"], "custom_reward_function.path", "names 'custom'"),
+    "per-sample-wrong-kwarg": (lambda t, f: [f"custom_reward_function.path={_per_sample(t)}",
+                                             "+custom_reward_function.reward_kwargs={k: 1}"],
+                               "custom_reward_function.path", "cannot be called as compute_score(data_source=..., "
+                               "solution_image=..., ground_truth=..., extra_info=..., k=...)"),
 }
+
+
+def _per_sample(tmp_path) -> str:
+    f = tmp_path / "strict.py"
+    f.write_text("def compute_score(data_source, solution_image, ground_truth, extra_info):\n    return 1.0\n")
+    return str(f)
 
 
 @pytest.mark.parametrize("case", sorted(BAD))

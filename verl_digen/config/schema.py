@@ -237,7 +237,8 @@ class RunConfig:
             reward = self.reward.name
         from verl_digen.rewards.custom import with_custom_reward
 
-        reward = with_custom_reward(reward, self.custom_reward_function)
+        files = [f for f in (self.data.train_files, self.data.val_files) if f]  # a per-sample function's rows
+        reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,

@@ -307,6 +307,15 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if get("algorithm.norm_adv_by_std_in_grpo") is False:
         notes.append("algorithm.norm_adv_by_std_in_grpo=False (Dr.GRPO, no std scaling): not supported")
 
+    # -- reward function (verl's custom_reward_function, batched or verl-omni's per-sample signature) -----
+    crf = "reward.custom_reward_function"
+    if get(f"{crf}.path"):
+        take("custom_reward_function.path", f"{crf}.path", str)
+        take("custom_reward_function.name", f"{crf}.name", str)
+        kwargs = get(f"{crf}.reward_kwargs")
+        if kwargs:
+            put("custom_reward_function.reward_kwargs", dict(kwargs), src=f"{crf}.reward_kwargs")
+
     # -- optimizer ------------------------------------------------------------------------------------
     take("actor.lr", f"{ARR}.actor.optim.lr", float)
     take("actor.weight_decay", f"{ARR}.actor.optim.weight_decay", float)
