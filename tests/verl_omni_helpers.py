@@ -271,9 +271,12 @@ def classify_example(script: Path, omni: Path, scratch: Path) -> ExampleRow:
         return row
     prompts = scratch / "prompts.jsonl"
     prompts.write_text('{"prompt": "a red cube"}\n')
-    # the user's switch to the v1 entry; the data override replaces the script's parquet file
-    replaced = ("data.train_files=", "trainer.use_v1=", "trainer.v1.trainer_mode=")
+    # the user's switch to the v1 entry; the data overrides replace the script's parquet files (which a user
+    # has, and this machine does not)
+    replaced = ("data.train_files=", "data.val_files=", "trainer.use_v1=", "trainer.v1.trainer_mode=")
     kept = [a for a in overrides if not a.startswith(replaced)]
+    if any(a.startswith("data.val_files=") for a in overrides):
+        kept.append(f"data.val_files={prompts}")
     try:
         config = compose_verl_omni(omni, kept + guide_additions(prompts))
     except Exception as err:  # noqa: BLE001 (a script Hydra cannot compose is reported, not raised)

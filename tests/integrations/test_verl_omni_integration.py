@@ -506,6 +506,12 @@ def test_verl_omnis_custom_reward_function_carries_and_hpsv3_without_its_package
     cfg = vo.to_run_config(good, log=lambda _: None)
     crf = cfg.custom_reward_function
     assert (crf.path, crf.name, dict(crf.reward_kwargs)) == (str(scorer), "compute_score_ocr", {"scale": 2.0})
+    # verl-digen's own reward written into the config (the guide's +reward.name=ocr) replaces the function
+    notes: list[str] = []
+    own = _runnable(tmp_path, reward={**good["reward"], "name": "brightness"})
+    cfg = vo.to_run_config(own, log=notes.append)
+    assert cfg.custom_reward_function.path is None and cfg.reward.name == "brightness"
+    assert any("not used; reward.name (verl-digen's reward) replaces it" in n for n in notes)
     hps = tmp_path / "hpsv3_reward.py"
     hps.write_text("import hpsv3\ndef compute_score_hpsv3(data_source, solution_image, ground_truth, extra_info):\n"
                    "    return 0.0\n")

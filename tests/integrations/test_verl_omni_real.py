@@ -63,7 +63,8 @@ def _overrides(snaps: Snapshots, script: str, scratch: Path) -> tuple[str, list[
 def _digen_flags(tmp: Path, small: bool = True) -> list[str]:
     prompts = tmp / "prompts.jsonl"
     prompts.write_text('{"prompt": "a red cube"}\n{"prompt": "a blue sphere"}\n')
-    return [f"data.train_files={prompts}", "trainer.use_v1=true", "trainer.v1.trainer_mode=digen", "+trainer=digen",
+    return [f"data.train_files={prompts}", f"data.val_files={prompts}", "trainer.use_v1=true",
+            "trainer.v1.trainer_mode=digen", "+trainer=digen",
             "algorithm.global_std=False", "+resources.generator.workers=1", "+resources.trainer.workers=1",
             *(["+verl_omni=small"] if small else [])]
 
@@ -212,6 +213,9 @@ def test_example_trains_two_steps_through_verl_omnis_v1_entry(launched, version)
     timeline = json.loads((tmp / "trace" / "digen_timeline.json").read_text())
     assert timeline["mode"] == "digen"
     assert {r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step"} == {0, 1}
+    # the script's data.val_files / trainer.test_freq=20 carried: validated after the last step, through Ray
+    val = [json.loads(line) for line in (tmp / "trace" / "val" / "digen_val.jsonl").read_text().splitlines()]
+    assert [v["step"] for v in val] == [2], val
     # no silent drift: conversion notes and every unconverted key the script sets are named (in the driver)
     for needle in ("verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_type=cps",
                    "verl-omni -> verl-digen: actor_rollout_ref.rollout.algo.sde_window_range=[0, 3]",

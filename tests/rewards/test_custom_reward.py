@@ -135,6 +135,18 @@ def test_verl_omnis_per_sample_function_gets_the_rows_ground_truth(tmp_path):
                                              for v in video], dtype=torch.float64), atol=1e-12)
 
 
+def test_an_async_per_sample_function_is_awaited(tmp_path):
+    """verl-omni's reward manager awaits coroutine functions (genrm_ocr's compute_score_ocr is one)."""
+    from verl_digen.rewards.custom import CustomReward
+
+    f = tmp_path / "async_reward.py"
+    f.write_text("async def compute_score(data_source, solution_image, ground_truth, extra_info):\n"
+                 "    return float(solution_image.float().mean()) / 255\n")
+    images = torch.rand(2, 3, 4, 4)
+    want = torch.tensor([float((im * 255).round().mean()) / 255 for im in images], dtype=torch.float64)
+    assert torch.allclose(CustomReward(str(f))(images, ["a", "b"]), want, atol=1e-12)
+
+
 def test_load_reward_fields_refuses_a_prompt_with_two_ground_truths(tmp_path):
     from verl_digen.data import load_reward_fields
 

@@ -25,6 +25,7 @@ second. Why batched: a judge model scores a micro-batch in one forward, one call
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import importlib.util
 import inspect
@@ -134,6 +135,8 @@ class CustomReward(Reward):
             res = self.fn(data_source=row.get("data_source"), solution_image=pixel,
                           ground_truth=row.get("ground_truth"), extra_info=dict(row.get("extra_info") or {}),
                           **self.reward_kwargs)
+            if inspect.isawaitable(res):  # verl-omni's reward functions may be coroutines
+                res = asyncio.run(res)
             out.append(res["score"] if isinstance(res, dict) else res)
         return out
 

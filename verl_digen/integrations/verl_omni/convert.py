@@ -309,7 +309,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 
     # -- reward function (verl's custom_reward_function, batched or verl-omni's per-sample signature) -----
     crf = "reward.custom_reward_function"
-    if get(f"{crf}.path"):
+    own = [k for k in ("reward.name", "reward.weights") if _get(cfg, k) is not None]  # verl-digen's, written in
+    if get(f"{crf}.path") and own:
+        notes.append(f"{crf}.path={_get(cfg, f'{crf}.path')!r}: not used; {own[0]} (verl-digen's reward) replaces it")
+    elif get(f"{crf}.path"):
         take("custom_reward_function.path", f"{crf}.path", str)
         take("custom_reward_function.name", f"{crf}.name", str)
         kwargs = get(f"{crf}.reward_kwargs")
