@@ -318,6 +318,21 @@ def test_rollout_next_state_is_mean_plus_std_times_the_sde_stream(rollout):
     torch.testing.assert_close(x1[0], (mean + std * noise)[0].detach(), rtol=1e-10, atol=1e-12)
 
 
+def _moved_away_from_a_reference(model, seed: int, guidance_scale: float):
+    """A frozen copy of ``model`` (the reference policy) and its velocity function; ``model``'s weights are
+    then moved by small random steps, so the two policies' means differ."""
+    ref = copy.deepcopy(model)
+    with torch.no_grad():
+        g = torch.Generator().manual_seed(seed)
+        for p in model.transformer.parameters():
+            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
+
+    def reference(x, sigma, cond):
+        return ref.velocity(x, sigma, cond, guidance_scale)
+
+    return ref, reference
+
+
 def test_tsp_loss_with_cfg_and_kl_to_a_reference_equals_an_independent_loss():
     model = build_tiny_model("sd3", dtype=D, latent_size=8)
     assert not model.guidance_distilled
@@ -327,14 +342,7 @@ def test_tsp_loss_with_cfg_and_kl_to_a_reference_equals_an_independent_loss():
     traj = sample_trajectories(model, model.encode_prompts(prompts), prompts, [0, 0], [0, 1], cfg,
                                seed=1, step=0, version=0)
     traj.advantages = torch.tensor([0.7, -0.7], dtype=D)
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(5)
-        for p in model.transformer.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-    def reference(x, sigma, cond):
-        return ref.velocity(x, sigma, cond, cfg.guidance_scale)
+    ref, reference = _moved_away_from_a_reference(model, 5, cfg.guidance_scale)
 
     clip, coef, scale = 0.05, 0.1, 0.25
     want = 0.0
@@ -374,14 +382,7 @@ def test_dt_weighted_kl_equals_verl_omnis_flow_grpo_kl_on_a_shifted_schedule():
     traj = sample_trajectories(model, model.encode_prompts(prompts), prompts, [0, 0], [0, 1], cfg,
                                seed=2, step=0, version=0)
     traj.advantages = torch.tensor([0.0, 0.0], dtype=D)  # zero advantages: the loss is the KL term alone
-    ref = copy.deepcopy(model)
-    with torch.no_grad():
-        g = torch.Generator().manual_seed(6)
-        for p in model.transformer.parameters():
-            p.add_(0.05 * torch.randn(p.shape, generator=g, dtype=p.dtype))
-
-    def reference(x, sigma, cond):
-        return ref.velocity(x, sigma, cond, cfg.guidance_scale)
+    ref, reference = _moved_away_from_a_reference(model, 6, cfg.guidance_scale)
 
     sigma_max = float(cfg.sigmas(D)[1])
     dts, want = set(), 0.0

@@ -183,7 +183,17 @@ BAD = {
                                              "+custom_reward_function.reward_kwargs={k: 1}"],
                                "custom_reward_function.path", "cannot be called as compute_score(data_source=..., "
                                "solution_image=..., ground_truth=..., extra_info=..., k=...)"),
+    "per-sample-duplicate-prompt": (lambda t, f: [f"custom_reward_function.path={_per_sample(t)}",
+                                                  f"data.train_files={_twice(t)}"],
+                                    "data.train_files", "p.jsonl:2: the prompt 'a' is listed earlier"),
 }
+
+
+def _twice(tmp_path) -> str:
+    f = tmp_path / "p.jsonl"
+    f.write_text('{"prompt": "a", "reward_model": {"ground_truth": "x"}}\n'
+                 '{"prompt": "a", "reward_model": {"ground_truth": "y"}}\n')
+    return str(f)
 
 
 def _per_sample(tmp_path) -> str:

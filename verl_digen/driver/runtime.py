@@ -442,7 +442,7 @@ class DigenRuntime:
             fd, scratch = tempfile.mkstemp(prefix="digen-timeline-", suffix=".jsonl")
             os.close(fd)
             stream = RecordStream(scratch, [], header)
-        t0 = None
+        t0, finished = None, False
         try:
             base = first
             for length in validation.segments(first, total, freq):
@@ -450,12 +450,18 @@ class DigenRuntime:
                 base += length
                 if freq > 0:
                     self._validate(result, base)
+            finished = True
         finally:
             stream.close()
             progress.close()
             self._console.write = self.log
             try:
                 restore_segments(stream.path, self._segments)
+            except Exception as err:
+                if finished:
+                    raise
+                # never hide why the run stopped behind this: the partial trace then holds the last window
+                self.log(f"warning: could not read the timeline back from {stream.path}: {err}")
             finally:
                 if not t.trace_dir:
                     stream.path.unlink(missing_ok=True)
