@@ -434,6 +434,16 @@ def test_wandb_without_credentials_is_refused_before_ray(tmp_path, monkeypatch):
     validate(cfg)
 
 
+def test_another_trainers_step_folder_is_refused_only_where_this_run_saves(tmp_path):
+    """verl-omni's global_step_3 blocks a run that may save step 3 (a save would replace the folder), not
+    one that ends before it (its steps never reach that name)."""
+    root = _foreign_checkpoint(tmp_path)
+    with pytest.raises(ConfigError, match="global_step_3 is not one"):
+        validate(compose([*SAVE, f"trainer.default_local_dir={root}", "trainer.total_steps=3"]))
+    validate(compose([*SAVE, f"trainer.default_local_dir={root}", "trainer.total_steps=2",
+                      f"trainer.trace_dir={tmp_path}/trace"]))
+
+
 def test_config_md_table_lists_exactly_the_tested_classes():
     text = (ROOT / "docs" / "config.md").read_text()
     section = text[text.index("## Bad input"):]

@@ -143,7 +143,8 @@ def complete_checkpoints(root: str | Path) -> list[tuple[int, Path]]:
 
 def foreign_step_dirs(root: str | Path) -> list[tuple[Path, str]]:
     """(dir, why) of every ``global_step_<N>`` folder under ``root`` that is not a complete verl-digen
-    checkpoint (another trainer's, e.g. verl-omni's, or a damaged one): saving step N would replace it."""
+    checkpoint (another trainer's, e.g. verl-omni's, or a damaged one): a run that saves step N would
+    replace it."""
     r = Path(root)
     if not r.is_dir():
         return []
