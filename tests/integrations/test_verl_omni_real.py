@@ -4,7 +4,9 @@ Everything runs verl-omni's own code in fresh interpreters: the snapshot and (fo
 it pins go first on ``PYTHONPATH``, vllm / vllm_omni are import stubs (tests/verl_omni_helpers.py), and
 "0.9.1" is the verl installed here. The training runs go through ``python -m
 verl_omni.trainer.main_diffusion_v1`` (Ray, verl-omni's TaskRunner, TransferQueue) on verl-omni's SD3.5 v1
-example script, shrunk to a tiny random-weight model and two steps. Skipped when the snapshots are absent.
+example script (with both verls), and on its Qwen-Image OCR LoRA, Wan2.2 DanceGRPO and SD3.5 separate_async
+scripts (pinned verl), each shrunk to a tiny random-weight model and two steps. Skipped when the snapshots
+are absent.
 """
 
 from __future__ import annotations
@@ -38,6 +40,11 @@ ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = {"pinned": True, "0.9.1": False}  # id -> put verl-omni's pinned verl first on the path
 SD35_V1 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
 SD35_V0 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora.sh"
+#: more of verl-omni's own scripts run tiny end to end through the v1 entry (with the pinned verl): a v0
+#: LoRA script and a v0 video script switched to v1 as the migration guide says, and the separate_async one
+MORE_SCRIPTS = ("flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh",
+                "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh",
+                "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh")
 MIGRATION_DOC = ROOT / "docs" / "migrating-from-verl-omni.md"
 
 #: what the tiny CPU run changes in the example script (besides the migration guide's additions)
@@ -110,6 +117,12 @@ class Launched:
             self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp)
             config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
             self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned, ROOT)
+        for script in MORE_SCRIPTS:  # the user's switch to the v1 entry replaces a v0 script's module
+            tmp = tmp_factory.mktemp(Path(script).stem)
+            _, args = _overrides(snaps, script, tmp / "capture")
+            args = [a for a in args if not a.startswith(("trainer.use_v1=", "trainer.v1.trainer_mode="))]
+            trace = f"+trainer.trace_dir={tmp / 'trace'}"
+            self._start(f"script-{script}", ["-m", ENTRY_V1, *args, *_digen_flags(tmp), *SHRINK, trace], True, tmp)
         tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
         module, args = _overrides(snaps, SD35_V0, tmp / "capture")
         flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
@@ -184,6 +197,18 @@ def test_real_registry_lazy_import_and_composition(launched, version):
     assert got["sync"] == "PolicyGradientDiffusionTrainerV1Sync"
     assert got["guard"] is True
     assert (got["policy"], got["mode"], got["units"], got["device"]) == ("bts", "digen", 1, "cuda")
+
+
+@pytest.mark.parametrize("script", MORE_SCRIPTS)
+def test_more_example_scripts_train_tiny_through_verl_omnis_v1_entry(launched, script):
+    """Qwen-Image OCR LoRA, Wan2.2 DanceGRPO (704x1280, 8 frames: a non-square latent and 9 frames) and
+    SD3.5's separate_async script, each from its own shell lines, train two steps under trainer=digen."""
+    rc, out, tmp = launched.result(f"script-{script}")
+    assert rc == 0, f"{script} failed:\n{out[-6000:]}"
+    timeline = json.loads((tmp / "trace" / "digen_timeline.json").read_text())
+    assert {r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step"} == {0, 1}
+    rows = [json.loads(line) for line in (tmp / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
 
 
 def test_v0_entry_with_digen_is_refused_before_ray(launched):
