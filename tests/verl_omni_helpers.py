@@ -319,17 +319,25 @@ def example_scripts(omni: Path) -> list[Path]:
     return sorted((omni / "examples").rglob("*.sh"))
 
 
-#: the example the tests run for real (tests/integrations/test_verl_omni_real.py)
-RUN_TINY = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
+#: the examples the tests run for real (tests/integrations/test_verl_omni_real.py) -> the table's "runs tiny" cell
+RUN_TINY = {
+    "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, both verls)",
+    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1)",
+    "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh": "yes (2 steps, pinned verl; switched to v1, "
+                                                               "trainer.device=cpu; the converts and validates "
+                                                               "cells are its NPU branch, which the capture takes)",
+    "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh": "yes (2 steps, pinned verl)",
+}
 
 
 def table_row(r: ExampleRow) -> str:
     """One row of the example table in docs/migrating-from-verl-omni.md."""
-    runs = "yes (2 steps, both verls)" if r.script == RUN_TINY else "—" if r.validates != "yes" else "not run"
+    runs = RUN_TINY.get(r.script) or ("—" if r.validates != "yes" else "not run")
     differs = list(r.differs)
     if r.entry == "v0":
         differs.insert(0, "v0 entry: refused until switched to `main_diffusion_v1 trainer.use_v1=true`")
-    shown = "; ".join(f"`{d}`" if d.startswith(("ARR.", "algorithm.", "trainer.", "data.")) else d for d in differs)
+    shown = "; ".join(f"`{d}`" if d.startswith(("ARR.", "algorithm.", "trainer.", "data.", "reward.")) else d
+                      for d in differs)
     return f"| `{r.script}` | {r.entry} | {r.converts} | {r.validates} | {runs} | {shown} |"
 
 

@@ -22,6 +22,7 @@ from verl_omni_helpers import (
     DEPS_REASON,
     ENTRY_V0,
     ENTRY_V1,
+    RUN_TINY,
     SKIP_REASON,
     Snapshots,
     capture_commands,
@@ -42,9 +43,8 @@ SD35_V1 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
 SD35_V0 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora.sh"
 #: more of verl-omni's own scripts run tiny end to end through the v1 entry (with the pinned verl): a v0
 #: LoRA script and a v0 video script switched to v1 as the migration guide says, and the separate_async one
-MORE_SCRIPTS = ("flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh",
-                "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh",
-                "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh")
+#: (the guide's "runs tiny" column reads RUN_TINY)
+MORE_SCRIPTS = tuple(script for script in RUN_TINY if script != SD35_V1)
 MIGRATION_DOC = ROOT / "docs" / "migrating-from-verl-omni.md"
 
 #: what the tiny CPU run changes in the example script (besides the migration guide's additions)
