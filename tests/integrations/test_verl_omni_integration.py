@@ -200,6 +200,15 @@ def test_kl_coefficient_is_converted_to_verl_omnis_convention():
     assert off["actor.kl_coef"] == 0.0 and "actor.kl_dt_weighted" not in off
 
 
+@pytest.mark.parametrize("bypass", [False, True])
+def test_old_log_prob_recompute_is_named_when_verl_omni_would_do_it(bypass):
+    notes: list[str] = []
+    used: set[str] = set()
+    vo.from_verl_omni_config({"algorithm": {"rollout_correction": {"bypass_mode": bypass}}}, notes=notes, used=used)
+    assert any("bypass_mode=False: verl-omni recomputes the old policy's log-probs" in n for n in notes) == (not bypass)
+    assert "algorithm.rollout_correction.bypass_mode" in used  # read either way: never "not converted"
+
+
 @pytest.mark.parametrize("key,value", [
     ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "grpo_guard"),
     ("actor_rollout_ref.model.algorithm", "mix_grpo"),
