@@ -401,7 +401,7 @@ def files_and_resume(cfg: Any) -> list[str]:
         start = (ckpt.step_of(source) or 0) if source is not None else 0
         # a folder of a step this run may save (every step may be saved when a signal stops the run)
         foreign = [(d, why) for d, why in ckpt.foreign_step_dirs(t.default_local_dir)
-                   if start < (ckpt.step_of(d) or 0) <= t.total_steps]
+                   if start < ckpt.step_of(d) <= t.total_steps]
         if foreign:
             (d, why), more = foreign[0], f" and {len(foreign) - 1} more" if len(foreign) > 1 else ""
             raise ConfigError("trainer.default_local_dir", t.default_local_dir,

@@ -49,7 +49,7 @@ def data(cfg: Any) -> list[str]:
 def custom_reward(cfg: Any) -> None:
     """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
     from verl_digen.data import load_reward_fields
-    from verl_digen.rewards.custom import CUSTOM, check_function, load_function, per_sample
+    from verl_digen.rewards.custom import CUSTOM, check_function, per_sample
 
     c, r = cfg.custom_reward_function, cfg.reward
     names = list(r.weights) if r.weights else [r.name]
@@ -63,12 +63,12 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError("custom_reward_function.name", c.name,
                           "the name of a function in custom_reward_function.path")
     try:
-        check_function(c.path, c.name, c.reward_kwargs)
+        fn = check_function(c.path, c.name, c.reward_kwargs)
     except ValueError as err:
         key = "custom_reward_function.name" if "has no function" in str(err) else "custom_reward_function.path"
         raise ConfigError(key, c.name if key.endswith("name") else c.path,
                           f"a loadable reward function ({err})") from None
-    if per_sample(load_function(c.path, c.name)):  # it reads each prompt's row: the rows must be told apart
+    if per_sample(fn):  # it reads each prompt's row: the rows must be told apart
         for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
             try:
                 if path:

@@ -82,9 +82,9 @@ def per_sample(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = None) -> None:
+def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
     """What the driver checks before Ray: loadable, and callable as ``fn(images, prompts, **reward_kwargs)``
-    or, per sample, as verl-omni calls it (by its signature; the function is not run)."""
+    or, per sample, as verl-omni calls it (by its signature; the function is not run). Returns it."""
     fn = load_function(path, name)
     kwargs = dict(reward_kwargs or {})
     one = per_sample(fn)
@@ -99,6 +99,7 @@ def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = 
                          f"{''.join(f', {k}=...' for k in kwargs)}) ({err})") from None
     except ValueError:  # no signature (a builtin or C callable): accepted, checked at the first call
         pass
+    return fn
 
 
 class CustomReward(Reward):

@@ -299,7 +299,9 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     use_kl = get(f"{ARR}.actor.use_kl_loss")
     coef = get(f"{ARR}.actor.kl_loss_coef", 0.0)
     if use_kl is not None:
-        put("actor.kl_coef", _kl_coef(float(coef), out, notes) if use_kl else 0.0, src=f"{ARR}.actor.kl_loss_coef")
+        put("actor.kl_coef", float(coef) if use_kl else 0.0, src=f"{ARR}.actor.kl_loss_coef")
+        if use_kl and coef and out.get("rollout.sde_type", "flow_grpo") == "flow_grpo":
+            _weight_kl_by_dt(float(coef), out, notes)
     out["algorithm.std_estimator"] = "unbiased"  # verl-omni's torch.std (n - 1), a convention, not a key
     if get("algorithm.rollout_correction.bypass_mode") is False:  # verl-omni's default: recompute
         notes.append("algorithm.rollout_correction.bypass_mode=False: verl-omni recomputes the old policy's "
@@ -464,21 +466,16 @@ def _dtype(value: Any, key: str = f"{ARR}.actor.fsdp_config.model_dtype") -> str
         raise _refuse(key, value, f"one of {', '.join(dtypes.ALIASES)}") from None
 
 
-def _kl_coef(coef: float, out: dict[str, Any], notes: list[str]) -> float:
-    """verl-omni's ``kl_loss_coef`` as verl-digen's ``actor.kl_coef``, with the row weighting that makes the
-    two KL terms equal.
-
-    For ``sde`` (Flow-GRPO) verl-omni divides the squared mean gap by ``2 std_t^2`` where the step's real
+def _weight_kl_by_dt(coef: float, out: dict[str, Any], notes: list[str]) -> None:
+    """For ``sde`` (Flow-GRPO) verl-omni divides the squared mean gap by ``2 std_t^2`` where the step's real
     std is ``std_t sqrt(|dt|)``; verl-digen divides by the real variance, so verl-omni's KL of a row is
     verl-digen's times that row's ``|dt|``. ``actor.kl_dt_weighted`` applies exactly that per row, so the
-    coefficient carries over as it is, for any sigma shift. CPS and DanceGRPO: the same convention.
-    """
-    if coef and out.get("rollout.sde_type", "flow_grpo") == "flow_grpo":
-        out["actor.kl_dt_weighted"] = True
-        notes.append(f"{ARR}.actor.kl_loss_coef={coef}: verl-omni's sde KL divides by std_t^2 without the step's "
-                     "|dt|; actor.kl_dt_weighted=true weights each row's KL by its own |dt|, so the loss is "
-                     "verl-omni's at any shift")
-    return coef
+    coefficient carries over as it is, for any sigma shift (CPS and DanceGRPO: the same convention in both,
+    nothing to weight)."""
+    out["actor.kl_dt_weighted"] = True
+    notes.append(f"{ARR}.actor.kl_loss_coef={coef}: verl-omni's sde KL divides by std_t^2 without the step's "
+                 "|dt|; actor.kl_dt_weighted=true weights each row's KL by its own |dt|, so the loss is "
+                 "verl-omni's at any shift")
 
 
 def verl_omni_defaults() -> dict[str, Any] | None:
