@@ -167,15 +167,18 @@ def extract_snapshots(dest: Path) -> Snapshots:
 
 
 # ------------------------------------------------------------------------------------- example scripts
-FAKE_COMMANDS = ("python3", "python", "torchrun", "nvidia-smi", "npu-smi", "ray", "huggingface-cli", "hf", "pip",
-                 "wget", "mkdir")
+FAKE_COMMANDS = ("python3", "python", "torchrun", "nvidia-smi", "ray", "huggingface-cli", "hf", "pip", "wget", "mkdir")
+#: tools of other machines: absent (exit 127, as bash says for a missing command), so a script that probes the
+#: device takes its GPU branch, the one a verl-omni user on a CUDA cluster runs
+ABSENT_COMMANDS = ("npu-smi",)
 
 
 def capture_commands(script: Path, repo: Path, scratch: Path) -> list[list[str]]:
     """The argument lists of every ``python3`` / ``python`` call an example script makes, without running them.
 
     The script runs in bash from verl-omni's repository root (where its README runs it) with those commands
-    replaced by shell functions that record their arguments; ``HOME``, ``WORKSPACE`` and the paths a few
+    replaced by shell functions that record their arguments, on a model of a CUDA machine (``nvidia-smi``
+    succeeds, ``npu-smi`` is absent, so device probes take the GPU branch); ``HOME``, ``WORKSPACE`` and the paths a few
     scripts require point into ``scratch``.
     """
     scratch.mkdir(parents=True, exist_ok=True)
@@ -187,7 +190,8 @@ def capture_commands(script: Path, repo: Path, scratch: Path) -> list[list[str]]
     prelude = [f'python3() {{ {{ printf "%s\\0" "$@"; printf "\\036"; }} >> {shlex.quote(str(record))}; }}',
                'python() { python3 "$@"; }']
     prelude += [f"{name}() {{ :; }}" for name in FAKE_COMMANDS if name not in ("python3", "python")]
-    prelude.append("export -f " + " ".join(FAKE_COMMANDS))
+    prelude += [f"{name}() {{ return 127; }}" for name in ABSENT_COMMANDS]
+    prelude.append("export -f " + " ".join(FAKE_COMMANDS + ABSENT_COMMANDS))
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(scratch), "WORKSPACE": str(scratch),
            "MODEL_PATH": str(model), "TEACHER_PATH": str(model), "DATA_DIR": str(scratch)}
     subprocess.run(["bash", "-c", "\n".join(prelude) + f"\nbash {shlex.quote(str(script))} </dev/null"],
@@ -324,8 +328,7 @@ RUN_TINY = {
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, both verls)",
     "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1)",
     "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh": "yes (2 steps, pinned verl; switched to v1, "
-                                                               "trainer.device=cpu; the converts and validates "
-                                                               "cells are its NPU branch, which the capture takes)",
+                                                               "trainer.device=cpu)",
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh": "yes (2 steps, pinned verl)",
 }
 
