@@ -168,3 +168,37 @@ def test_rows_split_over_ranks_sum_to_the_single_process_gradient(world, degree,
     _assert_same_grads(want, _grads(model), rtol=0, atol=1e-12)
     assert rows == seq.rows == 16 and clipped == seq.clipped and abs(total - seq.loss) < 1e-12
     assert len(set(per_rank)) == 1, f"ranks ran different numbers of passes: {per_rank}"
+
+
+@pytest.mark.parametrize("arch", ["flux", "wan"])
+def test_recompute_in_the_loss_pass_equals_a_separate_recompute_pass(arch):
+    """actor.recompute_log_prob: taking the old log-probs from the loss pass (detached) trains exactly as
+    verl's recompute does (a no-grad pass with the same weights first, then the loss against it), TSP and
+    the per-step loop alike; the ratio is 1 and the rollout's gap to it is what the metrics report."""
+    from dataclasses import replace
+
+    model = build_tiny_model(arch, dtype=torch.float64, latent_size=8)
+    traj, cfg = _rollout(model)
+    _perturb(model)  # the trainer's weights are not the rollout's: the two log-probs differ
+    scale = 1.0 / (len(traj) * traj.num_trained_steps)
+    separate = recompute_log_probs(model, traj, cfg.train_config(LossConfig()))
+    gap = (traj.log_probs - separate).abs()
+    assert float(gap.min()) > 0
+
+    model.transformer.zero_grad()
+    tsp_backward(model, replace(traj, log_probs=separate), cfg.train_config(LossConfig(clip_range=0.05)), scale,
+                 degree=2)
+    want = _grads(model)
+    recompute = cfg.train_config(LossConfig(clip_range=0.05, recompute_old_log_prob=True))
+    for train in (lambda: tsp_backward(model, traj, recompute, scale, degree=2),
+                  lambda: sequential_backward(model, traj, recompute, scale)):
+        model.transformer.zero_grad()
+        got = train()
+        _assert_same_grads(want, _grads(model), rtol=1e-10, atol=1e-13)
+        s = got.summary()
+        assert s["ratio_mean"] == s["ratio_max"] == s["ratio_min"] == 1.0 and s["clip_frac"] == 0.0
+        assert s["rollout_logprob_diff_max"] == pytest.approx(float(gap.max()), rel=1e-9)
+        assert s["rollout_logprob_diff_mean"] == pytest.approx(float(gap.mean()), rel=1e-9)
+    model.transformer.zero_grad()
+    rollout = tsp_backward(model, traj, cfg.train_config(LossConfig(clip_range=0.05)), scale, degree=2)
+    assert "rollout_logprob_diff_mean" not in rollout.summary() and rollout.clipped > 0  # off: the rollout's

@@ -141,3 +141,23 @@ def test_any_trainer_pool_size_validates_with_any_update_size():
         validate(cfg)
         assert cfg.worker_config().rows_per_pass == cfg.digen.tsp.rows_per_pass
         assert cfg.schedule_config().rows_per_pass == cfg.digen.tsp.rows_per_pass
+
+
+@pytest.mark.parametrize("overrides,on", [
+    ([], False),  # diffusers on both sides, one dtype: the rollout's log-probs are the trainer's
+    (["model.dtype=bfloat16", "actor.param_dtype=float32"], True),  # the trainer computes in another dtype
+    (["model.dtype=bfloat16", "actor.param_dtype=float32", "digen.tcss.staleness=1"], False),  # TCSS keeps them
+    (["actor.recompute_log_prob=true"], True),
+    (["actor.recompute_log_prob=false", "model.dtype=bfloat16", "actor.param_dtype=float32"], False),
+])
+def test_recompute_log_prob_auto_and_explicit(overrides, on):
+    from verl_digen.config.plan import resource_plan
+    from verl_digen.config.schema import recompute_log_prob
+
+    cfg = compose(overrides)
+    validate(cfg)
+    assert recompute_log_prob(cfg)[0] is on and cfg.worker_config().loss.recompute_old_log_prob is on
+    plan = resource_plan(cfg).render()
+    assert ("old: recomputed by the trainer" in plan) is on and ("old: the rollout's" in plan) is (not on)
+    vllm = compose(["rollout.backend=vllm"])  # another engine: on (validated only with trainer.device=cuda)
+    assert recompute_log_prob(vllm) == (True, "auto: the rollout engine (vllm) is not the trainer's")

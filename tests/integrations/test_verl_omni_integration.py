@@ -201,12 +201,14 @@ def test_kl_coefficient_is_converted_to_verl_omnis_convention():
 
 
 @pytest.mark.parametrize("bypass", [False, True])
-def test_old_log_prob_recompute_is_named_when_verl_omni_would_do_it(bypass):
-    notes: list[str] = []
-    used: set[str] = set()
-    vo.from_verl_omni_config({"algorithm": {"rollout_correction": {"bypass_mode": bypass}}}, notes=notes, used=used)
-    assert any("bypass_mode=False: verl-omni recomputes the old policy's log-probs" in n for n in notes) == (not bypass)
-    assert "algorithm.rollout_correction.bypass_mode" in used  # read either way: never "not converted"
+def test_old_log_prob_recompute_is_carried_from_bypass_mode(bypass, tmp_path):
+    """verl-omni recomputes the old log-probs unless bypass_mode=True; the converted run does the same."""
+    out = vo.from_verl_omni_config({"algorithm": {"rollout_correction": {"bypass_mode": bypass}}})
+    assert out["actor.recompute_log_prob"] == ("false" if bypass else "true")
+    raw = _runnable(tmp_path)
+    raw["algorithm"] = {**raw.get("algorithm", {}), "rollout_correction": {"bypass_mode": bypass}}
+    cfg = vo.to_run_config(raw, log=lambda _: None)
+    assert cfg.worker_config().loss.recompute_old_log_prob is (not bypass)
 
 
 @pytest.mark.parametrize("key,value", [

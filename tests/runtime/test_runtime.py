@@ -170,7 +170,7 @@ def test_heterogeneous_pools_land_on_their_nodes(tmp_path):
 @pytest.mark.parametrize("backend", ["collective"])
 def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     cfg = compose_run("model.lora_rank=2", f"digen.sync.backend={backend}", "trainer.total_steps=2",
-                      tmp_path=tmp_path)
+                      "actor.recompute_log_prob=true", tmp_path=tmp_path)
     def inspect(t):
         held = t.gen_wg.weights_version()  # picked up during the run, each generator on its own
         t.sync.sync(2)  # the final version is never published by the run: nobody generates with it
@@ -183,6 +183,10 @@ def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     assert pickups and all(r.worker.startswith("gen") and r.version == 1 for r in pickups)
     assert gen_sum == trn_sum
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
+    for r in result.reports:  # the old log-probs are the trainer's own: ratio 1, the rollout's gap reported
+        m = r.metrics
+        assert m["actor/ratio_min"] == m["actor/ratio_max"] == 1.0 and m["actor/clip_frac"] == 0.0
+        assert 0.0 <= m["actor/rollout_logprob_diff_mean"] <= m["actor/rollout_logprob_diff_max"] < 1e-3
 
 
 def test_a_node_resource_no_node_has_fails_before_any_worker_starts(ray_session, tmp_path):

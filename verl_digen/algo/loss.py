@@ -25,6 +25,11 @@ class LossConfig:
     #: each row's KL times its own |dt| = |sigma - sigma_next|: verl-omni's Flow-GRPO KL, which divides the
     #: squared mean gap by 2 std_t^2 where the step's real variance is std_t^2 |dt| (off: the Gaussian KL)
     kl_dt_weighted: bool = False
+    #: the ratio's old log-prob is the trainer's own (its weights before the step's optimizer step, which is
+    #: the weights of every pass of the step: one optimizer step per global step), not the rollout's. It is
+    #: the loss pass's log-prob, detached: the same number a separate no-grad pass would give, without the
+    #: pass. The rollout's log-prob is then only compared (``LossTerms.rollout_diff``).
+    recompute_old_log_prob: bool = False
 
     def __post_init__(self) -> None:
         if not self.clip_range > 0:
@@ -42,6 +47,7 @@ class LossTerms:
     clipped: torch.Tensor
     approx_kl: torch.Tensor
     kl: torch.Tensor | None
+    rollout_diff: torch.Tensor | None = None  # |rollout log-prob - recomputed| per row (recompute only)
 
 
 def policy_loss(
@@ -55,13 +61,20 @@ def policy_loss(
     """Sum over rows of max(-A r, -A clip(r)) (+ kl_coef * KL), times ``scale``.
 
     ``scale`` is 1 / (number of rows in the whole global step) so that accumulated micro-batch
-    gradients equal the full-batch mean gradient.
+    gradients equal the full-batch mean gradient. ``old_log_prob`` is the rollout's; with
+    ``cfg.recompute_old_log_prob`` the ratio is taken against the trainer's own and the rollout's is only
+    compared with it.
     """
     if not (log_prob.shape == old_log_prob.shape == advantages.shape):
         raise ValueError(
             "log_prob, old_log_prob and advantages must have one shape, got "
             f"{tuple(log_prob.shape)}, {tuple(old_log_prob.shape)}, {tuple(advantages.shape)}"
         )
+    rollout_diff = None
+    if cfg.recompute_old_log_prob:
+        recomputed = log_prob.detach()
+        rollout_diff = (old_log_prob - recomputed).abs()
+        old_log_prob = recomputed
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio
@@ -79,4 +92,5 @@ def policy_loss(
         clipped=was_clipped,
         approx_kl=approx_kl.detach(),
         kl=None if kl is None else kl.detach(),
+        rollout_diff=rollout_diff,
     )

@@ -58,6 +58,10 @@ class TrainMetrics:
     fresh_rows: int = 0
     fresh_ratio_sum: float = 0.0
     fresh_clipped: float = 0.0
+    # |rollout log-prob - recomputed| over the rows trained with the old log-prob recomputed
+    rollout_diff_rows: int = 0
+    rollout_diff_sum: float = 0.0
+    rollout_diff_max: float = 0.0
 
     def add(self, terms: LossTerms, stale: torch.Tensor | None = None) -> None:
         """Add a set of rows; ``stale`` (bool per row) splits them into stale and fresh rows."""
@@ -71,6 +75,10 @@ class TrainMetrics:
         self.approx_kl += float(terms.approx_kl.sum())
         if terms.kl is not None:
             self.kl += float(terms.kl.sum())
+        if terms.rollout_diff is not None:
+            self.rollout_diff_rows += n
+            self.rollout_diff_sum += float(terms.rollout_diff.sum())
+            self.rollout_diff_max = max(self.rollout_diff_max, float(terms.rollout_diff.max()))
         if stale is not None:
             if stale.shape != terms.ratio.shape:
                 raise ValueError(f"stale mask {tuple(stale.shape)} must match the rows {tuple(terms.ratio.shape)}")
@@ -86,8 +94,10 @@ class TrainMetrics:
     def merge(self, other: TrainMetrics) -> TrainMetrics:
         """Fold another micro-batch's sums into these (returns self)."""
         for name in ("rows", "loss", "ratio_sum", "clipped", "approx_kl", "kl", "stale_rows", "stale_ratio_sum",
-                     "stale_clipped", "fresh_rows", "fresh_ratio_sum", "fresh_clipped"):
+                     "stale_clipped", "fresh_rows", "fresh_ratio_sum", "fresh_clipped", "rollout_diff_rows",
+                     "rollout_diff_sum"):
             setattr(self, name, getattr(self, name) + getattr(other, name))
+        self.rollout_diff_max = max(self.rollout_diff_max, other.rollout_diff_max)
         self.ratio_max = max(self.ratio_max, other.ratio_max)
         self.ratio_min = min(self.ratio_min, other.ratio_min)
         return self
@@ -107,6 +117,9 @@ class TrainMetrics:
             **{f"{k}_{p}": v for p in ("stale", "fresh") if getattr(self, f"{p}_rows")
                for k, v in (("ratio_mean", getattr(self, f"{p}_ratio_sum") / getattr(self, f"{p}_rows")),
                             ("clip_frac", getattr(self, f"{p}_clipped") / getattr(self, f"{p}_rows")))},
+            # only when the old log-probs were recomputed (actor.recompute_log_prob)
+            **({"rollout_logprob_diff_mean": self.rollout_diff_sum / self.rollout_diff_rows,
+                "rollout_logprob_diff_max": self.rollout_diff_max} if self.rollout_diff_rows else {}),
         }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field, replace
 
-from verl_digen.config.schema import ConfigError, RunConfig
+from verl_digen.config.schema import ConfigError, RunConfig, recompute_log_prob
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
@@ -56,6 +56,7 @@ class ResourcePlan:
     predicted_colocated: dict[str, float] = field(default_factory=dict)  # baseline -> s/step (costs.BASELINES)
     heterogeneous: bool = False  # pools of two hardware types (then there is no ceiling)
     ceiling_s: float | None = None  # the step's work over every GPU (schedule.split_search.ceiling)
+    old_log_probs: str = ""  # whose log-probs the ratio is taken against, and why (actor.recompute_log_prob)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -75,6 +76,8 @@ class ResourcePlan:
             f"release unit {self.release_unit} micro-batch(es)",
             f"  training   {self.trained_steps} trained step(s) per sample in {self.tsp_passes} TSP pass(es)",
         ]
+        if self.old_log_probs:
+            lines.append(f"  log-probs  old: {self.old_log_probs}")
         if self.predicted_step_s is None:
             lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
         else:
@@ -129,5 +132,14 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     return ResourcePlan(
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
-        heterogeneous=hetero, ceiling_s=top,
+        heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg),
     )
+
+
+def _old_log_probs(cfg: RunConfig) -> str:
+    on, why = recompute_log_prob(cfg)
+    if not on:
+        return f"the rollout's ({why})"
+    # one optimizer step per global step: the loss pass runs on the weights the recompute would, so its own
+    # log-prob is the recomputed one and the simulator prices no extra forward (docs/config.md)
+    return f"recomputed by the trainer in its loss pass, no extra forward ({why})"

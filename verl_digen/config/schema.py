@@ -22,6 +22,7 @@ from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfi
 from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
+RECOMPUTE_CHOICES = ("auto", "true", "false")
 DEVICES = ("cpu", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 
@@ -76,6 +77,9 @@ class ActorConfig:
     clip_ratio: float = CLIP_RANGE
     kl_coef: float = 0.0
     kl_dt_weighted: bool = False  # each row's KL x its |dt| (verl-omni's Flow-GRPO KL; set by the converter)
+    # the ratio's old log-probs: the trainer's own (true), the rollout's (false), or auto: the trainer's when
+    # the rollout engine or its dtype differs from the trainer's, outside TCSS (docs/config.md)
+    recompute_log_prob: str = "auto"
     # memory and precision of the trainer (docs/config.md "Memory and precision"; verl's fsdp_config names)
     param_dtype: str | None = None  # trainer compute dtype (FSDP2 MixedPrecisionPolicy); null = model.dtype
     reduce_dtype: str | None = None  # gradient reduction dtype; null = the master dtype
@@ -245,7 +249,8 @@ class RunConfig:
                                 lora_rank=m.lora_rank, lora_alpha=m.lora_alpha,
                                 lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
             sampler=self.sampler(),
-            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted),
+            loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted,
+                            recompute_old_log_prob=recompute_log_prob(self)[0]),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
                                      master_dtype=master_dtype(self),
@@ -302,6 +307,26 @@ def master_dtype(cfg: RunConfig) -> str:
     if m.lora_rank == 0 and BYTES.get(m.dtype, 4) < 4:
         return "float32"
     return m.dtype
+
+
+def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:
+    """Whether the trainer takes the ratio's old log-probs as its own (``actor.recompute_log_prob``), and why.
+
+    ``auto`` turns it on where the rollout's numbers can differ from the trainer's for the same weights:
+    another engine (vLLM-Omni) or another compute dtype (``actor.param_dtype``). Never under TCSS: a stale
+    row's ratio against its rollout log-prob is its importance correction, which the trainer's own would drop.
+    """
+    choice = str(cfg.actor.recompute_log_prob).lower()
+    if choice != "auto":
+        return choice == "true", f"actor.recompute_log_prob={choice}"
+    if cfg.digen.tcss.staleness > 0:
+        return False, "auto: off under TCSS (stale rows keep their rollout log-probs)"
+    if cfg.rollout.backend != "diffusers":
+        return True, f"auto: the rollout engine ({cfg.rollout.backend}) is not the trainer's"
+    compute = cfg.actor.param_dtype or cfg.model.dtype
+    if compute != cfg.model.dtype:
+        return True, f"auto: the rollout computes in {cfg.model.dtype}, the trainer in {compute}"
+    return False, "auto: rollout and trainer share engine and dtype"
 
 
 def get_key(cfg: Any, dotted: str) -> Any:

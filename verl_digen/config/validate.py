@@ -16,7 +16,15 @@ from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
-from verl_digen.config.schema import DEVICES, LOGGERS, ROLLOUT_BACKENDS, ModelConfig, RunConfig, checked_schedule_config
+from verl_digen.config.schema import (
+    DEVICES,
+    LOGGERS,
+    RECOMPUTE_CHOICES,
+    ROLLOUT_BACKENDS,
+    ModelConfig,
+    RunConfig,
+    checked_schedule_config,
+)
 from verl_digen.dtypes import PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
@@ -142,6 +150,14 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("actor.clip_ratio", cfg.actor.clip_ratio, "a number > 0")
     if cfg.actor.kl_coef < 0:
         raise ConfigError("actor.kl_coef", cfg.actor.kl_coef, "a number >= 0")
+    recompute = str(cfg.actor.recompute_log_prob).lower()
+    if recompute not in RECOMPUTE_CHOICES:
+        raise ConfigError("actor.recompute_log_prob", cfg.actor.recompute_log_prob, "one of auto, true, false")
+    if recompute == "true" and d.tcss.staleness > 0:
+        raise ConfigError("actor.recompute_log_prob", cfg.actor.recompute_log_prob,
+                          f"auto or false while digen.tcss.staleness={d.tcss.staleness} (a stale row's ratio "
+                          "against its rollout log-prob is its importance correction; the trainer's own would "
+                          "drop it)")
     gen, trn = cfg.resources.generator.workers, cfg.resources.trainer.workers
     _positive("resources.generator.workers", gen)
     _positive("resources.trainer.workers", trn)

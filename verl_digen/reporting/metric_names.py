@@ -69,8 +69,8 @@ def val_component_mean(reward: str) -> str:
 
 def actor_names() -> set[str]:
     """The ``actor/*`` names of a step report: ``TrainMetrics.summary`` keys (the stale / fresh split
-    only in steps with such rows) and the gradient norm."""
-    summary = TrainMetrics(stale_rows=1, fresh_rows=1).summary()
+    only in steps with such rows, the rollout log-prob gap only with the recompute) and the gradient norm."""
+    summary = TrainMetrics(stale_rows=1, fresh_rows=1, rollout_diff_rows=1).summary()
     return {actor(k) for k in summary if k != "rows"} | {GRAD_NORM}
 
 

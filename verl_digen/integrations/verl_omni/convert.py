@@ -303,11 +303,9 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         if use_kl and coef and out.get("rollout.sde_type", "flow_grpo") == "flow_grpo":
             _weight_kl_by_dt(float(coef), out, notes)
     out["algorithm.std_estimator"] = "unbiased"  # verl-omni's torch.std (n - 1), a convention, not a key
-    if get("algorithm.rollout_correction.bypass_mode") is False:  # verl-omni's default: recompute
-        notes.append("algorithm.rollout_correction.bypass_mode=False: verl-omni recomputes the old policy's "
-                     "log-probs on the trainer before training; verl-digen uses the rollout's, as bypass_mode=True "
-                     "does (one optimizer step per global step: the ratio starts at 1 either way, up to the two "
-                     "engines' numerics)")
+    bypass = get("algorithm.rollout_correction.bypass_mode")  # verl-omni's default False: recompute
+    if bypass is not None:
+        put("actor.recompute_log_prob", "false" if bypass else "true", src="algorithm.rollout_correction.bypass_mode")
     global_std = get("algorithm.global_std")
     if global_std is not None:
         put("algorithm.adv_std", "batch" if global_std else "group", src="algorithm.global_std")
