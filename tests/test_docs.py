@@ -69,6 +69,10 @@ SKIP: dict[str, str] = {
     "+resources.trainer.workers=1 algorithm.global_std=False "
     "data.train_files=$WORKSPACE/data/ocr/sd3/prompts.jsonl +reward.name=ocr":
         "verl-omni template with a placeholder; the mapping is covered by test_verl_omni_integration.py",
+    "python3 -m verl_omni.trainer.main_diffusion_v1 <your script's overrides> trainer.use_v1=true "
+    "trainer.v1.trainer_mode=digen +trainer=digen +resources.generator.workers=G +resources.trainer.workers=R "
+    "algorithm.global_std=False":
+        "the same template (the guide's opening); tests/integrations/test_verl_omni_real.py runs four scripts with it",
 }
 
 #: commands run with extra overrides appended: command -> (overrides, reason)
