@@ -78,6 +78,10 @@ SKIP: dict[str, str] = {
 #: commands run with extra overrides appended: command -> (overrides, reason)
 SHORTEN: dict[str, tuple[str, str]] = {}
 
+#: appended to the main job's commands: the console block names every metric a run logs, which the test
+#: checks against docs/metrics.md (the one-line format, the default off a terminal, names a few)
+BLOCK_LOG = "trainer.log_format=block"
+
 #: command prefix -> a word its output must contain
 EXPECT: dict[str, str] = {
     "python -m verl_digen.main trainer.total_steps=3 trainer.resume_from=": "resumed from",
@@ -403,6 +407,8 @@ def test_docs_commands_run(ray_session):
             continue
         done.add(cmd)
         run = cmd + (" " + SHORTEN[cmd][0] if cmd in SHORTEN else "")
+        if cmd.startswith(MAIN) and "trainer.log_format=" not in cmd:
+            run += " " + BLOCK_LOG  # captured output is not a terminal, which would pick the one-line log
         t0 = time.perf_counter()
         done_here = None if cmd == MAIN else run_in_process(run)
         if done_here is not None:

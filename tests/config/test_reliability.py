@@ -388,6 +388,7 @@ BAD_INPUT = {
     "latent-width-without-height": (lambda t: ["model.latent_size=null", "model.latent_width=8"], "model.latent_width",
                                     "null unless model.latent_size"),
     "lr-huge": (lambda t: ["actor.lr=1e30"], "actor.lr", "a number in (0, 1]"),
+    "log-format-unknown": (lambda t: ["trainer.log_format=lines"], "trainer.log_format", "one of auto, block, line"),
     "recompute-unknown": (lambda t: ["actor.recompute_log_prob=maybe"], "actor.recompute_log_prob",
                           "one of auto, true, false"),
     "recompute-under-tcss": (lambda t: ["actor.recompute_log_prob=true", "digen.tcss.staleness=1"],

@@ -244,6 +244,37 @@ def test_console_backend_is_replaced_and_the_other_backends_keep_full_precision(
     assert not run_log.install_console(Tracking("p", "e", default_backend=[]), console)  # no console: untouched
 
 
+def test_one_line_log_per_step_for_cluster_logs(monkeypatch):
+    """trainer.log_format=line: one line of the headline figures per step, label=value pairs; auto picks
+    it when output is not a terminal."""
+    from verl_digen.config.schema import log_format
+
+    metrics = {"reward/mean": 0.43125, "reward/std": 0.1, "actor/loss": -0.00123, "timing/step_s": 4.0,
+               "pool/generator_busy": 0.92, "pool/trainer_busy": 0.88, "digen/stale_fraction": 0.25,
+               "fault/retries": 0.0, "fault/restarts": 1.0, "actor/ratio_mean": 1.0}
+    line = run_log.format_line(metrics, step=12, total=100, samples=16)
+    assert line == ("step 12/100  reward=0.4313+-0.1  loss=-0.00123  step_s=4  samples_s=4  gen_busy=0.92  "
+                    "trn_busy=0.88  stale=0.25  restarts=1")  # no zero retries; the rest stay in the block
+    assert run_log.format_line({"val/reward_mean": 0.5}, step=3) == "step 3  val_reward=0.5"
+    printed: list[str] = []
+    run_log.ConsoleLogger(printed.append, total=100, fmt="line", samples=16).log(metrics, 12)
+    assert printed == [line]
+    with pytest.raises(ValueError, match="log format"):
+        run_log.ConsoleLogger(fmt="lines")
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    cfg = compose([])
+    assert cfg.trainer.log_format == "auto"
+    monkeypatch.setattr("sys.stdout", io.StringIO())
+    assert log_format(cfg) == "line"
+    monkeypatch.setattr("sys.stdout", Terminal())
+    assert log_format(cfg) == "block"
+    assert log_format(compose(["trainer.log_format=line"])) == "line"
+
+
 # ------------------------------------------------------------------------------------------ config
 def test_resolved_config_round_trips_and_is_stored_in_a_checkpoint(tmp_path):
     cfg = compose(["trainer.total_steps=7", "rollout.n=3"])

@@ -42,7 +42,7 @@ def test_run_leaves_curves_config_and_readable_lines_and_times_no_logger_start_u
     monkeypatch.setattr(runtime, "run", timed_run)
     lines: list[str] = []
     cfg = compose_run("trainer.total_steps=2", "trainer.save_freq=1", "trainer.logger=[console]",
-                      "digen.tag.policy=never", tmp_path=tmp_path)
+                      "trainer.log_format=block", "digen.tag.policy=never", tmp_path=tmp_path)
     trainer = DigenRuntime(cfg, log=lines.append)
     try:
         result = trainer.fit()

@@ -39,7 +39,7 @@ class _Scripted:
 
 
 def _key(sched: StepScheduler, backend: SimBackend, now: float) -> tuple:
-    st = sched._steps[sched.train_step]
+    st = sched._step(sched.train_step)
     flight = tuple(sorted((round(end - now, 9), a.kind, a.mb, a.workers) for end, _, a in backend._heap))
     return (sched.train_step, sched.trainer_mode, st.next, st.updated, len(st.uq), tuple(sorted(st.scored.items())),
             tuple(sorted(sched._sq[sched.train_step])), flight)

@@ -311,3 +311,22 @@ def test_scheduler_view_equals_the_view_rebuilt_from_the_action_log():
             seen["stale_left"] += 0 < view.stale_budget_left < cfg.stale_budget()
             seen["partial_unit"] += bool(view.scored_per_unit)
     assert min(seen.values()) > 3, seen
+
+
+@pytest.mark.parametrize("staleness", [0.0, 0.5])
+def test_the_scheduler_holds_the_state_of_two_steps_however_long_the_run(staleness):
+    """Per-step state is made when a step is first touched and dropped at its optimizer step (a long run's
+    driver must not grow with it); a finished step reads as all handed out, so nothing is generated twice."""
+    from verl_digen.schedule.executor import SimBackend, run
+
+    cfg = ScheduleConfig(prompts=4, group_size=2, mb_size=2, steps=30, staleness=staleness, policy="bts")
+    costs = uniform_stage_costs(1.0, 0.8, score=0.1, optimizer_step=0.2, weight_sync=0.2)
+    sched = StepScheduler(cfg, costs, 2, trainer_ranks=2)
+    held = []
+
+    def on_complete(c) -> None:
+        held.append((len(sched._live), len(sched._sq)))
+
+    run(sched, SimBackend(costs), on_complete)  # check=True: the whole timeline's invariants
+    assert max(h[0] for h in held) <= 2 and max(h[1] for h in held) <= 3
+    assert sched._live == {} and sched._step(0).next == sched.M

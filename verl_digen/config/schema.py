@@ -15,6 +15,7 @@ from verl_digen.algo.loss import CLIP_RANGE, LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.config.errors import ConfigError
 from verl_digen.dtypes import BYTES
+from verl_digen.reporting.run_log import LOG_FORMATS
 from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
 from verl_digen.rollout.sampler import NUM_STEPS, TRAIN_STEPS, SamplerConfig
 from verl_digen.schedule import ScheduleConfig
@@ -23,6 +24,7 @@ from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConf
 
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
 RECOMPUTE_CHOICES = ("auto", "true", "false")
+LOG_FORMAT_CHOICES = ("auto", *LOG_FORMATS)
 DEVICES = ("cpu", "cuda")
 LOGGERS = ("console", "tensorboard", "wandb")
 
@@ -188,6 +190,7 @@ class TrainerConfig:
     action_timeout_min_s: float = 300.0  # ... but never before this many seconds (cold starts, loaded hosts)
     trace_dir: str | None = "outputs/trace"
     progress: bool = True
+    log_format: str = "auto"  # console per step: block (grouped metrics), line (one line), auto: line unless a terminal
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
     test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
     log_val_generations: int = 16  # validation samples drawn as an image grid (PNG, tensorboard, wandb); 0: none
@@ -327,6 +330,16 @@ def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:
     if compute != cfg.model.dtype:
         return True, f"auto: the rollout computes in {cfg.model.dtype}, the trainer in {compute}"
     return False, "auto: rollout and trainer share engine and dtype"
+
+
+def log_format(cfg: RunConfig) -> str:
+    """The console's per-step format: ``trainer.log_format``, or for ``auto`` a block on a terminal and one
+    line per step otherwise (a cluster job's log file)."""
+    if cfg.trainer.log_format != "auto":
+        return cfg.trainer.log_format
+    import sys
+
+    return "block" if sys.stdout.isatty() else "line"
 
 
 def get_key(cfg: Any, dotted: str) -> Any:

@@ -18,6 +18,7 @@ from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import (
     DEVICES,
+    LOG_FORMAT_CHOICES,
     LOGGERS,
     RECOMPUTE_CHOICES,
     ROLLOUT_BACKENDS,
@@ -74,6 +75,7 @@ def validate(cfg: RunConfig) -> list[str]:
     _positive("trainer.total_steps", t.total_steps)
     for name in t.logger:
         _choice("trainer.logger", name, LOGGERS)
+    _choice("trainer.log_format", t.log_format, LOG_FORMAT_CHOICES)
     if "wandb" in t.logger and (why := checks.wandb_unready()):
         raise ConfigError("trainer.logger", list(t.logger), f"loggers that can start here: wandb {why}")
     if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):

@@ -34,6 +34,7 @@ from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.config import RunConfig, checks, validate
 from verl_digen.config.plan import prior_stage_costs
+from verl_digen.config.schema import log_format
 from verl_digen.data import PromptDataset
 from verl_digen.driver import validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
@@ -125,7 +126,8 @@ class DigenRuntime:
         self.trn_wg: RayWorkerGroup | None = None
         self.sync: WeightSync | None = None
         self.tracking = None
-        self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps)
+        self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps, fmt=log_format(cfg),
+                                              samples=cfg.batch)
         self._history: run_log.MetricsLog | None = None
         self._pools: list[PlacedResourcePool] = []
 

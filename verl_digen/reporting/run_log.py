@@ -5,9 +5,11 @@
   growing history for them. A resumed run keeps the lines of the steps up to its checkpoint and
   appends after them; a fresh run starts the file anew.
 - The console backend of verl's ``Tracking`` prints one unreadable dict per step; ``ConsoleLogger``
-  replaces it with the metrics rounded to 4 significant digits and grouped by prefix, written through
-  the progress bar (``tqdm.write``) so lines and bar do not interleave. Every other backend (wandb,
-  tensorboard, ...) still receives the full-precision values.
+  replaces it with the metrics rounded to 4 significant digits: a block grouped by prefix (for a
+  terminal), or one line of the headline figures (``trainer.log_format=line``, the default when output is
+  not a terminal: a cluster job's log), written through the progress bar (``tqdm.write``) so lines and bar
+  do not interleave. Every other backend (wandb, tensorboard, ...) and the metrics file still receive every
+  value at full precision.
 - ``config.yaml``: the resolved run config, in the trace directory and in every checkpoint.
 """
 
@@ -115,16 +117,51 @@ def format_metrics(metrics: dict[str, Any], step: int, total: int | None = None,
     return "\n".join(lines)
 
 
-class ConsoleLogger:
-    """The console backend of ``Tracking`` for a run: :func:`format_metrics` through ``write``
-    (the progress bar's writer while a bar is shown, so bar and lines do not interleave)."""
+#: the figures of a one-line step log: (metric, label), in this order; a metric the step lacks is left out
+LINE_FIELDS = (("reward/mean", "reward"), ("actor/loss", "loss"), ("timing/step_s", "step_s"),
+               ("pool/generator_busy", "gen_busy"), ("pool/trainer_busy", "trn_busy"),
+               ("digen/stale_fraction", "stale"), ("val/reward_mean", "val_reward"), ("fault/retries", "retries"),
+               ("fault/restarts", "restarts"))
+LOG_FORMATS = ("block", "line")
 
-    def __init__(self, write: Callable[[str], None] = print, total: int | None = None) -> None:
+
+def format_line(metrics: dict[str, Any], step: int, total: int | None = None, samples: int | None = None) -> str:
+    """One line per step for cluster logs: step, reward mean +- std, loss, step time, samples per second
+    (``samples`` per step over the step time), pool busy fractions, staleness, and validation and faults
+    when the step has them, as ``label=value`` pairs a grep or awk can take apart."""
+    parts = [f"step {step}" + (f"/{total}" if total else "")]
+    for key, label in LINE_FIELDS:
+        value = metrics.get(key)
+        if not _is_number(value) or (label in ("retries", "restarts") and not value):
+            continue
+        text = format_value(value)
+        if key == "reward/mean" and _is_number(metrics.get("reward/std")):
+            text += f"+-{format_value(metrics['reward/std'])}"
+        parts.append(f"{label}={text}")
+        if key == "timing/step_s" and samples and value > 0:
+            parts.append(f"samples_s={format_value(samples / value)}")
+    return "  ".join(parts)
+
+
+class ConsoleLogger:
+    """The console backend of ``Tracking`` for a run: :func:`format_metrics` (``fmt="block"``) or
+    :func:`format_line` (``"line"``) through ``write`` (the progress bar's writer while a bar is shown, so
+    bar and lines do not interleave). ``samples``: samples per step, for the line's samples per second."""
+
+    def __init__(self, write: Callable[[str], None] = print, total: int | None = None, fmt: str = "block",
+                 samples: int | None = None) -> None:
+        if fmt not in LOG_FORMATS:
+            raise ValueError(f"log format must be one of {LOG_FORMATS}, got {fmt!r}")
         self.write = write
         self.total = total
+        self.fmt = fmt
+        self.samples = samples
 
     def log(self, data: dict[str, Any], step: int) -> None:
-        self.write(format_metrics(data, step, self.total))
+        if self.fmt == "line":
+            self.write(format_line(data, step, self.total, self.samples))
+        else:
+            self.write(format_metrics(data, step, self.total))
 
     def flush(self) -> None:
         """Nothing buffered (``Tracking`` may call it)."""

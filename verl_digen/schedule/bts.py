@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import math
 import time
+from array import array
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -738,8 +739,9 @@ class BtsPolicy:
         self.fan_out = fan_out
         self.reuse = reuse
         self._solver: Solver | None = None
-        self.solve_seconds: list[float] = []
-        self.solve_capped: list[bool] = []
+        # one entry per solve, for the whole run: packed arrays (9 bytes a solve), not lists of objects
+        self.solve_seconds: array = array("d")
+        self.solve_capped: array = array("b")  # 1: the solve hit a cap
         self.last_stats: SearchStats | None = None
 
     def __str__(self) -> str:
@@ -756,7 +758,7 @@ class BtsPolicy:
         before = self._solver.stats.seconds
         value, decision = self._solver.solve(ModelState.from_view(ctx.snapshot()))
         self.solve_seconds.append(self._solver.stats.seconds - before)
-        self.solve_capped.append(self._solver.stats.capped)
+        self.solve_capped.append(bool(self._solver.stats.capped))
         self.last_stats = self._solver.stats
         ctx.predicted_end = ctx.now + value
         return int(decision or 0)

@@ -40,7 +40,7 @@ ranks as TAG generation slots ``tag0..tag{R-1}`` (busy only between a ``switch_t
 from __future__ import annotations
 
 import heapq
-from collections import deque
+from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
 from .actions import Action
@@ -129,8 +129,11 @@ class StepScheduler:
                                  staleness=config.staleness, trainer_ranks=trainer_ranks)
         self.decisions: list[Decision] = []
         self._busy: dict[str, Action | None] = {w: None for w in self.timeline.workers}
-        self._steps = [_Step() for _ in range(config.steps)]
-        self._sq: list[list[int]] = [[] for _ in range(config.steps)]  # Scoring Queue per step (heaps)
+        # per-step state, made when a step is first touched and dropped at its optimizer step (``_step``), so
+        # the scheduler holds two steps' state however long the run
+        self._live: dict[int, _Step] = {}
+        self._finished = _Step(next=self.M)  # what a finished step reads as: every micro-batch handed out
+        self._sq: defaultdict[int, list[int]] = defaultdict(list)  # Scoring Queue per step (heaps)
         self.versions = {w: 0 for w in self.gens}  # policy version each generator holds
         self.published = 0  # newest version the trainer has published
         self.train_step = 0
@@ -174,26 +177,37 @@ class StepScheduler:
         if kind in (GENERATE, TAG_GENERATE):
             heapq.heappush(self._sq[s], action.mb)
         elif kind == SCORE:
-            st = self._steps[s]
+            st = self._step(s)
             unit = action.mb // self.unit_size
             st.scored[unit] = st.scored.get(unit, 0) + 1
             if st.scored[unit] == self.unit_size:
                 del st.scored[unit]
                 st.uq.extend(range(unit * self.unit_size, (unit + 1) * self.unit_size))
         elif kind == UPDATE:
-            self._steps[s].updated += action.count
+            self._step(s).updated += action.count
         elif kind == SWITCH_TO_GEN:
             self.trainer_mode = GEN_MODE
         elif kind == SWITCH_TO_TRAIN:
             self.trainer_mode = TRAIN_MODE
         elif kind == OPTIMIZER_STEP:
             self.train_step = s + 1
+            self._live.pop(s, None)
+            self._sq.pop(s, None)
             if s + 1 < self.config.steps:  # nobody generates with the final version
                 self._publish_pending = s + 1
         elif kind == PUBLISH:
             self.published = action.version
         elif kind == WEIGHT_SYNC:
             self.versions[action.worker] = action.version
+
+    def _step(self, s: int) -> _Step:
+        """Step ``s``'s state: a finished step (its optimizer step done) reads as all handed out."""
+        if s < self.train_step:
+            return self._finished
+        st = self._live.get(s)
+        if st is None:
+            st = self._live[s] = _Step()
+        return st
 
     def next_actions(self, now: float) -> list[Action]:
         """Work for every idle worker at ``now`` (empty when all must wait)."""
@@ -238,13 +252,13 @@ class StepScheduler:
         if self.published > v:  # at a trajectory boundary: swap to the newest version
             p = self.published
             return Action(WEIGHT_SYNC, (w,), p - 1, p)
-        st = self._steps[v]
+        st = self._step(v)
         if st.next < self.M:
             st.next += 1
             return self._mb_action(GENERATE, w, v, v, st.next - 1)
         # ahead only while the trainer is still in step v: after its optimizer step a new version is due
         if self.stale_budget and v == self.train_step and v + 1 < self.config.steps and self._may_generate_ahead():
-            nxt = self._steps[v + 1]
+            nxt = self._step(v + 1)
             if nxt.next < self.M and nxt.stale < self.stale_budget:
                 nxt.next += 1
                 nxt.stale += 1
@@ -266,7 +280,7 @@ class StepScheduler:
         if self._publish_pending is not None:
             v, self._publish_pending = self._publish_pending, None
             return [Action(PUBLISH, (TRAINER,), v - 1, v)]
-        st = self._steps[ts]
+        st = self._step(ts)
         ready = bool(st.uq) or st.updated == self.M  # training work (or the optimizer step) is due
         if ready and self.trainer_mode == TRAIN_MODE:
             if st.uq:
@@ -286,7 +300,7 @@ class StepScheduler:
     def _bubble(self, now: float) -> list[Action]:
         """A TAG decision over the free slots, if one is due: the actions it starts (none for a skip)."""
         ts = self.train_step
-        st = self._steps[ts]
+        st = self._step(ts)
         undispatched = self.M - st.next
         free = self.free_slots()
         if undispatched <= 0 or self._decided or free == 0:
@@ -328,7 +342,7 @@ class StepScheduler:
         """The neutral view of the trainer's step at a bubble, clocks relative to ``now`` (what a
         searching policy such as BTS builds its own state from)."""
         ts = self.train_step
-        st = self._steps[ts]
+        st = self._step(ts)
         c = self.costs
         gens = []
         for w in self.gens:
@@ -349,7 +363,7 @@ class StepScheduler:
             ))
         busy_slots = tuple((max(0.0, a.start + c.tag_generate - now), a.mb)
                            for a in (self._busy[w] for w in self.slots) if a is not None)
-        nxt = self._steps[ts + 1] if ts + 1 < self.config.steps else None
+        nxt = self._step(ts + 1) if ts + 1 < self.config.steps else None
         return SchedulerView(
             dispatched=st.next,
             generators=tuple(gens),
