@@ -120,10 +120,15 @@ def model_size(cfg: RunConfig) -> ModelSize | None:
 
 def _tiny_size(cfg: RunConfig) -> ModelSize:
     from verl_digen.models import build_model
-    from verl_digen.models.tiny import TINY_TEXT_LEN
 
     model = build_model(cfg.model.arch, latent_size=cfg.model.latent_size, latent_width=cfg.model.latent_width,
                         num_frames=cfg.model.num_frames, seed=cfg.model.seed)
+    return measured_size(model, f"tiny {cfg.model.arch}")
+
+
+def measured_size(model, source: str) -> ModelSize:
+    """The size of a built model (a ``DiffusionModel`` with hashed prompt embeddings: the tiny models and
+    bench/gpu_check.py's full-width blocks), counted from its modules."""
     t = model.transformer
     names = set(getattr(t, "_no_split_modules", None) or ())
     blocks = sum(1 for mod in t.modules() if type(mod).__name__ in names) or 1
@@ -131,13 +136,12 @@ def _tiny_size(cfg: RunConfig) -> ModelSize:
     hidden = int(c.get("num_attention_heads", 0) * c.get("attention_head_dim", 0)) or 1
     shape = model.latent_shape
     frames = shape[1] if len(shape) == 4 else 1
-    tokens = frames * (shape[-2] // 2) * (shape[-1] // 2) + TINY_TEXT_LEN
+    encoder = getattr(model, "prompt_encoder", None)
+    tokens = frames * (shape[-2] // 2) * (shape[-1] // 2) + int(getattr(encoder, "seq_len", 0))
     vae = getattr(model, "vae", None)
-    encoder = getattr(model, "encoder", None)
     enc = float(sum(p.numel() for p in encoder.parameters())) if hasattr(encoder, "parameters") else 0.0
-    return ModelSize(float(sum(p.numel() for p in t.parameters())), blocks, hidden, tokens, 0.0,
-                     f"tiny {cfg.model.arch}", enc, float(sum(p.numel() for p in vae.parameters())) if vae else 0.0,
-                     "hashed prompt embeddings")
+    return ModelSize(float(sum(p.numel() for p in t.parameters())), blocks, hidden, tokens, 0.0, source, enc,
+                     float(sum(p.numel() for p in vae.parameters())) if vae else 0.0, "hashed prompt embeddings")
 
 
 def reward_memory(cfg: RunConfig) -> tuple[float, list[str]]:
@@ -295,6 +299,16 @@ def _trainer_rows(cfg: RunConfig) -> int:
     return rows_per_rank(cfg) * _cfg_branches(cfg)
 
 
+def activation_bytes(rows: int, blocks: int, tokens: int, hidden: int, compute_bytes: int,
+                     checkpointing: bool) -> float:
+    """Activations one training pass of ``rows`` (sample x step) rows keeps for its backward (see the module
+    doc): every block's full set, or with checkpointing each block's input plus one block's full set."""
+    per_block = ACT_VALUES_PER_TOKEN * tokens * hidden * compute_bytes
+    if checkpointing:
+        return rows * (blocks * tokens * hidden * compute_bytes + per_block)
+    return rows * blocks * per_block
+
+
 def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | None = None,
                 tag: bool | None = None) -> MemoryPlan | None:
     """Per pool and per GPU estimated memory of a validated config (``None``: no size known).
@@ -320,11 +334,9 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
     (host if a.param_offload else gpu)["grads"] = trainable * master_b / (1 if lora else ranks)
     (host if a.param_offload or a.optimizer_offload else gpu)["optimizer"] = \
         2 * trainable * master_b / (1 if lora else ranks)
-    per_block = ACT_VALUES_PER_TOKEN * t * h * compute_b
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b
     trows = (rows_per_rank(cfg) if rows is None else rows) * _cfg_branches(cfg)
-    gpu["activations"] = trows * ((lb * t * h * compute_b + per_block) if a.activation_checkpointing
-                                  else lb * per_block)
+    gpu["activations"] = activation_bytes(trows, lb, t, h, compute_b, a.activation_checkpointing)
     if a.kl_coef > 0 and not lora:
         (host if a.param_offload else gpu)["reference"] = n * compute_b / ranks
     encoders, vae = size.text_encoder_params * model_b, size.vae_params * model_b

@@ -23,7 +23,7 @@ from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters
 from verl_digen.rewards import build_reward
-from verl_digen.workers import actor_memory, fsdp
+from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
 from verl_digen.workers.config import WorkerConfig
@@ -163,16 +163,12 @@ class TSPActorWorker(Worker):
         (the optimizer step, checkpoint reads and writes), in host memory the rest of the step."""
         offload = self.cfg.memory.optimizer_offload and self.device.type != "cpu"
         if offload:
-            from verl.utils.fsdp_utils import load_fsdp_optimizer
-
-            load_fsdp_optimizer(self.optimizer, self.device)
+            switch.move_optimizer_state(self.optimizer, self.device)
         try:
             yield
         finally:
             if offload:
-                from verl.utils.fsdp_utils import offload_fsdp_optimizer
-
-                offload_fsdp_optimizer(self.optimizer)
+                switch.move_optimizer_state(self.optimizer, "cpu")
                 torch.cuda.synchronize()
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -327,9 +323,7 @@ class TSPActorWorker(Worker):
         if rng is not None:
             ckpt.set_rng_state(rng)
         if self.cfg.memory.optimizer_offload and self.device.type != "cpu":
-            from verl.utils.fsdp_utils import offload_fsdp_optimizer
-
-            offload_fsdp_optimizer(self.optimizer)  # restored next to the params; host until the next step
+            switch.move_optimizer_state(self.optimizer, "cpu")  # restored next to the params; host until the next step
         fsdp.barrier(self.sharded)
         return payload["extra"]
 
@@ -357,8 +351,7 @@ class HybridWorker(TSPActorWorker):
 
     def __init__(self, cfg: WorkerConfig) -> None:
         super().__init__(cfg)
-        self._grad_stash: dict[str, torch.Tensor] = {}
-        self._optim_stash: dict[str, dict[str, Any]] = {}
+        self._stash = switch.TrainingStash()
         self._gen_model = None
         self._gen_version: int | None = None
 
@@ -388,23 +381,7 @@ class HybridWorker(TSPActorWorker):
         t0 = time.perf_counter()
         if self._mode == "gen":
             return 0.0
-        on_gpu = self.device.type != "cpu"
-        if on_gpu:
-            from verl.utils.fsdp_utils import offload_fsdp_optimizer
-
-            offload_fsdp_optimizer(self.optimizer)
-        for name, p in self.named_params:
-            if p.grad is not None:
-                self._grad_stash[name] = p.grad.detach().to("cpu", copy=True)
-                p.grad = None
-            if not on_gpu and p in self.optimizer.state:
-                state = self.optimizer.state.pop(p)
-                self._optim_stash[name] = {k: v.detach().clone() if torch.is_tensor(v) else v
-                                           for k, v in state.items()}
-                del state
-        if on_gpu:
-            torch.cuda.synchronize()
-            torch.cuda.empty_cache()
+        switch.stash(self.named_params, self.optimizer, self.device, self._stash)
         self._materialize()
         self._mode = "gen"
         return time.perf_counter() - t0
@@ -421,17 +398,8 @@ class HybridWorker(TSPActorWorker):
         if on_gpu and self._gen_model is not None:
             self._gen_model.transformer.to("cpu")
             self._gen_version = None  # reloaded (and re-gathered) at the next switch
-        for name, p in self.named_params:
-            if name in self._grad_stash:
-                g = self._grad_stash.pop(name)
-                p.grad = g.to(self.device) if on_gpu else g
-            if name in self._optim_stash:
-                self.optimizer.state[p] = self._optim_stash.pop(name)
-        if on_gpu and not self.cfg.memory.optimizer_offload:  # offloaded: stays on the host until the step
-            from verl.utils.fsdp_utils import load_fsdp_optimizer
-
-            load_fsdp_optimizer(self.optimizer, self.device)
-            torch.cuda.synchronize()
+        switch.restore(self.named_params, self.optimizer, self.device, self._stash,
+                       optimizer_on_host=self.cfg.memory.optimizer_offload)  # offloaded: host until the step
         self._mode = "train"
         return time.perf_counter() - t0
 

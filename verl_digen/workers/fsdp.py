@@ -1,5 +1,7 @@
 """The trainer pool's data parallelism: torch FSDP2 over the policy transformer, and the few
 operations that must see full (gathered) tensors: weight export, exact-state snapshots, checkpoints.
+Sharding, the update's gradient clipping and the process group need torch alone (no verl, no Ray), so
+bench/gpu_check.py runs the trainer's own code on a bare CUDA machine.
 
 With one rank the module stays a plain module and every helper degrades to a local copy, so the same
 trainer code runs in both cases.
@@ -25,9 +27,7 @@ def init_distributed(device: torch.device, timeout_s: float = 600.0, force: bool
     mixed-precision and offload policies apply to it (``ActorMemoryConfig.needs_fsdp``)."""
     rank, world = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     if (world > 1 or force) and not dist.is_initialized():
-        from verl.utils.device import get_nccl_backend
-
-        backend = "gloo" if device.type == "cpu" else get_nccl_backend()
+        backend = "gloo" if device.type == "cpu" else "nccl"  # the two devices a run validates for
         kwargs = {"store": dist.HashStore()} if world == 1 else {}
         dist.init_process_group(backend=backend, rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
                                 **kwargs)
@@ -56,10 +56,11 @@ def enable_activation_checkpointing(transformer: nn.Module) -> None:
 def shard_transformer(transformer: nn.Module, world: int, device: torch.device, *,
                       param_dtype: torch.dtype | None = None, reduce_dtype: torch.dtype | None = None,
                       offload: bool = False) -> None:
-    """FSDP2 ``fully_shard`` across the trainer pool (per transformer block through verl's
-    ``apply_fsdp2`` when the class names its blocks, else the whole module), with gradients *summed*
-    over ranks: the loss is already scaled by 1 / (rows of the global step), so averaging would
-    divide the step's gradient by the pool size.
+    """FSDP2 ``fully_shard`` across the trainer pool: one unit per transformer block (the classes diffusers
+    lists in ``_no_split_modules``), then the root, as verl's ``apply_fsdp2`` wraps a model without token
+    embeddings (none of the diffusion transformers has one), with gradients *summed* over ranks: the
+    loss is already scaled by 1 / (rows of the global step), so averaging would divide the step's
+    gradient by the pool size.
 
     ``param_dtype`` / ``reduce_dtype``: FSDP2's ``MixedPrecisionPolicy`` (the module keeps its own,
     master, dtype; the gathered parameters are cast for compute; gradients reduced in
@@ -83,12 +84,9 @@ def shard_transformer(transformer: nn.Module, world: int, device: torch.device, 
     for module in transformer.modules():
         if type(module).__name__ in blocks or module is transformer:  # the root's output is a Linear's view
             module.register_forward_hook(_clone_views)
-    if blocks:
-        from verl.utils.fsdp_utils import apply_fsdp2
-
-        apply_fsdp2(transformer, kwargs, {})
-    else:
-        fully_shard(transformer, **kwargs)
+    for module in [m for m in transformer.modules() if type(m).__name__ in blocks]:
+        fully_shard(module, **kwargs)  # one FSDP unit per block, then the root holds the rest
+    fully_shard(transformer, **kwargs)
     for module in transformer.modules():
         if isinstance(module, FSDPModule):
             module.set_gradient_divide_factor(1.0)
@@ -151,17 +149,15 @@ def copy_full_state(src: nn.Module, dst: nn.Module) -> None:
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> float:
-    """Clip the global gradient norm (over all shards) and return it. verl's
-    ``fsdp2_clip_grad_norm_`` moves the norm to the accelerator, so it serves GPU pools; torch's
-    clip handles sharded DTensor gradients on CPU."""
+    """Clip the global gradient norm (over all shards) and return it. The norm of sharded (DTensor)
+    gradients is reduced over the mesh on the pool's device: offloaded (host) gradients of a GPU pool have
+    their norm moved there first, which torch's ``clip_grad_norm_`` does not do (verl's
+    ``fsdp2_clip_grad_norm_`` does the same for its actor)."""
     max_norm = float(max_norm) if max_norm and max_norm > 0 else float("inf")
-    sharded = any(isinstance(p, DTensor) for p in params)
-    if sharded and device.type != "cpu":
-        from verl.utils.fsdp_utils import fsdp2_clip_grad_norm_
-
-        total = fsdp2_clip_grad_norm_(params, max_norm)
-    else:
-        total = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    total = torch.nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
+    if device.type != "cpu":
+        total = total.to(device, non_blocking=True)
+    torch.nn.utils.clip_grads_with_norm_(params, max_norm, total)
     if isinstance(total, DTensor):
         total = total.full_tensor()
     return float(total)
