@@ -1,5 +1,6 @@
 """Packaging for verl-digen: disaggregated diffusion RL on verl."""
 
+import ast
 from pathlib import Path
 
 from setuptools import find_namespace_packages, setup
@@ -14,12 +15,14 @@ def _version() -> str:
     raise RuntimeError("verl_digen/__init__.py has no __version__")
 
 
-def _verl_requirement() -> str:
-    """The tested verl range, kept next to the version differences in verl_digen/compat.py."""
-    for line in (ROOT / "verl_digen" / "compat.py").read_text().splitlines():
-        if line.startswith("VERL_REQUIREMENT"):
-            return line.split("=", 1)[1].strip().strip('"')
-    raise RuntimeError("verl_digen/compat.py has no VERL_REQUIREMENT")
+def _compat_constant(name: str):
+    """A literal constant of verl_digen/compat.py (the tested verl range, the vllm extra), read without
+    importing the package, whose dependencies are not installed yet."""
+    tree = ast.parse((ROOT / "verl_digen" / "compat.py").read_text())
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and any(getattr(t, "id", None) == name for t in node.targets):
+            return ast.literal_eval(node.value)
+    raise RuntimeError(f"verl_digen/compat.py has no {name}")
 
 
 setup(
@@ -51,7 +54,7 @@ setup(
         "verl_digen.recipes.setting": ["*.yaml"],
     },
     install_requires=[
-        _verl_requirement(),  # verl 0.9.1 and verl-omni's pin (0.9.0.dev, commit 8a69493)
+        _compat_constant("VERL_REQUIREMENT"),  # verl 0.9.1 and verl-omni's pin (0.9.0.dev, commit 8a69493)
         "torch>=2.4",
         "diffusers>=0.35",
         "ray[default]>=2.40",
@@ -68,7 +71,7 @@ setup(
         # verl-digen (tests/test_verl_versions.py) in a venv that sees this environment's packages
         "test": ["pytest>=8", "pytest-xdist>=3.5", "setuptools>=70.1", "ruff", "build", "rapidocr-onnxruntime",
                  "tensorboard"],
-        "vllm": ["vllm", "vllm-omni"],
+        "vllm": list(_compat_constant("VLLM_EXTRA")),  # vllm 0.30.x + vllm-omni 0.30.0 (verl_digen/compat.py)
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
     },
     entry_points={

@@ -78,6 +78,14 @@ def test_wheel_metadata_license_and_entry_points(wheel):
     assert {"0.9.0.dev0", "0.9.1"} <= set(verl_req[0].specifier.filter(["0.9.0.dev0", "0.9.1", "0.9.2"],
                                                                         prereleases=True))
     assert any(r.startswith("build") and 'extra == "test"' in r for r in requires)
+    # the vllm extra: pinned, and what those pins require still satisfies verl-digen's own requirements
+    from verl_digen.compat import VLLM_EXTRA, VLLM_EXTRA_PINS
+
+    vllm = sorted(str(Requirement(r).name) + str(Requirement(r).specifier) for r in requires if 'extra == "vllm"' in r)
+    assert vllm == sorted(str(Requirement(r)) for r in VLLM_EXTRA)
+    ours = {Requirement(r).name: Requirement(r).specifier for r in requires if "extra ==" not in r}
+    for name in ("torch", "diffusers"):
+        assert VLLM_EXTRA_PINS[name] in ours[name], f"vllm's {name}=={VLLM_EXTRA_PINS[name]} leaves {ours[name]}"
     entry = _dist_info(wheel, "entry_points.txt")
     assert "[console_scripts]\ndigen = verl_digen.cli:main" in entry
     assert "[verl.plugins]\ndigen = verl_digen.plugin" in entry

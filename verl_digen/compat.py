@@ -28,6 +28,12 @@ from typing import Any
 
 #: the pip requirement setup.py declares: both tested verls, nothing newer
 VERL_REQUIREMENT = "verl>=0.9.0.dev0,<=0.9.1"
+#: the ``[vllm]`` extra: vllm-omni 0.30.0 imports cleanly only against vllm 0.30.x (0.33 / 0.34 lack modules
+#: it imports and ``LoRARequest.tensorizer_config_dict``)
+VLLM_EXTRA = ("vllm==0.30.*", "vllm-omni==0.30.0")
+#: what those releases require of packages verl-digen also depends on (their PyPI metadata, read 2026-12-04):
+#: installing the extra keeps torch 2.13.0, moves diffusers to 0.40.0 and transformers to 5.13-5.14
+VLLM_EXTRA_PINS = {"torch": "2.13.0", "diffusers": "0.40.0", "transformers": ">=5.13.0,<5.15"}
 #: old module path -> where the installed verl has it (moved between the tested versions)
 MODULE_ALIASES = {"verl.utils.chat_template": "verl.utils.tokenizer.chat_template"}
 
