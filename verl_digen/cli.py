@@ -13,6 +13,7 @@ import re
 import sys
 from collections.abc import Sequence
 from dataclasses import replace
+from pathlib import Path
 from typing import TextIO
 
 from verl_digen.schedule import presets as preset_lib
@@ -327,11 +328,13 @@ def cmd_export(args: argparse.Namespace) -> int:
     from verl_digen.workers.checkpoint import CheckpointError
 
     try:
-        info = export_checkpoint(args.checkpoint, args.out)
+        info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
     except CheckpointError as err:
         raise ValueError(str(err)) from None
-    where = info.get("adapter") or info.get("transformer")
-    print(f"exported step {info['step']} of {args.checkpoint} ({info['kind']}, {info['transformer_class']}) -> {where}")
+    where = Path(args.out) / (info.get("adapter") or info.get("transformer"))
+    what = "the EMA of step" if args.ema else "step"
+    print(f"exported {what} {info['step']} of {args.checkpoint} ({info['kind']}, {info['transformer_class']}) -> "
+          f"{where}")
     return 0
 
 
@@ -372,6 +375,7 @@ def build_parser() -> argparse.ArgumentParser:
     exp = sub.add_parser("export", help="a deployable export of a checkpoint: diffusers transformer or PEFT adapter")
     exp.add_argument("checkpoint", help="a complete checkpoint directory (.../global_step_<N>)")
     exp.add_argument("out", help="output directory")
+    exp.add_argument("--ema", action="store_true", help="export the EMA of the trained weights (actor.ema_decay)")
     exp.set_defaults(func=cmd_export)
 
     plot = sub.add_parser("plot", help="draw the Gantt chart and the curves of a run from its trace dir")

@@ -7,6 +7,10 @@
   with peft's key names), loadable with ``transformer.add_adapter(LoraConfig.from_pretrained(d))`` +
   ``set_peft_model_state_dict``, or ``PeftModel.from_pretrained``.
 - ``<dir>/export.json``: the source checkpoint, its step, the architecture and model settings.
+- ``ema=True`` (``digen export --ema``): the same of the checkpoint's EMA of the trained weights
+  (``actor.ema_decay``) instead of the weights themselves.
+- ``trainer.export_on_save``: every checkpoint gets its export in ``<checkpoint>/export/`` (and
+  ``<checkpoint>/export/ema/`` with an EMA), written by :func:`export_into_checkpoint`.
 
 Why rebuild instead of copying tensors: the checkpoint holds only the trainable tensors; the export
 must be a complete model (or an adapter plus the base model it applies to), built the same way the
@@ -17,6 +21,7 @@ recorded. Runs on CPU in the checkpoint's dtype; the whole transformer is held i
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +30,7 @@ import torch
 from verl_digen.workers import checkpoint as ckpt
 
 EXPORT_INFO = "export.json"
+EXPORT_DIR = "export"  # inside a checkpoint (trainer.export_on_save)
 
 
 def _policy_config(meta: dict[str, Any]):
@@ -42,16 +48,21 @@ def _policy_config(meta: dict[str, Any]):
                         lora_alpha=c.get("model.lora_alpha"), lora_target_modules=tuple(tm) if tm else None)
 
 
-def load_trained_policy(path: str | Path):
-    """(the policy with the checkpoint's trained weights, its meta.json); a clear ``CheckpointError``
-    for a path that is not a complete checkpoint or whose tensors do not fit the recorded model."""
+def load_trained_policy(path: str | Path, ema: bool = False):
+    """(the policy with the checkpoint's trained weights, or their EMA, its meta.json); a clear
+    ``CheckpointError`` for a path that is not a complete checkpoint, whose tensors do not fit the recorded
+    model, or (``ema``) that holds no EMA."""
     from verl_digen.workers import policy as P
     from verl_digen.workers.config import WorkerConfig
 
     meta = ckpt.read_meta(path)
     pcfg = _policy_config(meta)
     model = P.build_policy(WorkerConfig(policy=pcfg), "cpu")
-    params = ckpt.safe_load(Path(path) / ckpt.TRAINER_FILE)["params"]
+    saved = ckpt.safe_load(Path(path) / ckpt.TRAINER_FILE)
+    if ema and not saved.get("ema"):
+        raise ckpt.CheckpointError(f"checkpoint at {str(path)!r} holds no EMA of the weights (the run had no "
+                                   "actor.ema_decay): export it without --ema")
+    params = saved["ema" if ema else "params"]
     trainable = {n: p for n, p in model.transformer.named_parameters() if p.requires_grad}
     if set(params) != set(trainable):
         missing, extra = sorted(set(trainable) - set(params))[:5], sorted(set(params) - set(trainable))[:5]
@@ -63,18 +74,19 @@ def load_trained_policy(path: str | Path):
     return model, meta
 
 
-def export_checkpoint(path: str | Path, out_dir: str | Path) -> dict[str, Any]:
-    """Write the deployable export of the checkpoint at ``path`` into ``out_dir``; returns export.json."""
+def export_checkpoint(path: str | Path, out_dir: str | Path, ema: bool = False) -> dict[str, Any]:
+    """Write the deployable export of the checkpoint at ``path`` (its EMA with ``ema``) into ``out_dir``;
+    returns export.json (paths in it are relative to ``out_dir``)."""
     from safetensors.torch import save_file
 
-    model, meta = load_trained_policy(path)
+    model, meta = load_trained_policy(path, ema)
     pcfg = _policy_config(meta)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     info: dict[str, Any] = {"checkpoint": str(Path(path).resolve()), "step": (meta.get("extra") or {}).get("step"),
                             "version": meta.get("version"), "arch": pcfg.arch, "base_model": pcfg.pretrained,
                             "dtype": pcfg.dtype, "transformer_class": type(model.transformer).__name__,
-                            "run_id": (meta.get("extra") or {}).get("run_id")}
+                            "run_id": (meta.get("extra") or {}).get("run_id"), "ema": ema}
     if pcfg.lora:
         from peft import get_peft_model_state_dict
 
@@ -85,13 +97,28 @@ def export_checkpoint(path: str | Path, out_dir: str | Path) -> dict[str, Any]:
         model.transformer.peft_config[ADAPTER_NAME].save_pretrained(adapter)
         state = get_peft_model_state_dict(model.transformer, adapter_name=ADAPTER_NAME)
         save_file({k: v.detach().contiguous() for k, v in state.items()}, adapter / "adapter_model.safetensors")
-        info.update(kind="lora", adapter=str(adapter), tensors=len(state))
+        info.update(kind="lora", adapter=adapter.name, tensors=len(state))
     else:
         target = out / "transformer"
         model.transformer.save_pretrained(target)
-        info.update(kind="full", transformer=str(target))
+        info.update(kind="full", transformer=target.name)
     if pcfg.pretrained is None:
         info["note"] = ("tiny random-weight model: the base transformer is rebuilt by "
                         f"verl_digen.models.build_model({pcfg.arch!r}, seed={pcfg.seed})")
     (out / EXPORT_INFO).write_text(json.dumps(info, indent=1, sort_keys=True))
+    return info
+
+
+def export_into_checkpoint(path: str | Path, ema: bool = False) -> dict[str, Any]:
+    """``trainer.export_on_save``: the export of a just-saved checkpoint in its own ``export/`` folder (with
+    ``ema``, the EMA's in ``export/ema/``), so it is copied, kept and pruned with the checkpoint. Written into
+    a partial folder and renamed: a reader never sees half an export."""
+    root = Path(path)
+    final, tmp = root / EXPORT_DIR, root / f".{EXPORT_DIR}.partial"
+    shutil.rmtree(tmp, ignore_errors=True)
+    info = export_checkpoint(root, tmp)
+    if ema:
+        export_checkpoint(root, tmp / "ema", ema=True)
+    shutil.rmtree(final, ignore_errors=True)  # a re-saved step's checkpoint dir is new: nothing there
+    tmp.rename(final)
     return info

@@ -138,3 +138,31 @@ def test_colocated_baseline_validates_on_its_ranks_with_the_same_scores(validate
     assert [v.step for v in col.validations] == [2]
     ref = result.validations[0].rewards  # digen's after step 2: placement-invariant sampling and training
     assert col.validations[0].rewards == pytest.approx(ref, rel=1e-9, abs=1e-12)
+
+
+def test_validation_with_ema_scores_the_ema_and_leaves_training_unchanged(validated, ray_session, tmp_path, val_file):
+    """trainer.val_with_ema: the validation of step N scores the EMA saved in step N's checkpoint; the
+    generators then go on from the trained weights, so every training number equals the run without an
+    EMA; trainer.export_on_save puts both exports into each checkpoint."""
+    cfg0, plain, _, _ = validated
+    cfg = compose_run(*RUN, f"data.val_files={val_file}", "trainer.save_freq=1", "actor.ema_decay=0.5",
+                      "trainer.val_with_ema=true", "trainer.export_on_save=true", tmp_path=tmp_path)
+    lines: list[str] = []
+    result, _ = _fit(cfg, lines)
+    for a, b in zip(result.reports, plain.reports, strict=True):
+        for key in ("reward/mean", "actor/loss", "actor/grad_norm"):
+            assert a.metrics[key] == pytest.approx(b.metrics[key], rel=1e-9, abs=1e-12), (a.step, key)
+    wcfg = cfg.worker_config()
+    reward = build_reward(wcfg.reward)
+    for v in result.validations:
+        path = tmp_path / "ckpt" / f"global_step_{v.step}"
+        ema, _ = load_trained_policy(path, ema=True)
+        ref = P.validation_rows(P.freeze(ema), reward, wcfg, v.step, [(i, 0) for i in range(len(VAL_PROMPTS))],
+                                VAL_PROMPTS, 0)
+        assert [v.rewards[i] for i in range(len(VAL_PROMPTS))] == pytest.approx(ref["rewards"], rel=0, abs=1e-12)
+        assert v.rewards != plain.validations[[w.step for w in plain.validations].index(v.step)].rewards
+        for sub in ("export", "export/ema"):
+            info = json.loads((path / sub / "export.json").read_text())
+            assert info["kind"] == "full" and info["ema"] == (sub == "export/ema")
+            assert (path / sub / "transformer" / "config.json").is_file()
+    assert any("export in" in ln and "global_step_3" in ln for ln in lines)

@@ -71,6 +71,11 @@ def numbers(cfg: Any) -> None:
     _finite("actor.grad_clip", a.grad_clip, 0, False, " (the max gradient norm; 0 turns clipping off)")
     _finite("actor.clip_ratio", a.clip_ratio, 0, True)
     _finite("actor.kl_coef", a.kl_coef, 0, False)
+    _finite("actor.ema_decay", a.ema_decay, 0, True, " (in (0, 1): the EMA's weight on its past; null: no EMA)",
+            optional=True)
+    if a.ema_decay is not None and a.ema_decay >= 1:
+        raise ConfigError("actor.ema_decay", a.ema_decay, "null or a number in (0, 1) (1 would never move the EMA; "
+                          "Flow-GRPO uses 0.9)")
     _finite("algorithm.adv_eps", g.adv_eps, 0, True, " (added to the std: 0 divides by zero for equal rewards)")
     _finite("algorithm.adv_clip", g.adv_clip, 0, True, optional=True)
     _finite("rollout.shift", r.shift, 0, True, " (the sigma schedule's time shift)")
@@ -175,6 +180,16 @@ def inert_keys(cfg: Any) -> None:
                                   "model.lora_rank > 0 to train adapters)")
     if cfg.actor.kl_dt_weighted and cfg.actor.kl_coef == 0:
         raise ConfigError("actor.kl_dt_weighted", True, "false while actor.kl_coef=0 (there is no KL term to weight)")
+    t = cfg.trainer
+    if t.val_with_ema and cfg.actor.ema_decay is None:
+        raise ConfigError("trainer.val_with_ema", True, "false while actor.ema_decay is null (there is no EMA to "
+                          "validate: set actor.ema_decay)")
+    if t.val_with_ema and t.test_freq <= 0:
+        raise ConfigError("trainer.val_with_ema", True, f"false while trainer.test_freq={t.test_freq} (no "
+                          "validation runs)")
+    if t.export_on_save and t.save_freq <= 0:
+        raise ConfigError("trainer.export_on_save", True, f"false while trainer.save_freq={t.save_freq} (no "
+                          "checkpoint is saved to export)")
 
 
 def _ram_bytes() -> int:

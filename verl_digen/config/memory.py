@@ -218,7 +218,7 @@ class PoolMemory:
 
     #: what the parts are, for naming the dominant term: kind -> parts
     KINDS = {"activations": ("activations", "generation activations"),
-             "model state": ("weights", "gathered blocks", "grads", "optimizer", "reference"),
+             "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "reference"),
              "generation pipeline": ("generation copy", "text encoders", "VAE"),
              "reward model": ("reward model",)}
 
@@ -334,6 +334,8 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
     (host if a.param_offload else gpu)["grads"] = trainable * master_b / (1 if lora else ranks)
     (host if a.param_offload or a.optimizer_offload else gpu)["optimizer"] = \
         2 * trainable * master_b / (1 if lora else ranks)
+    if a.ema_decay is not None:  # the EMA of the trained tensors, sharded like them, kept through TAG switches
+        (host if a.param_offload else gpu)["EMA"] = trainable * master_b / (1 if lora else ranks)
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b
     trows = (rows_per_rank(cfg) if rows is None else rows) * _cfg_branches(cfg)
     gpu["activations"] = activation_bytes(trows, lb, t, h, compute_b, a.activation_checkpointing)

@@ -89,6 +89,7 @@ class ActorConfig:
     activation_checkpointing: bool = False  # recompute each transformer block in the backward
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and the optimizer step on the host)
     optimizer_offload: bool = False  # AdamW state on the host between optimizer steps
+    ema_decay: float | None = None  # an EMA of the trained weights (LoRA: adapters), decay per optimizer step
 
 
 @dataclass
@@ -194,6 +195,8 @@ class TrainerConfig:
     dry_run: bool = False  # print the resolved config and the resource plan, then exit
     test_freq: int = -1  # validate on data.val_files every N steps and after the last one; <= 0: never
     log_val_generations: int = 16  # validation samples drawn as an image grid (PNG, tensorboard, wandb); 0: none
+    val_with_ema: bool = False  # validate the EMA of the weights (actor.ema_decay), not the weights
+    export_on_save: bool = False  # every checkpoint also holds its diffusers / PEFT export (export/)
 
 
 @dataclass
@@ -254,7 +257,7 @@ class RunConfig:
             sampler=self.sampler(),
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted,
                             recompute_old_log_prob=recompute_log_prob(self)[0]),
-            optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip),
+            optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip, ema_decay=a.ema_decay),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
                                      master_dtype=master_dtype(self),
                                      activation_checkpointing=a.activation_checkpointing,

@@ -262,9 +262,11 @@ class DigenRuntime:
                  "config": checks.fingerprint(self.cfg),
                  ckpt.CONFIG_YAML_KEY: run_log.resolved_config_yaml(self.cfg)}
         t0 = time.perf_counter()
-        ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints) for w in self.trn_wg.workers])
+        ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints, t.export_on_save)
+                 for w in self.trn_wg.workers])
         self.last_checkpoint = path
-        self._console.write(f"step {step}: saved checkpoint {path} ({time.perf_counter() - t0:.2f} s)")
+        exported = f", export in {path}/export" if t.export_on_save else ""
+        self._console.write(f"step {step}: saved checkpoint {path} ({time.perf_counter() - t0:.2f} s{exported})")
         return path
 
     def _should_save(self, step: int, last: bool) -> bool:
@@ -522,6 +524,9 @@ class DigenRuntime:
         """The validation pass after global step ``step`` (the pipeline has drained): the generators get
         that version first (colocated: the ranks switch to generation and back)."""
         colocated = self.gen_wg is None
+        ema = self.cfg.trainer.val_with_ema  # the EMA stands in for the weights while they are validated
+        if ema:
+            ray.get(self.trn_wg.execute_all_async("use_ema", True))
         if colocated:
             ray.get(self.trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_GEN]))
             workers = self.trn_wg.workers
@@ -533,6 +538,10 @@ class DigenRuntime:
         finally:
             if colocated:
                 ray.get(self.trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_TRAIN]))
+            if ema:
+                ray.get(self.trn_wg.execute_all_async("use_ema", False))
+                if not colocated:  # the generators go on from the trained weights of this version
+                    self.sync.sync(step)
         result.validations.append(res)
         m = res.metrics
         self._console.write(f"step {step}: validation reward {m['val/reward_mean']:+.4f} "

@@ -82,6 +82,9 @@ class TSPActorWorker(Worker):
         self.train_cfg = cfg.sampler.train_config(cfg.loss)
         self.reward = None
         self.version = 0
+        # the EMA of the trained parameters (LoRA: the adapters), sharded like them, in their dtype
+        self.ema = ({n: p.detach().clone() for n, p in self.named_params} if o.ema_decay is not None else None)
+        self._ema_swapped: dict[str, torch.Tensor] | None = None
 
     def _require(self, mode: str = "train") -> None:
         if self.model is None:
@@ -152,10 +155,43 @@ class TSPActorWorker(Worker):
         if bad is None:
             with self._optimizer_resident():
                 self.optimizer.step()
+            self._update_ema()
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite = None
         self.version += 1
         return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
+
+    @torch.no_grad()
+    def _update_ema(self) -> None:
+        """ema <- decay * ema + (1 - decay) * param, after an optimizer step that ran (a skipped one left
+        the weights, and so the average, as they were)."""
+        if self.ema is None:
+            return
+        weight = 1.0 - self.cfg.optim.ema_decay
+        for name, p in self.named_params:
+            self.ema[name].lerp_(p.detach(), weight)
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def use_ema(self, on: bool) -> bool:
+        """Put the EMA into the trained parameters (``on``), or the trained values back (validation with
+        ``trainer.val_with_ema``); a generation copy made from the other set is dropped."""
+        self._require(mode="any")
+        if self.ema is None:
+            raise RuntimeError("use_ema needs actor.ema_decay")
+        if on == (self._ema_swapped is not None):
+            return on
+        with torch.no_grad():
+            if on:
+                self._ema_swapped = {n: p.detach().clone() for n, p in self.named_params}
+                for n, p in self.named_params:
+                    p.copy_(self.ema[n])
+            else:
+                for n, p in self.named_params:
+                    p.copy_(self._ema_swapped[n])
+                self._ema_swapped = None
+        if hasattr(self, "_gen_version"):
+            self._gen_version = None  # HybridWorker: re-gather the generation weights from these
+        return on
 
     @contextlib.contextmanager
     def _optimizer_resident(self):
@@ -263,17 +299,20 @@ class TSPActorWorker(Worker):
                 grads[name] = fsdp.full_tensor(p.grad)
             state = self.optimizer.state.get(p, {})
             optim[name] = {k: fsdp.full_tensor(v) if torch.is_tensor(v) else v for k, v in sorted(state.items())}
+        ema = {n: fsdp.full_tensor(e) for n, e in self.ema.items()} if self.ema is not None else None
         if self.dist_rank != 0:
             return None
-        return {"params": params, "grads": grads, "optim": optim, "version": self.version}
+        return {"params": params, "grads": grads, "optim": optim, "version": self.version, "ema": ema}
 
     # -- checkpoints -------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None, keep: int | None = None) -> None:
-        """Write weights, optimizer state, version, RNG and the driver's ``extra`` at a step boundary
+    def save_checkpoint(self, path: str, extra: dict[str, Any] | None = None, keep: int | None = None,
+                        export: bool = False) -> None:
+        """Write weights, optimizer state, the EMA, version, RNG and the driver's ``extra`` at a step boundary
         (call after ``optimizer_step``, when no gradient is pending), atomically (see
-        ``workers/checkpoint.py``); keep the ``keep`` newest checkpoints. Refuses (on every rank)
-        to write weights or optimizer state that hold NaN/Inf."""
+        ``workers/checkpoint.py``); keep the ``keep`` newest checkpoints. ``export``
+        (``trainer.export_on_save``): rank 0 then writes the diffusers / PEFT export into the checkpoint.
+        Refuses (on every rank) to write weights or optimizer state that hold NaN/Inf."""
         self._require()
         state = self.full_state()
 
@@ -292,8 +331,13 @@ class TSPActorWorker(Worker):
             payload = {
                 "params": state["params"], "optim": state["optim"], "param_groups": groups,
                 "version": self.version, "lora": self.cfg.policy.lora,
+                **({"ema": state["ema"]} if state["ema"] is not None else {}),
             }
         ckpt.save(path, self.dist_rank, payload, dict(extra or {}), lambda: fsdp.barrier(self.sharded), keep)
+        if export and self.dist_rank == 0:
+            from verl_digen.export import export_into_checkpoint
+
+            export_into_checkpoint(path, ema=self.ema is not None)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def load_checkpoint(self, path: str) -> dict[str, Any]:
@@ -319,6 +363,10 @@ class TSPActorWorker(Worker):
             group.update(saved)
             # this run's hyper-parameters: equal to the checkpoint's unless the driver allowed a change
             group["lr"], group["weight_decay"] = self.cfg.optim.lr, self.cfg.optim.weight_decay
+        if self.ema is not None:  # a checkpoint without an EMA (turned on at resume) starts it from the weights
+            saved_ema = payload.get("ema") or {}
+            for name, e in self.ema.items():
+                fsdp.copy_full_into(e, saved_ema.get(name, payload["params"][name]))
         self.version = int(payload["version"])
         if rng is not None:
             ckpt.set_rng_state(rng)

@@ -169,13 +169,15 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 def _split(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tensors for trainer.pt, the JSON rest) of the trainer's payload."""
     tensors: dict[str, Any] = {"params": dict(payload["params"]), "optim": {}}
+    if payload.get("ema") is not None:  # actor.ema_decay: the EMA of the trained tensors, by name
+        tensors["ema"] = dict(payload["ema"])
     optim_scalars: dict[str, dict[str, Any]] = {}
     for name, state in payload["optim"].items():
         tensors["optim"][name] = {k: v for k, v in state.items() if torch.is_tensor(v)}
         scalars = {k: v for k, v in state.items() if not torch.is_tensor(v)}
         if scalars:
             optim_scalars[name] = scalars
-    rest = {k: v for k, v in payload.items() if k not in ("params", "optim")}
+    rest = {k: v for k, v in payload.items() if k not in ("params", "optim", "ema")}
     rest["optim_scalars"] = optim_scalars
     return tensors, rest
 
@@ -299,7 +301,7 @@ def read(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | 
             g["betas"] = tuple(g["betas"])
         groups.append(g)
     payload = {**{k: v for k, v in meta.items() if k not in ("optim_scalars", "param_groups")},
-               "params": tensors["params"], "optim": optim, "param_groups": groups}
+               "params": tensors["params"], "optim": optim, "param_groups": groups, "ema": tensors.get("ema")}
     rng_path = Path(path) / rng_file(rank)
     return payload, (safe_load(rng_path) if rng_path.is_file() else None)
 

@@ -44,6 +44,7 @@ class OptimConfig:
     betas: tuple[float, float] = (0.9, 0.999)
     weight_decay: float = 0.0
     grad_clip: float = 1.0
+    ema_decay: float | None = None  # an EMA of the trained parameters, updated after every optimizer step
 
 
 #: the dtypes the trainer can store or compute in (``models.parse_dtype`` takes each)
