@@ -114,7 +114,9 @@ class Launched:
             module, args = _overrides(snaps, SD35_V1, tmp / "capture")
             assert module == ENTRY_V1
             trace = f"+trainer.trace_dir={tmp / 'trace'}"
-            self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp)
+            # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
+            self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp,
+                        platform=False)
             config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
             self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned, ROOT)
         for script in MORE_SCRIPTS:  # the user's switch to the v1 entry replaces a v0 script's module
@@ -122,7 +124,8 @@ class Launched:
             _, args = _overrides(snaps, script, tmp / "capture")
             args = [a for a in args if not a.startswith(("trainer.use_v1=", "trainer.v1.trainer_mode="))]
             trace = f"+trainer.trace_dir={tmp / 'trace'}"
-            self._start(f"script-{script}", ["-m", ENTRY_V1, *args, *_digen_flags(tmp), *SHRINK, trace], True, tmp)
+            self._start(f"script-{script}", ["-m", ENTRY_V1, *args, *_digen_flags(tmp), *SHRINK, trace], True, tmp,
+                        platform=False)
         tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
         module, args = _overrides(snaps, SD35_V0, tmp / "capture")
         flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
