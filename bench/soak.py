@@ -20,6 +20,8 @@ does not flatter the ratio): ``driver_ms_growth`` and ``rss_growth`` (the larges
 ``rss_growth_by_process`` has each), and ``rss_kb_per_step``: each process's growth per step in KB
 (last tenth's median minus the first's, over the steps between them). Targets: every growth <= 1.2; the
 driver's ``rss_kb_per_step`` <= 2 over 1,000 real steps (the ``ray`` row shows how much of it is Ray's).
+``rss_kb_per_step_second_half`` is the least-squares slope over the second half of the steps alone (the
+growth once warm; not the target's measure).
 
     python bench/soak.py --json                     # 5,000 simulated + 1,000 real steps (the real run is slow)
     python bench/soak.py --json --steps 200 --sim-steps 1000
@@ -65,6 +67,18 @@ def _tenths(values: list[float]) -> tuple[float, float]:
     return statistics.median(values[:k]), statistics.median(values[-k:])
 
 
+def _late_slope_kb(values: list[float]) -> float:
+    """Least-squares slope in KB per step over the second half of the samples: the growth once the run is
+    warm (allocator arenas, Ray's and torch's caches fill during the first steps)."""
+    tail = values[len(values) // 2:]
+    if len(tail) < 2:
+        return 0.0
+    xs = range(len(tail))
+    mx, my = statistics.fmean(xs), statistics.fmean(tail)
+    var = sum((x - mx) ** 2 for x in xs)
+    return sum((x - mx) * (y - my) for x, y in zip(xs, tail)) / var / 1024
+
+
 def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float) -> dict:
     first, last = _tenths(driver_ms)
     growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
@@ -75,6 +89,7 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
         "rss_mb": {name: v[-1] / MB for name, v in rss.items()},
         "rss_growth": max(growth.values()), "rss_growth_by_process": growth, "rss_kb_per_step": kb,
+        "rss_kb_per_step_second_half": {name: _late_slope_kb(v) for name, v in rss.items()},
         "wall_s": wall_s,
     }
 
@@ -230,7 +245,8 @@ def main() -> None:
         print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
               f"(first tenth {r['driver_ms_first10']:.2f}, last {r['driver_ms_last10']:.2f}, growth "
               f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; driver "
-              f"{r['rss_kb_per_step']['driver']:+.2f} KB/step; {r['wall_s']:.0f} s")
+              f"{r['rss_kb_per_step']['driver']:+.2f} KB/step ({r['rss_kb_per_step_second_half']['driver']:+.2f} over "
+              f"the second half); {r['wall_s']:.0f} s")
         if "driver_kb_per_step_over_ray" in r:
             print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:

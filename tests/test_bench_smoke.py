@@ -80,3 +80,15 @@ def test_soak_bench_simulated_run_emits_its_row():
     (row,) = _last_json(["bench/soak.py", "--json", "--skip-real", "--sim-steps", "40"])
     assert row["run"] == "sim" and row["steps"] == 40 and set(row["rss_mb"]) == {"driver"}
     assert row["driver_ms_per_step"] > 0 and row["driver_ms_growth"] > 0 and row["rss_growth"] > 0
+    assert set(row["rss_kb_per_step_second_half"]) == {"driver"}
+
+
+def test_soak_second_half_slope_ignores_the_warm_up():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    warm = [1e6 * min(i, 50) for i in range(100)]  # grows 1 MB a step for 50 steps, then flat
+    assert soak._late_slope_kb(warm) == 0.0
+    assert soak._late_slope_kb([2048.0 * i for i in range(100)]) == pytest.approx(2.0)
