@@ -140,15 +140,23 @@ def test_colocated_baseline_validates_on_its_ranks_with_the_same_scores(validate
     assert col.validations[0].rewards == pytest.approx(ref, rel=1e-9, abs=1e-12)
 
 
-def test_validation_with_ema_scores_the_ema_and_leaves_training_unchanged(validated, ray_session, tmp_path, val_file):
+@pytest.fixture(scope="module")
+def ema_validated(ray_session, tmp_path_factory, val_file):
+    """The validated run with an EMA, validating the EMA, exporting at every save."""
+    tmp = tmp_path_factory.mktemp("ema")
+    cfg = compose_run(*RUN, f"data.val_files={val_file}", "trainer.save_freq=1", "actor.ema_decay=0.5",
+                      "trainer.val_with_ema=true", "trainer.export_on_save=true", tmp_path=tmp)
+    lines: list[str] = []
+    result, _ = _fit(cfg, lines)
+    return cfg, result, lines, tmp
+
+
+def test_validation_with_ema_scores_the_ema_and_leaves_training_unchanged(validated, ema_validated):
     """trainer.val_with_ema: the validation of step N scores the EMA saved in step N's checkpoint; the
     generators then go on from the trained weights, so every training number equals the run without an
     EMA; trainer.export_on_save puts both exports into each checkpoint."""
-    cfg0, plain, _, _ = validated
-    cfg = compose_run(*RUN, f"data.val_files={val_file}", "trainer.save_freq=1", "actor.ema_decay=0.5",
-                      "trainer.val_with_ema=true", "trainer.export_on_save=true", tmp_path=tmp_path)
-    lines: list[str] = []
-    result, _ = _fit(cfg, lines)
+    _, plain, _, _ = validated
+    cfg, result, lines, tmp_path = ema_validated
     for a, b in zip(result.reports, plain.reports, strict=True):
         for key in ("reward/mean", "actor/loss", "actor/grad_norm"):
             assert a.metrics[key] == pytest.approx(b.metrics[key], rel=1e-9, abs=1e-12), (a.step, key)
@@ -166,3 +174,14 @@ def test_validation_with_ema_scores_the_ema_and_leaves_training_unchanged(valida
             assert info["kind"] == "full" and info["ema"] == (sub == "export/ema")
             assert (path / sub / "transformer" / "config.json").is_file()
     assert any("export in" in ln and "global_step_3" in ln for ln in lines)
+
+
+def test_colocated_validation_with_ema_matches_digen_and_trains_on(ema_validated, ray_session, tmp_path, val_file):
+    """The colocated ranks validate the EMA themselves (a sharded generation copy made from it) and then
+    generate the next step from the trained weights again: both validations equal digen's."""
+    _, result, _, _ = ema_validated
+    col, _ = _fit(compose_run("trainer=colocated", *RUN, f"data.val_files={val_file}", "actor.ema_decay=0.5",
+                              "trainer.val_with_ema=true", tmp_path=tmp_path))
+    assert [v.step for v in col.validations] == [2, 3]
+    for c, d in zip(col.validations, result.validations, strict=True):
+        assert c.rewards == pytest.approx(d.rewards, rel=1e-9, abs=1e-12), c.step

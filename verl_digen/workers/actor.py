@@ -189,9 +189,12 @@ class TSPActorWorker(Worker):
                 for n, p in self.named_params:
                     p.copy_(self._ema_swapped[n])
                 self._ema_swapped = None
-        if hasattr(self, "_gen_version"):
-            self._gen_version = None  # HybridWorker: re-gather the generation weights from these
+        self._weights_replaced()
         return on
+
+    def _weights_replaced(self) -> None:
+        """The trained tensors were replaced outside an optimizer step (``use_ema``); nothing is derived
+        from them here (``HybridWorker`` drops its generation copy)."""
 
     @contextlib.contextmanager
     def _optimizer_resident(self):
@@ -402,6 +405,9 @@ class HybridWorker(TSPActorWorker):
         self._stash = switch.TrainingStash()
         self._gen_model = None
         self._gen_version: int | None = None
+
+    def _weights_replaced(self) -> None:
+        self._gen_version = None  # re-gathered from the current tensors at the next switch
 
     def _materialize(self) -> None:
         """Full weights of the current version on this rank (collective over the trainer ranks)."""
