@@ -1,31 +1,34 @@
 """Generator rollout through vLLM-Omni (``WorkerConfig.rollout_backend = "vllm"``; ``pip install
-verl-digen[vllm]``), for GPU generator pools serving real checkpoints.
+verl-digen[vllm]``, which pins vllm 0.30.x and vllm-omni 0.30.0), for GPU generator pools. **It has never
+run, and as written it cannot work on any architecture verl-digen supports** (see below).
 
-What this module relies on, as read from vllm-omni's public sources and docs (not run here: neither
-vllm nor vllm-omni nor a GPU is available where this was written):
+The vllm-omni 0.30.0 APIs it calls, checked against that wheel's source (paths in the vllm-omni package):
 
-- ``vllm_omni.entrypoints.omni.Omni(model=<path>, **engine_kwargs)`` and
-  ``Omni.generate(prompts, sampling_params_list)``, where ``sampling_params_list`` has one entry per
-  *pipeline stage* (a single diffusion stage here), so per-sample seeds mean one request per row;
-- ``vllm_omni.inputs.data.OmniDiffusionSamplingParams`` fields ``num_inference_steps``,
-  ``guidance_scale``, ``seed``, ``latents``, ``sigmas``, ``eta``, ``return_trajectory_latents``,
-  ``lora_request``, ``extra_args``;
-- request outputs carrying ``images``, ``trajectory_latents``, ``trajectory_timesteps`` and (with an RL
-  pipeline such as verl-omni's Flow-GRPO pipelines, asked for with ``extra_args={"logprobs": True}``)
-  ``trajectory_log_probs``; ``vllm_omni.lora.request.LoRARequest(name, int_id, path)`` for adapters.
+- ``Omni`` (``vllm_omni/entrypoints/omni.py:29``) and its ``generate`` overloads (``:59``, ``:69``,
+  ``:78``), with one sampling-params entry per pipeline stage;
+- ``OmniDiffusionSamplingParams`` (``vllm_omni/inputs/data.py:204``): ``seed`` (:225), ``latents``
+  (:245), ``num_frames`` (:254), ``height`` / ``width`` (:258-259), ``num_inference_steps`` (:277),
+  ``guidance_scale`` (:278), ``eta`` (:286), ``sigmas`` (:287), ``return_trajectory_latents`` (:313),
+  ``extra_args`` (:319), ``lora_request`` (:326);
+- ``LoRARequest``: ``vllm_omni/lora/request.py:6`` re-exports vllm's;
+- ``OmniRequestOutput`` (``vllm_omni/outputs/__init__.py:115``): ``images`` is a list of PIL images
+  (:169); ``trajectory_latents``, ``trajectory_timesteps`` and ``trajectory_log_probs`` (:171-173);
+- a custom pipeline class goes in through ``custom_pipeline_args`` (``vllm_omni/config/omni_config.py:888``,
+  ``vllm_omni/diffusion/worker/diffusion_worker.py:1114``), which this module never passes.
 
-What is *not* verified, and why the diffusers backend stays the reference:
-- Stock vllm-omni pipelines do not return per-step SDE log-probs; without an RL pipeline that does,
-  ``generate`` raises. The log-probs come from the engine's own SDE code, so they match
-  ``algo.sde`` only when that pipeline implements the same transition (``sampler.sde``, ``eta``).
-- Only x_T is placement-invariant (we pass our seeded initial noise); the per-step SDE noise is the
-  engine's, so vllm trajectories are *not* bit-identical to diffusers/TAG ones: the exact
-  TAG == generator equivalence holds for the diffusers backend only.
-- Latents must come back unpacked, shaped like ``model.latent_shape`` (checked; packed FLUX tokens
-  raise); the trained step selection is applied here from ``trajectory_latents``.
-- Weight updates: LoRA adapters are written in PEFT layout and served through a fresh ``LoRARequest``
-  per version. Full fine-tune updates into a running engine go through verl-omni's worker extension
-  (IPC / collective), which is not a public vllm-omni API: refused with a clear error.
+Why it cannot work as written (issue 26 of the tracker; the fix is verl-digen's own RL pipelines):
+- Of the stock pipelines only BAGEL's reads ``return_trajectory_latents``
+  (``vllm_omni/diffusion/models/bagel/pipeline_bagel.py:1071``) and none records SDE log-probs, so
+  ``generate`` raises "no trajectory latents/log-probs" unless an RL pipeline is installed.
+- The sigmas sent here are already shifted (``sampler.sigmas``); SD3's pipeline hands them to
+  ``scheduler.set_timesteps`` (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:125``), which shifts again.
+- ``eta`` is read only by the Sana-video pipelines; the SDE type and noise level an RL pipeline reads go
+  in ``extra_args``; no window, height, width or frame count is sent; one request per row gives up request
+  batching; FLUX and Qwen-Image latents are passed unpacked.
+- Only x_T is placement-invariant (the per-step noise is the engine's), so a vLLM trajectory is not the
+  diffusers one for the same sample.
+- LoRA adapters are written to a temporary directory per version (never cleaned) under a new adapter id;
+  full fine-tune updates are refused (verl-omni uses its own worker extension).
 """
 
 from __future__ import annotations
