@@ -394,6 +394,8 @@ BAD_INPUT = {
                                  "false while actor.ema_decay is null"),
     "export-on-save-without-saves": (lambda t: ["trainer.export_on_save=true"], "trainer.export_on_save",
                                      "false while trainer.save_freq=-1"),
+    "vllm-backend": (lambda t: ["rollout.backend=vllm", "trainer.device=cuda"], "rollout.backend",
+                     "RL pipelines for it are not written yet"),
     "recompute-unknown": (lambda t: ["actor.recompute_log_prob=maybe"], "actor.recompute_log_prob",
                           "one of auto, true, false"),
     "recompute-under-tcss": (lambda t: ["actor.recompute_log_prob=true", "digen.tcss.staleness=1"],

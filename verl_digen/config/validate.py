@@ -121,6 +121,10 @@ def validate(cfg: RunConfig) -> list[str]:
     if r.backend == "vllm" and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
         raise ConfigError("rollout.cps_log_prob", r.cps_log_prob,
                           "squared_error with rollout.backend=vllm (vLLM-Omni records CPS log-probs in that form)")
+    if r.backend == "vllm":  # before Ray and the engines start: the engine could not return a trajectory
+        raise ConfigError("rollout.backend", r.backend,
+                          "'diffusers' for now: vLLM-Omni's stock pipelines return no SDE trajectories and "
+                          "verl-digen's RL pipelines for it are not written yet (docs/user-guide.md)")
     if cfg.reward.weights and cfg.reward.kwargs:
         raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
     wr = r.window_range
