@@ -1,12 +1,15 @@
-"""The GPU check: what only a GPU can tell about the trainer's own code, in one short run, one JSON line out.
+"""The GPU check: what only a GPU can tell about the trainer's own code, in one short run.
 
 Needs PyTorch with CUDA plus wheels that fit in 64 MiB (diffusers, peft, omegaconf and verl-digen's other
 pure-Python dependencies): no Ray, no vLLM, no verl (the functions it calls import torch alone). On CPU
 (``--device cpu --quick``) the same code runs in seconds on tiny models; the suite runs it that way
 (tests/test_gpu_check.py) so it never rots. docs/benchmarks.md ("GPU check") says what each figure means.
 
-    python bench/gpu_check.py                         # one CUDA GPU: a few minutes on an H200
-    python bench/gpu_check.py --device cpu --quick    # seconds, tiny models
+    python bench/gpu_check.py --json                         # one CUDA GPU: a few minutes on an H200
+    python bench/gpu_check.py --device cpu --quick --json    # seconds, tiny models
+
+It prints one line per check; ``--json`` then ends with one JSON list on the last line (one object: device,
+torch, seconds, ``ok`` and the ``checks`` below), as the other benchmarks do.
 
 Checks (each an object under ``checks`` with ``ok``; the process exits 1 if one is not ok):
 
@@ -203,6 +206,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="tiny models (seconds; what CI runs on CPU)")
+    ap.add_argument("--json", action="store_true", help="end with the result as one JSON list on the last line")
     args = ap.parse_args()
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device (run with --device cpu --quick on a CPU)")
@@ -220,13 +224,24 @@ def main() -> None:
     print("gpu_check: fsdp_update, tag_switch ...", file=sys.stderr, flush=True)
     checks["fsdp_update"], checks["tag_switch"] = check_fsdp_and_switch(args.device, args.quick)
     ok = all(c["ok"] for c in checks.values())
-    print(json.dumps({
-        "device": args.device,
-        "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.machine(),
-        "torch": torch.__version__, "quick": args.quick, "seconds": time.perf_counter() - t0, "ok": ok,
-        "checks": checks,
-    }))
+    result = {"device": args.device,
+              "gpu": torch.cuda.get_device_name() if args.device == "cuda" else platform.machine(),
+              "torch": torch.__version__, "quick": args.quick, "seconds": time.perf_counter() - t0, "ok": ok,
+              "checks": checks}
+    for name, check in checks.items():
+        figures = ", ".join(f"{k} {_shown(v)}" for k, v in check.items() if k != "ok")
+        print(f"{name:<14} {'ok  ' if check['ok'] else 'FAIL'}  {figures}")
+    print(f"{'all' if ok else 'NOT all'} checks ok on {result['gpu']} ({args.device}) in {result['seconds']:.1f} s")
+    if args.json:
+        print(json.dumps([result]))
     raise SystemExit(0 if ok else 1)
+
+
+def _shown(v: Any) -> str:
+    """A figure for the table: floats to 4 significant digits, a nested check (memory_plan's) inline."""
+    if isinstance(v, dict):
+        return "{" + ", ".join(f"{k} {_shown(x)}" for k, x in v.items()) + "}"
+    return f"{v:.4g}" if isinstance(v, float) else str(v)
 
 
 if __name__ == "__main__":

@@ -12,10 +12,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 @pytest.mark.slow
 def test_the_gpu_check_runs_on_cpu_and_every_check_passes():
-    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--device", "cpu", "--quick"], cwd=ROOT,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run([sys.executable, "bench/gpu_check.py", "--device", "cpu", "--quick", "--json"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    out = json.loads(proc.stdout.strip().splitlines()[-1])  # one JSON line
+    (out,) = json.loads(proc.stdout.strip().splitlines()[-1])  # one JSON list on the last line
     assert out["ok"] and out["device"] == "cpu"
     checks = out["checks"]
     assert set(checks) == {"tsp", "memory_plan", "logprob_batch", "fsdp_update", "tag_switch"}
