@@ -54,7 +54,6 @@ from verl_digen.algo.tsp import (  # noqa: E402
     tsp_backward,
 )
 from verl_digen.config.memory import activation_bytes, measured_size  # noqa: E402
-from verl_digen.dtypes import BYTES  # noqa: E402
 from verl_digen.models import build_tiny_model  # noqa: E402
 from verl_digen.models.base import DiffusionModel  # noqa: E402
 from verl_digen.workers import fsdp, switch  # noqa: E402
@@ -120,8 +119,7 @@ def check_memory_plan(device: str, quick: bool, dtype: torch.dtype) -> dict[str,
         cfg, traj = _train_config(), synthetic_batch(model, batch, k, NUM_STEPS)
         size = measured_size(model, "gpu check")
         rows = batch * k
-        estimate = activation_bytes(rows, size.blocks, size.tokens, size.hidden, BYTES[str(dtype).split(".")[-1]],
-                                    checkpointing)
+        estimate = activation_bytes(rows, size.blocks, size.tokens, size.hidden, dtype.itemsize, checkpointing)
         tsp_backward(model, traj, cfg, 1.0)  # the gradients exist before the measured pass (they are not activations)
         row: dict[str, Any] = {"rows": rows, "estimate_mib": estimate / 2**20, "measured_mib": None}
         if device == "cuda":

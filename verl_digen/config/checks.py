@@ -71,11 +71,9 @@ def numbers(cfg: Any) -> None:
     _finite("actor.grad_clip", a.grad_clip, 0, False, " (the max gradient norm; 0 turns clipping off)")
     _finite("actor.clip_ratio", a.clip_ratio, 0, True)
     _finite("actor.kl_coef", a.kl_coef, 0, False)
-    _finite("actor.ema_decay", a.ema_decay, 0, True, " (in (0, 1): the EMA's weight on its past; null: no EMA)",
-            optional=True)
-    if a.ema_decay is not None and a.ema_decay >= 1:
-        raise ConfigError("actor.ema_decay", a.ema_decay, "null or a number in (0, 1) (1 would never move the EMA; "
-                          "Flow-GRPO uses 0.9)")
+    if a.ema_decay is not None and not (_real(a.ema_decay) and 0 < a.ema_decay < 1):  # NaN fails it too
+        raise ConfigError("actor.ema_decay", a.ema_decay, "null or a number in (0, 1) (the EMA's weight on its "
+                          "past: 1 would never move it; Flow-GRPO uses 0.9)")
     _finite("algorithm.adv_eps", g.adv_eps, 0, True, " (added to the std: 0 divides by zero for equal rewards)")
     _finite("algorithm.adv_clip", g.adv_clip, 0, True, optional=True)
     _finite("rollout.shift", r.shift, 0, True, " (the sigma schedule's time shift)")

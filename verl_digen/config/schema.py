@@ -5,6 +5,7 @@ Checking a config is ``config/validate.py``'s job.
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -340,8 +341,6 @@ def log_format(cfg: RunConfig) -> str:
     line per step otherwise (a cluster job's log file)."""
     if cfg.trainer.log_format != "auto":
         return cfg.trainer.log_format
-    import sys
-
     return "block" if sys.stdout.isatty() else "line"
 
 

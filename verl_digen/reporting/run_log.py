@@ -22,6 +22,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_digen.reporting import metric_names as names
+
 CONFIG_FILE = "config.yaml"
 
 #: console groups in this order; any other prefix follows alphabetically, keys without one last
@@ -118,10 +120,11 @@ def format_metrics(metrics: dict[str, Any], step: int, total: int | None = None,
 
 
 #: the figures of a one-line step log: (metric, label), in this order; a metric the step lacks is left out
-LINE_FIELDS = (("reward/mean", "reward"), ("actor/loss", "loss"), ("timing/step_s", "step_s"),
-               ("pool/generator_busy", "gen_busy"), ("pool/trainer_busy", "trn_busy"),
-               ("digen/stale_fraction", "stale"), ("val/reward_mean", "val_reward"), ("fault/retries", "retries"),
-               ("fault/restarts", "restarts"))
+LINE_FIELDS = ((names.REWARD_MEAN, "reward"), (names.actor("loss"), "loss"), (names.STEP_S, "step_s"),
+               (names.GENERATOR_BUSY, "gen_busy"), (names.TRAINER_BUSY, "trn_busy"),
+               (names.STALE_FRACTION, "stale"), (names.VAL_REWARD_MEAN, "val_reward"), (names.RETRIES, "retries"),
+               (names.RESTARTS, "restarts"))
+ONLY_WHEN_NONZERO = (names.RETRIES, names.RESTARTS)  # faults: shown in the steps that had some
 LOG_FORMATS = ("block", "line")
 
 
@@ -132,13 +135,13 @@ def format_line(metrics: dict[str, Any], step: int, total: int | None = None, sa
     parts = [f"step {step}" + (f"/{total}" if total else "")]
     for key, label in LINE_FIELDS:
         value = metrics.get(key)
-        if not _is_number(value) or (label in ("retries", "restarts") and not value):
+        if not _is_number(value) or (key in ONLY_WHEN_NONZERO and not value):
             continue
         text = format_value(value)
-        if key == "reward/mean" and _is_number(metrics.get("reward/std")):
-            text += f"+-{format_value(metrics['reward/std'])}"
+        if key == names.REWARD_MEAN and _is_number(metrics.get(names.REWARD_STD)):
+            text += f"+-{format_value(metrics[names.REWARD_STD])}"
         parts.append(f"{label}={text}")
-        if key == "timing/step_s" and samples and value > 0:
+        if key == names.STEP_S and samples and value > 0:
             parts.append(f"samples_s={format_value(samples / value)}")
     return "  ".join(parts)
 
