@@ -17,6 +17,7 @@ from ray.util.placement_group import placement_group
 from verl.single_controller.ray.base import RayResourcePool, sort_placement_group_by_node_ip
 
 from verl_digen.config.schema import RunConfig
+from verl_digen.driver import native_memory
 
 #: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
 NODE_RESOURCE_PER_WORKER = 1.0
@@ -93,6 +94,7 @@ def ensure_ray(cfg: RunConfig) -> None:
                               "log_to_driver": True}
     if address == "local":
         kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
+    native_memory.limit_arenas()  # before Ray's threads start: they share the capped arenas
     ray.init(address=address, **kwargs)
     if address != "local":
         joined = ray.get_runtime_context().gcs_address

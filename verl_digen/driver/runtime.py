@@ -36,7 +36,7 @@ from verl_digen.config import RunConfig, checks, validate
 from verl_digen.config.plan import prior_stage_costs
 from verl_digen.config.schema import log_format
 from verl_digen.data import PromptDataset
-from verl_digen.driver import validation
+from verl_digen.driver import native_memory, validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
 from verl_digen.driver.faults import fault_policy
 from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray
@@ -416,6 +416,7 @@ class DigenRuntime:
         self._tracking().log(data=metrics, step=step)
         if self._history is not None:
             self._history.append(step, metrics)
+        native_memory.trim(step)
 
     def _scheduler(self, steps: int):
         cfg = self.cfg
