@@ -30,7 +30,7 @@ import ray  # noqa: E402
 
 from verl_digen.config import RunConfig, compose  # noqa: E402
 from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
-from verl_digen.schedule.costs import OPTIMIZER_STEP  # noqa: E402
+from verl_digen.schedule.actions import ends_step  # noqa: E402
 from verl_digen.schedule.profile_io import load  # noqa: E402
 from verl_digen.schedule.simulator import simulate  # noqa: E402
 
@@ -61,7 +61,7 @@ def predicted_step(cfg: RunConfig, profile_path: str) -> float:
     model, _ = load(profile_path)
     sched_cfg = cfg.schedule_config(steps=cfg.trainer.total_steps)
     sim = simulate(sched_cfg, model)
-    ends = sorted({r.end for r in sim.timeline.records if r.kind == OPTIMIZER_STEP})
+    ends = sorted({r.end for r in sim.timeline.records if ends_step(r.kind, r.mb)})
     return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
 
 

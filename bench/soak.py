@@ -49,7 +49,7 @@ from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
 from verl_digen.reporting.progress import Recent, forget_read  # noqa: E402
 from verl_digen.reporting.trace_stream import RecordStream  # noqa: E402
-from verl_digen.schedule.costs import OPTIMIZER_STEP, StageCosts  # noqa: E402
+from verl_digen.schedule.costs import StageCosts  # noqa: E402
 from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
 from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
@@ -110,7 +110,7 @@ def soak_sim(steps: int, out_dir: str) -> dict:
 
     def on_complete(c) -> None:
         a, end = c.action, c.end
-        if a.kind != OPTIMIZER_STEP:
+        if not a.ends_step:
             return
         recent = window.since(lambda r: r.end >= state["prev_start"] - 1e-9)
         step_dec = decisions.since(lambda d: d.step >= a.step - 1)

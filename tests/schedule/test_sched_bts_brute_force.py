@@ -12,11 +12,13 @@ generator freed, it lost up to 8.3 % on instances like these (7 of 1,600 random 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import random
 
 import pytest
 from sched_helpers import random_config, random_costs
 
+from verl_digen.schedule.config import ScheduleConfigError
 from verl_digen.schedule.executor import SimBackend
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
@@ -42,11 +44,13 @@ def _key(sched: StepScheduler, backend: SimBackend, now: float) -> tuple:
     st = sched._step(sched.train_step)
     flight = tuple(sorted((round(end - now, 9), a.kind, a.mb, a.workers) for end, _, a in backend._heap))
     return (sched.train_step, sched.trainer_mode, st.next, st.updated, len(st.uq), tuple(sorted(st.scored.items())),
-            tuple(sorted(sched._sq[sched.train_step])), flight)
+            tuple(sorted(sched._sq[sched.train_step])), flight, st.mini,
+            tuple(sorted((c, len(v)) for c, v in st.later.items())))
 
 
 def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float, int]:
-    """(best end of the single step's optimizer step over every decision sequence, decision states seen)."""
+    """(best end of the single step's (last) optimizer step over every decision sequence, decision states
+    seen)."""
     sched = StepScheduler(cfg, costs, gen_workers, _Scripted(), trainer_ranks=ranks)
     backend = SimBackend(costs)
     memo: dict[tuple, float] = {}
@@ -55,7 +59,7 @@ def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float
         finished, now = backend.wait()
         for a, end in ((c.action, c.end) for c in finished):
             sched.on_complete(a, end)
-            if a.kind == "optimizer_step":
+            if a.kind == "optimizer_step" and a.mb is None:  # not a mini-batch's: the step's last
                 return end
         return act(sched, backend, now)
 
@@ -91,10 +95,12 @@ def _instances(n: int, seed: int):
         yield cfg, costs, rng.randint(1, 3), (2, 4)[i % 2]
 
 
-def _bts_step_end(cfg, costs, G: int, R: int) -> float:
+def _bts_step_end(cfg, costs, G: int, R: int, predicted: list | None = None) -> float:
     sched = StepScheduler(cfg, costs, G, "bts", trainer_ranks=R)
     tl = execute(sched, costs)
-    return next(r.end for r in tl.records if r.kind == "optimizer_step")
+    if predicted is not None:
+        predicted.extend(d.predicted_end for d in sched.decisions)
+    return next(r.end for r in tl.records if r.kind == "optimizer_step" and r.mb is None)
 
 
 # instances of ``_instances(40, seed)`` where BTS lost before it decided again at every event (old
@@ -118,3 +124,38 @@ def test_bts_through_the_scheduler_equals_exhaustive_search_over_every_event(see
         assert _bts_step_end(cfg, costs, G, R) == pytest.approx(best, rel=1e-9, abs=1e-9), (cfg, costs, G, R)
         decided += states > 1
     assert decided > 8  # most instances offer more than one decision state
+
+
+def _mini_batch_instances(n: int, seed: int):
+    """Instances whose step has 2 or 3 mini-batches (each of whole updates)."""
+    rng = random.Random(seed)
+    found = 0
+    while found < n:
+        cfg = random_config(rng, max_mb=12)
+        costs = random_costs(rng, ties=found % 2 == 1)
+        G, R = rng.randint(1, 3), (2, 4)[found % 2]
+        for mini in (2, 3):
+            try:
+                cand = dataclasses.replace(cfg, mini_batches=mini)
+                cand.check_update_units(G)
+            except ScheduleConfigError:
+                continue
+            found += 1
+            yield cand, costs, G, R
+            break
+
+
+def test_bts_with_mini_batches_equals_exhaustive_search():
+    """Mini-batches: BTS's model trains them in order and decides only before the first one's optimizer
+    step, as the scheduler does; its step ends where the best decision sequence's ends."""
+    decided = 0
+    for cfg, costs, G, R in _mini_batch_instances(12, seed=300):
+        best, states = exhaustive_step_end(cfg, costs, G, R)
+        predicted: list[float | None] = []
+        end = _bts_step_end(cfg, costs, G, R, predicted)
+        assert end == pytest.approx(best, rel=1e-9, abs=1e-9), (cfg, costs, G, R)
+        # the model plays the mini-batches as the scheduler runs them: on the virtual clock its prediction
+        # at every decision is the step's end
+        assert all(p == pytest.approx(end, rel=1e-9, abs=1e-9) for p in predicted if p is not None), predicted
+        decided += states > 1
+    assert decided > 5

@@ -13,7 +13,9 @@ the worker method each one runs on Ray is stated in ``driver/ray_backend.py``, `
 - ``update``: forward/backward + gradient accumulation of the micro-batch(es) on the trainer unit (no step).
 - ``switch_to_gen`` / ``switch_to_train``: trainer context switch around TAG (full weights onto every
   rank / training state back).
-- ``optimizer_step``: apply the accumulated gradient; closes the step's training.
+- ``optimizer_step``: apply the accumulated gradient; closes the step's training. With several
+  mini-batches each has one: ``mb`` holds its index, and the last one (``mb`` None) closes the step
+  (:func:`ends_step`).
 - ``publish``: the trainer publishes weights ``version`` once, after the optimizer step.
 - ``weight_sync``: one generator worker picks up the published ``version`` between its trajectories.
 """
@@ -62,6 +64,10 @@ class Action:
         return range(self.mb, self.mb + self.count) if self.mb is not None else range(0)
 
     @property
+    def ends_step(self) -> bool:
+        return ends_step(self.kind, self.mb)
+
+    @property
     def worker(self) -> str:
         return self.workers[0]
 
@@ -70,3 +76,9 @@ class Action:
         stale = " stale" if self.stale else ""
         where = ",".join(self.workers)
         return f"Action({self.kind} {where} step={self.step} v={self.version}{mb}{stale} @{self.start:.6g})"
+
+
+def ends_step(kind: str, mb: int | None) -> bool:
+    """Whether an action (or its record) is its step's last optimizer step: a mini-batch's carries the
+    mini-batch's index in ``mb``, the step's last none."""
+    return kind == ActionKind.OPTIMIZER_STEP and mb is None

@@ -54,12 +54,13 @@ class Bounds:
 
 def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: int = 1,
                 unit_size: int = 1, update_size: int = 1, trainer_ranks: int = 1,
-                generated: int | None = None, synchronous: bool = False) -> Bounds:
+                generated: int | None = None, synchronous: bool = False, mini_batches: int = 1) -> Bounds:
     """Per-step lower bounds (see module docstring).
 
     ``generated``: how many of the step's micro-batches the span must generate and score (default all
     ``micro_batches``; fewer in a TCSS window, whose other micro-batches were generated before it).
-    ``synchronous``: the run has no TCSS (a zero stale budget)."""
+    ``synchronous``: the run has no TCSS (a zero stale budget). ``mini_batches``: optimizer steps per
+    step (the trainer runs every one of them)."""
     M, G, S, R = micro_batches, gen_workers, steps, trainer_ranks
     F = M if generated is None else generated
     if not 0 <= F <= M:
@@ -67,7 +68,7 @@ def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: 
     g, gt, c, u = costs.generate, costs.tag_generate, costs.score, costs.update
     opt = costs.optimizer_step
     # the last step publishes nothing: count publishes only between steps
-    trainer_work = (M // update_size) * u + opt + costs.publish * (S - 1) / S
+    trainer_work = (M // update_size) * u + mini_batches * opt + costs.publish * (S - 1) / S
     # after the span's last own scoring, its update and the optimizer step remain
     tail = u + opt if F else 0.0
 
@@ -89,7 +90,8 @@ def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: 
     head = math.ceil(unit_size / (G + R)) * min(g, gt) + c if F == M else 0.0
     bottleneck = (S * head if sync else head) / S + trainer_work
     chain = (fastest + c if F else 0.0) + u + opt
-    critical = (chain + (S - 1) * ((M // update_size) * u + opt + costs.publish)) / S
+    critical = (chain + (mini_batches - 1) * opt + (S - 1) * ((M // update_size) * u + mini_batches * opt
+                                                              + costs.publish)) / S
     return Bounds(area, bottleneck, critical)
 
 
@@ -105,7 +107,7 @@ def step_stage_costs(records: list[Record], fallback: StageCosts, reduce=None) -
 
 def window_bounds(records: list[Record], step: int, start: float, fallback: StageCosts, micro_batches: int,
                   gen_workers: int, unit_size: int = 1, update_size: int = 1,
-                  trainer_ranks: int = 1) -> Bounds:
+                  trainer_ranks: int = 1, mini_batches: int = 1) -> Bounds:
     """Lower bounds on one step's window, from ``start`` (the previous optimizer step's end) to the
     step's optimizer step (see module docstring). ``records``: any that include the step's. Each kind is
     priced at its fastest instance inside the window (a count times the mean could exceed the real
@@ -114,7 +116,7 @@ def window_bounds(records: list[Record], step: int, start: float, fallback: Stag
     generated = sum(r.count for r in inside if r.kind in (GENERATE, TAG_GENERATE))
     return step_bounds(step_stage_costs(inside, fallback, reduce=min), micro_batches, gen_workers,
                        unit_size=unit_size, update_size=update_size, trainer_ranks=trainer_ranks,
-                       generated=min(generated, micro_batches))
+                       generated=min(generated, micro_batches), mini_batches=mini_batches)
 
 
 def busy_fractions(records: list[Record], start: float, end: float, gen_workers: list[str],

@@ -34,9 +34,11 @@ not proven best). Where neither binds (at most 4 free slots, small steps) the so
 decision space per event is at most ``fan_out``, the depth the number of events left in the step.
 
 :func:`exhaustive` enumerates every decision sequence without memo or pruning; tests hold BTS to it.
-The objective is the end of the current step's optimizer step: what happens after (weight sync, the
-next step) does not depend on the TAG choices of this step, apart from stale TCSS work, which the
-model plays but does not value.
+With several mini-batches (``Params.mini_batches``) the model trains them in order, each followed by an
+optimizer step, and takes no decision after the first (the scheduler asks none: TAG would sample with
+weights the step has moved). The objective is the end of the current step's last optimizer step: what
+happens after (weight sync, the next step) does not depend on the TAG choices of this step, apart from
+stale TCSS work, which the model plays but does not value.
 """
 
 from __future__ import annotations
@@ -81,10 +83,16 @@ class Params:
     update_size: int = 1  # micro-batches per update action
     trainer_ranks: int = 1  # = TAG slots
     weight_sync: float = 0.0  # one generator's weight pickup
+    mini_batches: int = 1  # optimizer steps in the step (each after its mini-batch's updates)
+
+    @property
+    def mini_mbs(self) -> int:
+        """Micro-batches per mini-batch."""
+        return self.micro_batches // self.mini_batches
 
     @classmethod
     def from_costs(cls, costs: StageCosts, micro_batches: int, unit_size: int, gen_workers: int,
-                   update_size: int = 1, trainer_ranks: int = 1) -> Params:
+                   update_size: int = 1, trainer_ranks: int = 1, mini_batches: int = 1) -> Params:
         scale = max(costs.generate, costs.tag_generate, costs.score, costs.update, 1e-12)
         return cls(
             micro_batches=micro_batches,
@@ -101,6 +109,7 @@ class Params:
             update_size=update_size,
             trainer_ranks=trainer_ranks,
             weight_sync=costs.weight_sync,
+            mini_batches=mini_batches,
         )
 
 
@@ -115,14 +124,16 @@ class ModelState:
     ``stale_left`` (budget). Trainer unit: ``trainer_task`` / ``trainer_end``, ``generating`` (1 =
     generation mode), ``reserved`` (TAG micro-batches waiting for the switch), ``decided`` (the decision
     of this event is taken; the next comes at the next event). TAG slots:
-    ``slot_end`` and ``slot_mb`` of the busy ones (``slots`` in all). Clocks are absolute (``now``).
+    ``slot_end`` and ``slot_mb`` of the busy ones (``slots`` in all). Mini-batches: ``mini`` (those whose
+    optimizer step ran) and ``later`` (per mini-batch, released micro-batches waiting for its turn; the
+    current one's are in ``update_queue``). Clocks are absolute (``now``).
     """
 
     __slots__ = (
         "now", "dispatched", "gen_end", "gen_task", "gen_mb", "gen_lagging", "score_queue",
         "next_score_queue", "scored", "update_queue", "not_updated", "generating", "trainer_end",
         "trainer_task", "stale_left", "next_undispatched", "decided", "slots", "slot_end", "slot_mb",
-        "reserved", "work",
+        "reserved", "work", "mini", "later",
     )
 
     def __init__(
@@ -148,6 +159,7 @@ class ModelState:
         slot_end: list[float] | None = None,
         slot_mb: list[int] | None = None,
         reserved: list[int] | None = None,
+        later: list[int] | None = None,
     ) -> None:
         self.now, self.dispatched = now, dispatched
         self.gen_end, self.gen_task, self.gen_mb = gen_end, gen_task, gen_mb
@@ -162,6 +174,8 @@ class ModelState:
         self.slot_mb = list(slot_mb or [])
         self.reserved = list(reserved or [])
         self.work = 0  # search work spent playing this state forward (events x workers), for the budget
+        self.mini = 0
+        self.later = list(later or [])
 
     @classmethod
     def fresh(cls, micro_batches: int, gen_workers: int, stale_budget: int = 0, slots: int = 1,
@@ -211,6 +225,7 @@ class ModelState:
             slots=view.tag_slots,
             slot_end=[e for e, _ in view.busy_slots],
             slot_mb=[mb for _, mb in view.busy_slots],
+            later=[0, *view.later_ready] if view.later_ready else None,
         )
 
     def copy(self) -> ModelState:
@@ -223,7 +238,7 @@ class ModelState:
         n.stale_left, n.next_undispatched = self.stale_left, self.next_undispatched
         n.trainer_end, n.trainer_task, n.decided = self.trainer_end, self.trainer_task, self.decided
         n.slots, n.slot_end, n.slot_mb, n.reserved = self.slots, self.slot_end[:], self.slot_mb[:], self.reserved[:]
-        n.work = self.work
+        n.work, n.mini, n.later = self.work, self.mini, self.later[:]
         return n
 
     @property
@@ -246,7 +261,7 @@ class ModelState:
         sq = tuple(self.score_queue) if units else len(self.score_queue)
         return (self.dispatched, gens, sq, self.next_score_queue, tuple(sorted(self.scored.items())),
                 self.update_queue, self.not_updated, self.generating, self.stale_left, self.next_undispatched,
-                slots)
+                slots, self.mini, tuple(self.later))
 
 
 def advance(p: Params, s: ModelState) -> bool:
@@ -266,6 +281,9 @@ def advance(p: Params, s: ModelState) -> bool:
     trainer_task, trainer_end, decided = s.trainer_task, s.trainer_end, s.decided
     stale_left, next_undispatched = s.stale_left, s.next_undispatched
     score, generate, tag_generate, unit_size = p.score, p.generate, p.tag_generate, p.unit_size
+    mini_mbs = p.mini_mbs
+    if len(s.later) < p.mini_batches:
+        s.later.extend([0] * (p.mini_batches - len(s.later)))
     done = False
     events = 0
     while True:
@@ -300,12 +318,12 @@ def advance(p: Params, s: ModelState) -> bool:
                 slot_mb.append(mb)
             s.reserved = []
         if not trainer_task:
-            ready = update_queue or not_updated == 0
+            ready = update_queue or not_updated == n_mb - (s.mini + 1) * mini_mbs
             if generating:  # a free slot; with training work waiting, only once every slot is free
                 due = not slot_end if ready else len(slot_end) < ranks
             else:
                 due = not ready
-            if due and dispatched < n_mb and not decided:
+            if due and dispatched < n_mb and not decided and not s.mini:
                 break
             if ready:
                 if generating:
@@ -341,7 +359,11 @@ def advance(p: Params, s: ModelState) -> bool:
                     n = scored.get(unit, 0) + 1
                     if n == unit_size:
                         scored.pop(unit, None)
-                        update_queue += unit_size
+                        mini = unit * unit_size // mini_mbs
+                        if mini == s.mini:
+                            update_queue += unit_size
+                        else:
+                            s.later[mini] += unit_size
                     else:
                         scored[unit] = n
                 elif kind == GEN_NEXT:
@@ -369,7 +391,11 @@ def advance(p: Params, s: ModelState) -> bool:
                 generating = 1
             elif done_kind == T_SWITCH_TO_TRAIN:
                 generating = 0
-            else:  # optimizer step: the step is over
+            elif s.mini + 1 < p.mini_batches:  # a mini-batch's optimizer step: the next one's updates are due
+                s.mini += 1
+                update_queue += s.later[s.mini]
+                s.later[s.mini] = 0
+            else:  # the last optimizer step: the step is over
                 t_max = trainer_end
                 done = True
         now = t_max
@@ -448,7 +474,7 @@ def bound_and_split(p: Params, s: ModelState) -> tuple[float, int]:
             if kind == GEN:
                 n_score += 1
     tail = p.update + p.optimizer_step
-    train_left = (s.not_updated // p.update_size) * p.update + p.optimizer_step
+    train_left = (s.not_updated // p.update_size) * p.update + (p.mini_batches - s.mini) * p.optimizer_step
     if s.slot_end:
         slot_sum = sum(e - now for e in s.slot_end)
         drain = max(e - now for e in s.slot_end)
@@ -749,7 +775,7 @@ class BtsPolicy:
 
     def decide(self, ctx: BubbleContext) -> int:
         params = Params.from_costs(ctx.costs, ctx.micro_batches, ctx.unit_size, ctx.gen_workers,
-                                   ctx.update_size, ctx.trainer_ranks)
+                                   ctx.update_size, ctx.trainer_ranks, ctx.mini_batches)
         if not self.reuse or self._solver is None or self._solver.params != params:
             old = self._solver
             self._solver = Solver(params, node_cap=self.node_cap, work_cap=self.work_cap, fan_out=self.fan_out)

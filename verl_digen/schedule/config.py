@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 from .gap import BATCH, GAP, PARTITIONS, Partition, partition, validate
@@ -50,6 +50,13 @@ class ScheduleConfig:
     ``update_units``: GRPO release units per update (``update=unit``, digen mode): that many consecutive
     units release together once all are scored, and their rows train as one update (larger passes,
     a later first update). They must divide a step's units (``check_update_units``).
+    ``mini_batches``: optimizer steps per global step (verl's ``ppo_mini_batch_size`` = prompts /
+    ``mini_batches``): the step's prompts are cut, in order, into that many mini-batches of whole GRPO
+    groups; each is trained and followed by an optimizer step, the last one closing the step (and
+    publishing its version). A mini-batch's updates start after the previous one's optimizer step.
+    ``recompute``: the ratio's old log-probs are the trainer's (``actor.recompute_log_prob``); with several
+    mini-batches the later ones' rows take a no-grad forward of the step's starting weights, which the
+    update's cost includes (``stage_costs``).
     """
 
     prompts: int
@@ -65,6 +72,8 @@ class ScheduleConfig:
     train_loop: str = BATCHED
     rows_per_pass: int | None = None
     update_units: int = 1
+    mini_batches: int = 1
+    recompute: bool = False
 
     def __post_init__(self) -> None:
         bad = ScheduleConfigError
@@ -74,7 +83,7 @@ class ScheduleConfig:
         if self.partition not in PARTITIONS:
             raise bad("partition", self.partition, f"one of {', '.join(PARTITIONS)}",
                       f"unknown partition {self.partition!r}; expected one of {PARTITIONS}")
-        for name in ("prompts", "group_size", "mb_size", "steps", "tsp_degree", "update_units"):
+        for name in ("prompts", "group_size", "mb_size", "steps", "tsp_degree", "update_units", "mini_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise bad(name, value, "an integer >= 1", f"{name} must be a positive integer, got {value!r}")
@@ -103,6 +112,14 @@ class ScheduleConfig:
         except ValueError as err:  # the sizes are positive: what is left is the micro-batch layout
             raise bad("mb_size", self.mb_size, f"a micro-batch size the {self.partition} layout allows ({err})",
                       str(err)) from None
+        if self.prompts % self.mini_batches or self.micro_batches % self.mini_batches:
+            raise bad("mini_batches", self.mini_batches,
+                      f"mini-batches of whole micro-batches ({self.prompts} prompts in {self.micro_batches} "
+                      f"micro-batches of {self.mb_size} samples cannot be cut into {self.mini_batches} equal "
+                      "mini-batches)",
+                      f"{self.mini_batches} mini-batches do not cut the step's {self.prompts} prompts "
+                      f"({self.micro_batches} micro-batches of {self.mb_size} samples) into equal mini-batches of "
+                      "whole micro-batches")
         from .tag_policy import parse_policy  # validate the spec early (clear error on typos)
 
         try:
@@ -118,13 +135,18 @@ class ScheduleConfig:
     def micro_batches(self) -> int:
         return self.batch // self.mb_size
 
+    @property
+    def mini_batch_mbs(self) -> int:
+        """Micro-batches per mini-batch (consecutive: mini-batch ``c`` holds ``c * this ..``)."""
+        return self.micro_batches // self.mini_batches
+
     def make_partition(self, workers: int) -> Partition:
         return partition(self.prompts, self.group_size, self.mb_size, workers, self.partition)
 
     def update_size(self, unit_size: int) -> int:
         """Micro-batches per update action, given the partition's release unit size."""
         if self.mode == SEPARATE:
-            return self.micro_batches if self.update == "unit" else 1
+            return self.mini_batch_mbs if self.update == "unit" else 1
         return unit_size * self.update_units if self.update == "unit" else 1
 
     def release_unit(self, generators: int) -> int:
@@ -144,6 +166,15 @@ class ScheduleConfig:
                 f"update_units = {self.update_units} does not divide the step's {units} release units "
                 f"({part.count} micro-batches in units of {part.unit_size} on {generators} generator(s)): "
                 "every update must train whole units")
+        update = self.update_size(part.unit_size)
+        if self.mini_batch_mbs % update:
+            raise ScheduleConfigError(
+                "mini_batches", self.mini_batches,
+                f"mini-batches of whole updates (a mini-batch of {self.mini_batch_mbs} micro-batch(es); an update "
+                f"trains {update}: a release unit of whole GRPO groups times update_units)",
+                f"{self.mini_batches} mini-batches of {self.mini_batch_mbs} micro-batch(es) each do not hold whole "
+                f"updates of {update} micro-batch(es) (a release unit of whole GRPO groups times update_units): "
+                "every mini-batch must train whole units")
 
     def stale_budget(self) -> int:
         """Micro-batches of a step that may be generated by the previous version."""
@@ -154,8 +185,18 @@ class ScheduleConfig:
         one place that turns a cluster cost model into the scheduler's costs (the simulator, the
         runtime's prior and the planner all ask here)."""
         unit = self.make_partition(generators).unit_size
-        return model.stage_costs(self.mb_size, self.tsp_degree, self.mb_size * self.update_size(unit),
-                                 per_sample=self.train_loop == PER_SAMPLE, rows_per_pass=self.rows_per_pass)
+        costs = model.stage_costs(self.mb_size, self.tsp_degree, self.mb_size * self.update_size(unit),
+                                  per_sample=self.train_loop == PER_SAMPLE, rows_per_pass=self.rows_per_pass)
+        return self.with_behaviour_forward(costs, model)
+
+    def with_behaviour_forward(self, costs: StageCosts, model: CostModel) -> StageCosts:
+        """``costs`` with the mean update priced for the old-log-prob forward of the step's weights that
+        recompute takes for mini-batches after the first (a forward is the model's ``recompute_share`` of
+        a training pass)."""
+        if not self.recompute or self.mini_batches == 1:
+            return costs
+        later = (self.mini_batches - 1) / self.mini_batches
+        return replace(costs, update=costs.update * (1 + later * model.baselines.recompute_share))
 
 
 def stale_budget(staleness: float, micro_batches: int) -> int:

@@ -49,6 +49,8 @@ class Workload:
     staleness: float = 0.25
     steps: int = 4
     policy: str = "bts"
+    mini_batches: int = 1  # optimizer steps per step (actor.ppo_mini_batch_size)
+    recompute: bool = False  # the trainer's own old log-probs (actor.recompute_log_prob): priced with mini-batches
 
 
 def _affine(d: Any, where: str) -> Affine:

@@ -94,7 +94,7 @@ def simulate(
     tl = execute(sched, costs, noise, seed)
     span = tl.makespan
     bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R,
-                         synchronous=sched.stale_budget == 0)
+                         synchronous=sched.stale_budget == 0, mini_batches=config.mini_batches)
     return SimResult(
         label=label or describe(config),
         config=config,
@@ -114,7 +114,8 @@ def simulate(
 def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None,
                        baseline: str = IDEAL) -> SimResult:
     """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
-    costs = colocated_costs(model, config.batch, config.tsp_degree, baseline)
+    costs = config.with_behaviour_forward(
+        colocated_costs(model, config.batch, config.tsp_degree, baseline, config.mini_batches), model)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
     tl = run(ColocatedScheduler(config, workers), SimBackend(costs))
     span = tl.makespan

@@ -106,9 +106,9 @@ def tsp_degrees_for(workload: Workload, trained_steps: int) -> list[int]:
 
 
 def update_units_for(config: ScheduleConfig, generators: int, limit: int = MAX_UPDATE_UNITS) -> list[int]:
-    """Release units per update that divide a step's units, up to ``limit``."""
+    """Release units per update that divide a mini-batch's units (a step's, with one), up to ``limit``."""
     part = config.make_partition(generators)
-    units = part.count // part.unit_size
+    units = part.count // part.unit_size // config.mini_batches
     return [u for u in range(1, min(units, limit) + 1) if units % u == 0]
 
 
@@ -166,7 +166,8 @@ def search(
         for mb in (sorted(set(mb_sizes)) if mb_sizes is not None else mb_sizes_for(workload, g)):
             try:
                 shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
-                                       mode=DIGEN)
+                                       mode=DIGEN, mini_batches=workload.mini_batches, recompute=workload.recompute)
+                shape.check_update_units(g)  # a mini-batch of whole release units
             except ScheduleConfigError:
                 continue  # a layout this batch cannot have
             unit = shape.make_partition(g).unit_size
@@ -192,7 +193,8 @@ def search(
                         for st in stalenesses:
                             sync = stale_budget(st, cfg.micro_batches) == 0
                             bound = step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
-                                                cfg.update_size(unit), r, synchronous=sync).ideal
+                                                cfg.update_size(unit), r, synchronous=sync,
+                                                mini_batches=cfg.mini_batches).ideal
                             for pol in mine:
                                 cands.append((bound, len(cands), g, replace(cfg, staleness=st, policy=pol)))
     plan.candidates = len(cands)
@@ -231,7 +233,8 @@ def _rank(row: PlanRow) -> tuple:
 def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimResult]:
     """Every colocated baseline (costs.BASELINES) on all the cluster's GPUs, per-timestep training."""
     cfg = ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
-                         steps=workload.steps, mode=COLOCATED, partition="batch")
+                         steps=workload.steps, mode=COLOCATED, partition="batch",
+                         mini_batches=workload.mini_batches)
     return {b: simulate(cfg, model, label=f"colocated:{b}", baseline=b) for b in BASELINES}
 
 
@@ -239,7 +242,7 @@ def ceiling(model: CostModel, workload: Workload) -> float:
     """The step's work spread over every GPU: colocated:ideal with the TSP degree that trains it in the
     fewest, largest passes (``tsp_degrees_for``). On one kind of GPU no schedule beats it."""
     shape = dict(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
-                 steps=workload.steps, mode=COLOCATED, partition="batch")
+                 steps=workload.steps, mode=COLOCATED, partition="batch", mini_batches=workload.mini_batches)
     return min(simulate(ScheduleConfig(**shape, tsp_degree=d), model).step_time
                for d in tsp_degrees_for(workload, model.steps_trained))
 

@@ -61,6 +61,9 @@ class SchedulerView:
     next_step_undispatched: int = 0  # next-step micro-batches not handed out yet
     tag_slots: int = 1  # trainer ranks = TAG slots
     busy_slots: tuple[tuple[float, int], ...] = ()  # (seconds left, micro-batch) per busy TAG slot
+    #: released micro-batches of each later mini-batch (1, 2, ...), waiting for the first one's optimizer step
+    #: (a decision is only taken before it); empty with one mini-batch
+    later_ready: tuple[int, ...] = ()
 
 
 @dataclass
@@ -82,6 +85,7 @@ class BubbleContext:
     snapshot: Callable[[], SchedulerView | None]
     free_slots: int = 1  # TAG slots free now (all ranks in training mode)
     trainer_ranks: int = 1
+    mini_batches: int = 1  # optimizer steps in the step (decisions come only before the first)
     predicted_end: float | None = None  # filled by BTS (absolute time of the optimizer step's end)
 
     @property

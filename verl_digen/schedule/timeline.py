@@ -13,6 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 
+from .actions import ends_step
 from .config import stale_budget
 from .costs import (
     GENERATE,
@@ -80,6 +81,7 @@ class Timeline:
     records: list[Record] = field(default_factory=list)
     staleness: float = 0.0  # TCSS bound the run was configured with
     trainer_ranks: int = 1
+    mini_batches: int = 1  # optimizer steps per step (``ScheduleConfig.mini_batches``)
 
     def add(self, record: Record) -> None:
         self.records.append(record)
@@ -107,7 +109,7 @@ class Timeline:
         """End of each step: the end of its optimizer step (generators pick the version up on their own)."""
         ends: dict[int, float] = {}
         for r in self.records:
-            if r.kind == OPTIMIZER_STEP:
+            if ends_step(r.kind, r.mb):
                 ends[r.step] = max(ends.get(r.step, 0.0), r.end)
         return [ends[s] for s in sorted(ends)]
 
@@ -142,7 +144,7 @@ def concat_timelines(parts: list[tuple[int, Timeline]]) -> Timeline:
     first = parts[0][1]
     out = Timeline(workers=list(first.workers), micro_batches=first.micro_batches,
                    steps=sum(tl.steps for _, tl in parts), mode=first.mode, staleness=first.staleness,
-                   trainer_ranks=first.trainer_ranks)
+                   trainer_ranks=first.trainer_ranks, mini_batches=first.mini_batches)
     for offset, tl in parts:
         out.records.extend(replace(r, step=r.step + offset, version=r.version + offset) for r in tl.records)
     return out
@@ -154,7 +156,9 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
     - nothing overlaps on one worker; TAG slots work only in the trainer's generation mode (between a
       ``switch_to_gen`` and the next ``switch_to_train``), never alongside a training action;
     - each micro-batch of each step generated once, scored once, updated once, in that order;
-      optimizer step of a step after all its updates;
+      optimizer step of a step after all its updates; with several mini-batches, each mini-batch's
+      optimizer step (``mb`` = its index, the last one's None) after its updates and before the next
+      mini-batch's, and no TAG generation of the step starts after the first one;
     - scoring has priority: no generation starts while a generated micro-batch waits for scoring;
     - no trajectory spans two versions (generation never overlaps its worker's weight sync and uses
       the worker's current weights; TAG uses the trainer's); staleness <= 1 version; stale fraction
@@ -200,13 +204,15 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
                 _fail(f"step {s} mb {i} updated at {up[0].start:.6g} before its scoring ended at {sc[0].end:.6g}")
             if up[0].version != s:
                 _fail(f"step {s} mb {i} trained by policy version {up[0].version}, expected {s}")
-    opts = {r.step: r for r in recs if r.kind == OPTIMIZER_STEP and r.worker == TRAINER}
+    opts = {r.step: r for r in recs if ends_step(r.kind, r.mb) and r.worker == TRAINER}
     for s in range(steps):
         if s not in opts:
             _fail(f"step {s} has no optimizer step")
         last_update = max(seen[(UPDATE, s, i)][0].end for i in range(m))
         if opts[s].start < last_update - EPS:
             _fail(f"step {s} optimizer step starts at {opts[s].start:.6g} before its last update ends")
+    if timeline.mini_batches > 1:
+        _check_mini_batches(timeline, seen, opts)
     extra = {k for k in seen if not (0 <= k[1] < steps and 0 <= k[2] < m)}
     if extra:
         _fail(f"records for unknown micro-batches: {sorted(extra)[:5]}")
@@ -243,6 +249,34 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
     for s, c in stale_count.items():
         if c > stale_budget(staleness_bound, m):
             _fail(f"step {s}: {c}/{m} micro-batches stale, above the bound {staleness_bound}")
+
+
+def _check_mini_batches(timeline: Timeline, seen: dict, opts: dict[int, Record]) -> None:
+    """Each mini-batch trains between the previous one's optimizer step and its own; TAG stops at the
+    first (its weights are the step's no longer)."""
+    n, m = timeline.mini_batches, timeline.micro_batches
+    per = m // n
+    mids: dict[int, list[Record]] = defaultdict(list)
+    for r in timeline.records:
+        if r.kind == OPTIMIZER_STEP and r.worker == TRAINER and r.mb is not None:
+            mids[r.step].append(r)
+    for s in range(timeline.steps):
+        steps_of = sorted(mids.get(s, []), key=lambda r: r.start) + [opts[s]]
+        if [r.mb for r in steps_of] != [*range(n - 1), None]:
+            _fail(f"step {s}: mini-batch optimizer steps {[r.mb for r in steps_of]}, expected "
+                  f"{[*range(n - 1), None]}")
+        for c, opt in enumerate(steps_of):
+            ups = [seen[(UPDATE, s, i)][0] for i in range(c * per, (c + 1) * per)]
+            if max(u.end for u in ups) > opt.start + EPS:
+                _fail(f"step {s} mini-batch {c}: an update ends after its optimizer step starts at {opt.start:.6g}")
+            if c and min(u.start for u in ups) < steps_of[c - 1].end - EPS:
+                _fail(f"step {s} mini-batch {c}: an update starts before mini-batch {c - 1}'s optimizer step ends "
+                      f"at {steps_of[c - 1].end:.6g}")
+        late = [r for r in timeline.records if r.kind == TAG_GENERATE and r.step == s
+                and r.start > steps_of[0].end - EPS]
+        if late:
+            _fail(f"step {s}: TAG generated mb {late[0].mb} at {late[0].start:.6g}, after the first mini-batch's "
+                  f"optimizer step moved the weights at {steps_of[0].end:.6g}")
 
 
 def _check_tag_windows(timeline: Timeline) -> None:
