@@ -409,6 +409,14 @@ BAD_INPUT = {
                                     "null while model.lora_rank=0"),
     "test-freq-without-val-files": (lambda t: ["trainer.test_freq=2"], "trainer.test_freq",
                                     "while data.val_files is null"),
+    "mini-batch-not-a-divisor": (lambda t: ["data.train_batch_size=4", "actor.ppo_mini_batch_size=3"],
+                                 "actor.ppo_mini_batch_size", "null or a divisor of data.train_batch_size=4"),
+    "mini-batch-splits-micro-batches": (lambda t: ["data.train_batch_size=4", "rollout.n=4",
+                                                   "rollout.micro_batch_size=8", "actor.ppo_mini_batch_size=1"],
+                                        "actor.ppo_mini_batch_size", "mini-batches of whole micro-batches"),
+    "mini-batch-splits-updates": (lambda t: ["data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=2",
+                                             "actor.ppo_mini_batch_size=2", "digen.update_units=4"],
+                                  "actor.ppo_mini_batch_size", "mini-batches of whole updates"),
 }
 #: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
 _J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'

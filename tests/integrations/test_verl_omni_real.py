@@ -51,6 +51,7 @@ MIGRATION_DOC = ROOT / "docs" / "migrating-from-verl-omni.md"
 SHRINK = [
     "data.train_batch_size=2", "actor_rollout_ref.rollout.n=2",
     "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",  # two optimizer steps per step, as the scripts' halves give
     "actor_rollout_ref.rollout.pipeline.height=64", "actor_rollout_ref.rollout.pipeline.width=64",
     "actor_rollout_ref.rollout.pipeline.num_inference_steps=4", "actor_rollout_ref.rollout.algo.sde_window_size=2",
     "actor_rollout_ref.rollout.algo.sde_window_range=[0,3]", "trainer.total_training_steps=2",

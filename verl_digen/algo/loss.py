@@ -25,10 +25,11 @@ class LossConfig:
     #: each row's KL times its own |dt| = |sigma - sigma_next|: verl-omni's Flow-GRPO KL, which divides the
     #: squared mean gap by 2 std_t^2 where the step's real variance is std_t^2 |dt| (off: the Gaussian KL)
     kl_dt_weighted: bool = False
-    #: the ratio's old log-prob is the trainer's own (its weights before the step's optimizer step, which is
-    #: the weights of every pass of the step: one optimizer step per global step), not the rollout's. It is
-    #: the loss pass's log-prob, detached: the same number a separate no-grad pass would give, without the
-    #: pass. The rollout's log-prob is then only compared (``LossTerms.rollout_diff``).
+    #: the ratio's old log-prob is the trainer's own (its weights at the start of the step), not the rollout's.
+    #: Until the step's first optimizer step that is the loss pass's log-prob, detached: the same number a
+    #: separate no-grad pass would give, without the pass; after a mini-batch's optimizer step it is the
+    #: no-grad pass's of the step's weights (``policy_loss``'s ``recomputed``). The rollout's log-prob is then
+    #: only compared (``LossTerms.rollout_diff``).
     recompute_old_log_prob: bool = False
 
     def __post_init__(self) -> None:
@@ -57,13 +58,15 @@ def policy_loss(
     cfg: LossConfig,
     scale: float,
     kl: torch.Tensor | None = None,
+    recomputed: torch.Tensor | None = None,
 ) -> LossTerms:
     """Sum over rows of max(-A r, -A clip(r)) (+ kl_coef * KL), times ``scale``.
 
     ``scale`` is 1 / (number of rows in the whole global step) so that accumulated micro-batch
     gradients equal the full-batch mean gradient. ``old_log_prob`` is the rollout's; with
     ``cfg.recompute_old_log_prob`` the ratio is taken against the trainer's own and the rollout's is only
-    compared with it.
+    compared with it: ``recomputed`` when given (the step's weights, once an optimizer step has moved the
+    trained ones), else ``log_prob`` detached.
     """
     if not (log_prob.shape == old_log_prob.shape == advantages.shape):
         raise ValueError(
@@ -72,7 +75,7 @@ def policy_loss(
         )
     rollout_diff = None
     if cfg.recompute_old_log_prob:
-        recomputed = log_prob.detach()
+        recomputed = log_prob.detach() if recomputed is None else recomputed
         rollout_diff = (old_log_prob - recomputed).abs()
         old_log_prob = recomputed
     log_ratio = log_prob - old_log_prob

@@ -135,8 +135,16 @@ def _rows_loss(
     cfg: TrainStepConfig,
     scale: float,
     reference: ReferenceFn | None,
+    behaviour: ReferenceFn | None = None,
 ) -> LossTerms:
-    """Loss of a flat set of rows, each at its own timestep."""
+    """Loss of a flat set of rows, each at its own timestep. ``behaviour``: the velocity of the weights the
+    step started with, when an optimizer step has moved the trained ones since (the recomputed old
+    log-prob is taken with it)."""
+    recomputed = None
+    if behaviour is not None:
+        with torch.no_grad():
+            recomputed = sde_step(cfg.sde, x, behaviour(x, sigma, cond), sigma, sigma_next, cfg.eta, prev=x_next,
+                                  sigma_max=cfg.sigma_max, log_prob=cfg.log_prob).log_prob
     v = model.velocity(x, sigma, cond, cfg.guidance_scale)
     step = sde_step(cfg.sde, x, v, sigma, sigma_next, cfg.eta, prev=x_next, sigma_max=cfg.sigma_max,
                     log_prob=cfg.log_prob)
@@ -148,7 +156,7 @@ def _rows_loss(
         kl = kl_to_reference(step.mean, ref_mean, step.std)
         if cfg.loss.kl_dt_weighted:
             kl = kl * (sigma - sigma_next).abs()
-    return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl)
+    return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl, recomputed)
 
 
 def _check_batch(traj: Trajectories, degree: int | None = None) -> None:
@@ -170,6 +178,7 @@ def tsp_backward(
     world: int = 1,
     cap: int | None = None,
     device: torch.device | str | None = None,
+    behaviour: ReferenceFn | None = None,
 ) -> TrainMetrics:
     """Accumulate the gradient of ``traj``'s loss with TSP; returns its metrics.
 
@@ -179,7 +188,9 @@ def tsp_backward(
     TCSS) and fresh ones. ``rank`` / ``world``: train only this rank's share of the (sample x step)
     rows, in passes of at most ``cap`` rows (``schedule.rows``: every rank runs the same number of
     passes, padding with zero-weight ones, so FSDP's collectives stay in step). ``device``: where each
-    pass's rows are moved to (the rank's compute device; default: where ``traj`` is).
+    pass's rows are moved to (the rank's compute device; default: where ``traj`` is). ``behaviour``: the
+    step's starting weights' velocity, for the old log-probs once a mini-batch's optimizer step has moved
+    the trained weights (``actor.recompute_log_prob`` with ``actor.ppo_mini_batch_size``).
     """
     _check_batch(traj, degree)
     b, k = traj.step_indices.shape
@@ -198,7 +209,7 @@ def tsp_backward(
         # only the pass's rows go to the model's device (the update stays where it arrived)
         x, x_next, sigma, sigma_next, old_lp, adv = (t[s, j].to(device) for t in per_row)
         terms = _rows_loss(model, x, x_next, sigma, sigma_next, old_lp, adv, traj.cond.index(s).to(device=device),
-                           cfg, weight, reference)
+                           cfg, weight, reference, behaviour)
         terms.loss.backward()
         if not padding:
             metrics.add(terms, None if stale is None else stale[s])

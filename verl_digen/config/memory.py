@@ -35,7 +35,7 @@ import math
 from dataclasses import dataclass, field
 
 from verl_digen.config.errors import ConfigError
-from verl_digen.config.schema import RunConfig, get_key, master_dtype
+from verl_digen.config.schema import RunConfig, get_key, master_dtype, recompute_log_prob
 from verl_digen.dtypes import BYTES, PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN
 
@@ -197,7 +197,7 @@ class PoolMemory:
 
     #: parts resident only while generating (TAG / colocated): the training state is switched out then
     GEN_ONLY = ("generation copy", "generation activations")
-    TRAIN_ONLY = ("gathered blocks", "grads", "optimizer", "activations")
+    TRAIN_ONLY = ("gathered blocks", "grads", "optimizer", "step weights", "activations")
 
     @property
     def train_total(self) -> float:
@@ -218,7 +218,7 @@ class PoolMemory:
 
     #: what the parts are, for naming the dominant term: kind -> parts
     KINDS = {"activations": ("activations", "generation activations"),
-             "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "reference"),
+             "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "step weights", "reference"),
              "generation pipeline": ("generation copy", "text encoders", "VAE"),
              "reward model": ("reward model",)}
 
@@ -336,6 +336,8 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         2 * trainable * master_b / (1 if lora else ranks)
     if a.ema_decay is not None:  # the EMA of the trained tensors, sharded like them, kept through TAG switches
         (host if a.param_offload else gpu)["EMA"] = trainable * master_b / (1 if lora else ranks)
+    if cfg.mini_batches() > 1 and recompute_log_prob(cfg)[0]:  # the step's weights, for later mini-batches' ratios
+        (host if a.param_offload else gpu)["step weights"] = trainable * master_b / (1 if lora else ranks)
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b
     trows = (rows_per_rank(cfg) if rows is None else rows) * _cfg_branches(cfg)
     gpu["activations"] = activation_bytes(trows, lb, t, h, compute_b, a.activation_checkpointing)

@@ -57,6 +57,7 @@ class ResourcePlan:
     heterogeneous: bool = False  # pools of two hardware types (then there is no ceiling)
     ceiling_s: float | None = None  # the step's work over every GPU (schedule.split_search.ceiling)
     old_log_probs: str = ""  # whose log-probs the ratio is taken against, and why (actor.recompute_log_prob)
+    mini_batches: int = 1  # optimizer steps per step (actor.ppo_mini_batch_size)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -74,7 +75,9 @@ class ResourcePlan:
         lines += [
             f"  batch      {self.batch} samples = {self.micro_batches} micro-batch(es); "
             f"release unit {self.release_unit} micro-batch(es)",
-            f"  training   {self.trained_steps} trained step(s) per sample in {self.tsp_passes} TSP pass(es)",
+            f"  training   {self.trained_steps} trained step(s) per sample in {self.tsp_passes} TSP pass(es)"
+            + (f"; {self.mini_batches} mini-batches, an optimizer step each (TAG before the first only)"
+               if self.mini_batches > 1 else ""),
         ]
         if self.old_log_probs:
             lines.append(f"  log-probs  old: {self.old_log_probs}")
@@ -127,12 +130,12 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
                            policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
             colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
         shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
-                         tsp_degree=sched.tsp_degree)
+                         tsp_degree=sched.tsp_degree, mini_batches=sched.mini_batches)
         top = ceiling(model, shape)
     return ResourcePlan(
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
-        heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg),
+        heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg), mini_batches=cfg.mini_batches(),
     )
 
 
@@ -140,6 +143,10 @@ def _old_log_probs(cfg: RunConfig) -> str:
     on, why = recompute_log_prob(cfg)
     if not on:
         return f"the rollout's ({why})"
-    # one optimizer step per global step: the loss pass runs on the weights the recompute would, so its own
-    # log-prob is the recomputed one and the simulator prices no extra forward (docs/config.md)
-    return f"recomputed by the trainer in its loss pass, no extra forward ({why})"
+    # until the step's first optimizer step the loss pass runs on the weights the recompute would, so its
+    # own log-prob is the recomputed one; later mini-batches take a forward of the kept weights (priced)
+    mini = cfg.mini_batches()
+    if mini == 1:
+        return f"recomputed by the trainer in its loss pass, no extra forward ({why})"
+    return (f"recomputed by the trainer: in its loss pass for the first of {mini} mini-batches, by a forward of "
+            f"the step's weights (kept on the trainer ranks) for the others ({why})")

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from verl_digen.config import memory
 from verl_digen.config.plan import cluster
-from verl_digen.config.schema import ConfigError, RunConfig
+from verl_digen.config.schema import ConfigError, RunConfig, recompute_log_prob
 from verl_digen.schedule.config import DIGEN
 from verl_digen.schedule.costs import CostModel
 from verl_digen.schedule.profile_io import Workload
@@ -57,7 +57,8 @@ def workload(cfg: RunConfig) -> Workload:
     """The run's batch shape and schedule knobs as the planner's workload."""
     return Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n,
                     mb_size=cfg.rollout.micro_batch_size, tsp_degree=cfg.digen.tsp.degree or cfg.trained_steps(),
-                    staleness=cfg.digen.tcss.staleness, steps=PLAN_STEPS, policy=cfg.digen.tag.policy)
+                    staleness=cfg.digen.tcss.staleness, steps=PLAN_STEPS, policy=cfg.digen.tag.policy,
+                    mini_batches=cfg.mini_batches(), recompute=recompute_log_prob(cfg)[0])
 
 
 def with_pools(cfg: RunConfig, generators: int, trainers: int, mb_size: int | None = None) -> RunConfig:

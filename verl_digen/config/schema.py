@@ -91,6 +91,9 @@ class ActorConfig:
     param_offload: bool = False  # FSDP2 CPUOffloadPolicy (params, grads and the optimizer step on the host)
     optimizer_offload: bool = False  # AdamW state on the host between optimizer steps
     ema_decay: float | None = None  # an EMA of the trained weights (LoRA: adapters), decay per optimizer step
+    # prompts per optimizer step (verl's name): the step's prompts are trained in that many mini-batches, each
+    # followed by an optimizer step; null = the whole batch (one optimizer step per global step)
+    ppo_mini_batch_size: int | None = None
 
 
 @dataclass
@@ -238,6 +241,11 @@ class RunConfig:
     def trained_steps(self) -> int:
         return self.sampler().validate()
 
+    def mini_batches(self) -> int:
+        """Optimizer steps per global step: the batch's prompts over ``actor.ppo_mini_batch_size``."""
+        size = self.actor.ppo_mini_batch_size
+        return 1 if size is None else max(1, self.data.train_batch_size // size)
+
     def worker_config(self) -> WorkerConfig:
         m, a = self.model, self.actor
         if self.reward.weights:
@@ -291,6 +299,8 @@ class RunConfig:
             staleness=d.tcss.staleness,  # the scheduler refuses TCSS outside digen
             update=d.update,
             update_units=d.update_units,
+            mini_batches=self.mini_batches(),
+            recompute=recompute_log_prob(self)[0],
         )
 
 
@@ -374,6 +384,7 @@ SCHEDULE_KEYS: dict[str, str] = {
     "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
     "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
     "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass", "update_units": "digen.update_units",
+    "mini_batches": "actor.ppo_mini_batch_size", "recompute": "actor.recompute_log_prob",
 }
 
 

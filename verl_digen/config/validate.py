@@ -156,6 +156,11 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("actor.clip_ratio", cfg.actor.clip_ratio, "a number > 0")
     if cfg.actor.kl_coef < 0:
         raise ConfigError("actor.kl_coef", cfg.actor.kl_coef, "a number >= 0")
+    mini = cfg.actor.ppo_mini_batch_size
+    if mini is not None and (isinstance(mini, bool) or not 1 <= mini <= cfg.data.train_batch_size
+                             or cfg.data.train_batch_size % mini):
+        raise ConfigError("actor.ppo_mini_batch_size", mini, f"null or a divisor of data.train_batch_size="
+                          f"{cfg.data.train_batch_size} (prompts per optimizer step)")
     recompute = str(cfg.actor.recompute_log_prob).lower()
     if recompute not in RECOMPUTE_CHOICES:
         raise ConfigError("actor.recompute_log_prob", cfg.actor.recompute_log_prob, "one of auto, true, false")

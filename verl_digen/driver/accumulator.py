@@ -18,7 +18,7 @@ from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.completions import Receipt, Scored, Stepped, Updated
 from verl_digen.reporting import metric_names as names
-from verl_digen.schedule.costs import OPTIMIZER_STEP, PUBLISH, WEIGHT_SYNC
+from verl_digen.schedule.costs import PUBLISH, WEIGHT_SYNC
 from verl_digen.schedule.executor import Completion
 
 
@@ -28,7 +28,8 @@ class StepResults:
 
     rewards: list[float] = field(default_factory=list)
     train: TrainMetrics = field(default_factory=TrainMetrics)
-    optimizer: Stepped = field(default_factory=Stepped)
+    optimizer: Stepped = field(default_factory=Stepped)  # the step's optimizer steps, folded (``_fold``)
+    optimizer_steps: int = 0  # one per mini-batch
     driver_bytes: int = 0
     retries: int = 0
     restarts: int = 0
@@ -47,6 +48,15 @@ class StepResults:
         if self.optimizer.grad_norm is not None:  # the global norm before clipping
             out[names.GRAD_NORM] = float(self.optimizer.grad_norm)
         return out
+
+
+def _fold(seen: Stepped, new: Stepped, n: int) -> Stepped:
+    """``n`` optimizer steps of one global step (its mini-batches') and one more, as one: the mean gradient
+    norm (verl's mean over mini-batches), skipped if any was, the first non-finite quantity."""
+    norms = [x for x in (seen.grad_norm, new.grad_norm) if x is not None]
+    norm = (seen.grad_norm * n + new.grad_norm) / (n + 1) if len(norms) == 2 else (norms[0] if norms else None)
+    return Stepped(grad_norm=norm, skipped=seen.skipped or new.skipped,
+                   nonfinite=seen.nonfinite or new.nonfinite)
 
 
 class StepAccumulator:
@@ -77,8 +87,9 @@ class StepAccumulator:
         elif isinstance(res, Updated):
             st.train.merge(res.metrics)
         elif isinstance(res, Stepped):
-            st.optimizer = res
-        if a.kind != OPTIMIZER_STEP:
+            st.optimizer = res if not st.optimizer_steps else _fold(st.optimizer, res, st.optimizer_steps)
+            st.optimizer_steps += 1
+        if not a.ends_step:
             return None
         for key in [k for k in self._rewards if k[0] == a.step]:
             del self._rewards[key]

@@ -167,12 +167,18 @@ class RayBackend:
             keep = [p[0] for p in pairs]
             refs = [p[1] for p in pairs]
         elif a.kind == UPDATE:
-            parts = [r for m in a.micro_batches for r in self._scored.pop((a.step, m))]
+            colocated = self.gen_wg is None  # each mini-batch's update reads the step's one scored batch
+            parts = (list(self._scored[(a.step, 0)]) if colocated
+                     else [r for m in a.micro_batches for r in self._scored.pop((a.step, m))])
             prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
             adv = self.advantages(a.step, prompt_ids)
             # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv)
-        elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP):
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv, colocated)
+        elif a.kind == OPTIMIZER_STEP:
+            if a.ends_step and self.gen_wg is None:  # colocated: the step's scored batch is trained
+                self._scored.pop((a.step, 0), None)
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind], a.ends_step)
+        elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
             refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind])
         elif a.kind == PUBLISH:
             refs = self.sync.publish(self.base + a.version)

@@ -226,8 +226,9 @@ class DigenRuntime:
         return [(ids[p], s) for p, s in samples], [texts[p] for p, _ in samples]
 
     def _scale(self) -> float:
-        """Loss scale: 1 / rows of a global step, so accumulation gives the full-batch mean gradient."""
-        return 1.0 / (self.cfg.batch * self.k)
+        """Loss scale: 1 / rows of a mini-batch (the global step, with one), so accumulation gives the
+        mini-batch's mean gradient, as verl's mini-batch loop takes it."""
+        return 1.0 / (self.cfg.batch // self.cfg.mini_batches() * self.k)
 
     def _tracking(self):
         if self.tracking is None:

@@ -58,7 +58,8 @@ def schedule_metrics(sched: Any, step: int, step_start: float, step_s: float, re
     stale = sum(1 for r in gens if r.stale)
     # the ideal of the work this step's window held, at this step's measured costs (<= the step)
     bounds = window_bounds(records, step, step_start, sched.costs, sched.M, sched.G,
-                           unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R)
+                           unit_size=sched.unit_size, update_size=sched.update_size, trainer_ranks=sched.R,
+                           mini_batches=sched.config.mini_batches)
     out = {
         names.FRACTION_OF_IDEAL: bounds.ideal / step_s if step_s > 0 else 0.0,
         names.IDEAL_STEP_S: bounds.ideal,
@@ -149,5 +150,5 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     d = cfg.digen
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
-                        policy=d.tag.policy)
+                        policy=d.tag.policy, mini_batches=cfg.mini_batches())
     return fit_samples(base, samples), workload

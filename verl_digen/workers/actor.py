@@ -58,6 +58,9 @@ class TSPActorWorker(Worker):
         self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
         self._mode = "train"
         self._nonfinite: str | None = None  # what went non-finite in this step's updates (NaN guard)
+        # the step's starting weights, kept from its first mini-batch's optimizer step to its last for the
+        # old log-probs of later mini-batches (actor.recompute_log_prob with actor.ppo_mini_batch_size)
+        self._behaviour: dict[str, torch.Tensor] | None = None
 
     # -- setup -------------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -107,18 +110,21 @@ class TSPActorWorker(Worker):
     # -- training ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def update(self, traj: Trajectories | list | tuple, scale: float,
-               advantages: dict[tuple[int, int], float] | None = None) -> dict[str, float]:
+               advantages: dict[tuple[int, int], float] | None = None, subset: bool = False) -> dict[str, float]:
         """Accumulate this rank's share of ``traj``'s (sample x step) rows' gradient with TSP (no optimizer step).
 
         ``traj``: Trajectories, or a list / tuple of Ray object refs to scored Trajectories (the data
         plane: the driver passes references, every rank fetches them itself). ``advantages`` maps
-        (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet.
+        (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet; ``subset``: train only
+        the rows it names (a colocated mini-batch's update gets the whole step's trajectories).
         ``scale`` = 1 / (rows of the global step x K); gradients are summed over ranks, so the
         accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums
         (merge the ranks' dicts with ``policy.merge_metrics``).
         """
         self._require()
         traj = P.resolve_trajectories(traj)
+        if subset:
+            traj = P.rows_of(traj, advantages)
         if advantages is not None:
             traj = P.with_advantages(traj, advantages)
         if traj.advantages is None:
@@ -132,15 +138,45 @@ class TSPActorWorker(Worker):
         # works with any update size); rows sampled by an older version (TCSS) are reported apart
         metrics = tsp_backward(self.model, traj, self.train_cfg, scale, degree=self.cfg.tsp_degree,
                                reference=self._reference(), version=self.version, rank=self.dist_rank,
-                               world=self.dist_world, cap=self.cfg.rows_per_pass, device=self.device)
+                               world=self.dist_world, cap=self.cfg.rows_per_pass, device=self.device,
+                               behaviour=self._behaviour_velocity())
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
         return out
 
+    def _behaviour_velocity(self):
+        """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
+        step has moved the trained ones; None before that, or without recompute (the loss pass's own
+        log-prob is then the recomputed one)."""
+        if self._behaviour is None:
+            return None
+        g = self.train_cfg.guidance_scale
+
+        def velocity(x, s, c):
+            self._swap(self._behaviour)
+            try:
+                return self.model.velocity(x, s, c, g)
+            finally:
+                self._swap(self._behaviour)
+        return velocity
+
+    @torch.no_grad()
+    def _swap(self, values: dict[str, torch.Tensor]) -> None:
+        """Exchange the trained parameters' values with ``values``', in place, one tensor at a time (no
+        second copy of the weights): a second call puts both back."""
+        for n, p in self.named_params:
+            held = p.detach().clone()
+            p.copy_(values[n])
+            values[n].copy_(held)
+
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def optimizer_step(self) -> dict[str, Any]:
+    def optimizer_step(self, ends_step: bool = True) -> dict[str, Any]:
         """Clip the global gradient norm, step AdamW, zero gradients, bump the policy version.
+
+        ``ends_step=False``: a mini-batch's optimizer step inside the global step (``actor.ppo_mini_batch_size``):
+        the version stays (the step's trajectories are still trained), a generation copy is dropped, and
+        with recompute the step's starting weights are kept for the next mini-batches' old log-probs.
 
         NaN guard: when a reward, the loss or the gradient norm of this step is not finite (on any
         rank), the optimizer step is skipped -- gradients are dropped, weights and optimizer state
@@ -149,6 +185,8 @@ class TSPActorWorker(Worker):
         "nonfinite"} (same on every rank; "nonfinite" names the first bad quantity or is None)."""
         self._require()
         params = [p for _, p in self.named_params]
+        if not ends_step and self._behaviour is None and self.cfg.loss.recompute_old_log_prob:
+            self._behaviour = {n: p.detach().clone() for n, p in self.named_params}
         norm = fsdp.clip_grad_norm(params, self.cfg.optim.grad_clip, self.device)
         bad = self._nonfinite or (None if math.isfinite(norm) else "grad_norm")
         bad = _agree(bad, self.sharded, self.device)
@@ -158,7 +196,11 @@ class TSPActorWorker(Worker):
             self._update_ema()
         self.optimizer.zero_grad(set_to_none=True)
         self._nonfinite = None
-        self.version += 1
+        if ends_step:
+            self.version += 1
+            self._behaviour = None
+        else:
+            self._weights_replaced()
         return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
 
     @torch.no_grad()
@@ -180,21 +222,18 @@ class TSPActorWorker(Worker):
             raise RuntimeError("use_ema needs actor.ema_decay")
         if on == (self._ema_swapped is not None):
             return on
-        with torch.no_grad():
-            if on:
-                self._ema_swapped = {n: p.detach().clone() for n, p in self.named_params}
-                for n, p in self.named_params:
-                    p.copy_(self.ema[n])
-            else:
-                for n, p in self.named_params:
-                    p.copy_(self._ema_swapped[n])
-                self._ema_swapped = None
+        if on:  # the EMA stays the EMA: a copy of it goes in, the trained values come out into the copy
+            self._ema_swapped = {n: e.clone() for n, e in self.ema.items()}
+            self._swap(self._ema_swapped)
+        else:
+            self._swap(self._ema_swapped)
+            self._ema_swapped = None
         self._weights_replaced()
         return on
 
     def _weights_replaced(self) -> None:
-        """The trained tensors were replaced outside an optimizer step (``use_ema``); nothing is derived
-        from them here (``HybridWorker`` drops its generation copy)."""
+        """The trained tensors changed without a new version (``use_ema``, a mini-batch's optimizer step);
+        nothing is derived from them here (``HybridWorker`` drops its generation copy)."""
 
     @contextlib.contextmanager
     def _optimizer_resident(self):

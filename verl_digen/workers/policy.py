@@ -254,6 +254,12 @@ def resolve_trajectories(parts) -> Trajectories:
     return items[0] if len(items) == 1 else Trajectories.cat(items)
 
 
+def rows_of(traj: Trajectories, keys: dict[tuple[int, int], float]) -> Trajectories:
+    """The rows of ``traj`` whose (prompt_id, sample_id) is in ``keys`` (all of them: ``traj`` itself)."""
+    rows = [i for i, k in enumerate(zip(traj.prompt_ids.tolist(), traj.sample_ids.tolist())) if k in keys]
+    return traj if len(rows) == len(traj) else traj.index(rows)
+
+
 def with_advantages(traj: Trajectories, advantages: dict[tuple[int, int], float]) -> Trajectories:
     """Set each row's advantage from a (prompt_id, sample_id) -> advantage map."""
     keys = list(zip(traj.prompt_ids.tolist(), traj.sample_ids.tolist()))

@@ -175,19 +175,17 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             raise _refuse(key, True, "false (distillation has no counterpart in verl-digen)")
 
     # -- batch and group --------------------------------------------------------------------------
-    batch = take("data.train_batch_size", "data.train_batch_size", int)
+    take("data.train_batch_size", "data.train_batch_size", int)
     take("rollout.n", f"{ARR}.rollout.n", int)
     micro_key = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
     micro = get(micro_key)
     if micro is not None:
         put("rollout.micro_batch_size", int(micro) * int(trainer_workers), src=micro_key)
-    mini = get(f"{ARR}.actor.ppo_mini_batch_size")
-    if mini is not None and batch is not None and mini != batch:
-        notes.append(f"{ARR}.actor.ppo_mini_batch_size={mini}: verl-digen takes one optimizer step per global "
-                     f"step (a mini-batch of the whole data.train_batch_size={batch} prompts)")
+    take("actor.ppo_mini_batch_size", f"{ARR}.actor.ppo_mini_batch_size", int)  # prompts per optimizer step
     epochs = get(f"{ARR}.actor.ppo_epochs")
     if epochs not in (None, 1):
-        notes.append(f"{ARR}.actor.ppo_epochs={epochs}: verl-digen trains each batch once")
+        raise _refuse(f"{ARR}.actor.ppo_epochs", epochs, "1 (verl-digen trains each batch once: a second pass "
+                      "over a step's trajectories has no counterpart)")
 
     # -- sampling: steps, noise, SDE, trained window ------------------------------------------------
     steps = take("rollout.num_steps", f"{ARR}.rollout.pipeline.num_inference_steps", int)

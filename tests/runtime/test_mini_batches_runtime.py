@@ -1,0 +1,116 @@
+"""``actor.ppo_mini_batch_size``: several optimizer steps per global step, on Ray, against verl's loop.
+
+The reference below is verl's PPO update written out in one process, from the same seeds: roll the whole
+batch out with the step's weights, score it, take group advantages, (with recompute) the old log-probs of
+every row under those weights, then per mini-batch (the batch's prompts in order) a forward/backward of its
+rows with the loss averaged over them (Flow-GRPO's per-timestep loop), clip, AdamW step. It shares no
+code with the runtime's training path (``sequential_backward``, not TSP; torch's own clipping).
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from runtime_helpers import compose_run
+
+from verl_digen.algo.advantages import group_advantages
+from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.tsp import recompute_log_probs, sequential_backward
+from verl_digen.data import PromptDataset
+from verl_digen.driver.runtime import DigenRuntime
+from verl_digen.rewards import build_reward
+from verl_digen.schedule import check_timeline
+from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
+from verl_digen.workers import actor_memory
+from verl_digen.workers import policy as P
+
+pytestmark = pytest.mark.ray
+
+#: 4 prompts x 2 samples, 2 mini-batches of 2 prompts, 2 steps; micro-batches of one sample
+SHAPE = ["data.train_batch_size=4", "rollout.micro_batch_size=1", "actor.ppo_mini_batch_size=2",
+         "trainer.total_steps=2", "actor.lr=0.02"]
+
+
+def _train(cfg):
+    trainer = DigenRuntime(cfg, log=lambda _: None)
+    try:
+        result = trainer.fit()
+        params = trainer.trn_wg.full_state()[0]["params"]
+    finally:
+        trainer.shutdown()
+    return result, params
+
+
+def verl_reference(cfg, steps: int) -> dict[str, torch.Tensor]:
+    """verl's mini-batch PPO loop over ``steps`` global steps, single process (see the module docstring)."""
+    wc = cfg.worker_config()
+    model = actor_memory.trainer_policy(wc, torch.device("cpu"), 1, False)
+    params = [p for p in model.transformer.parameters() if p.requires_grad]
+    o = wc.optim
+    opt = torch.optim.AdamW(params, lr=o.lr, betas=tuple(o.betas), weight_decay=o.weight_decay)
+    reward = build_reward(wc.reward)
+    data = PromptDataset.synthetic(cfg.data.synthetic_prompts)
+    prompts, n = cfg.data.train_batch_size, cfg.rollout.n
+    mini = cfg.actor.ppo_mini_batch_size
+    recompute = wc.loss.recompute_old_log_prob
+    # the loss against given old log-probs (recomputed below when asked, as verl's compute_log_prob does)
+    train_cfg = wc.sampler.train_config(LossConfig(clip_range=wc.loss.clip_range))
+    for step in range(steps):
+        ids, texts = data.batch(step * prompts, prompts)
+        rows = [(ids[p], s) for p in range(prompts) for s in range(n)]
+        traj = P.score_trajectories(reward, P.generate_rows(model, wc, step, step, rows,
+                                                            [texts[p] for p in range(prompts) for _ in range(n)]))
+        traj.advantages, _ = group_advantages(traj.rewards, traj.prompt_ids, cfg.advantage())
+        if recompute:
+            traj.log_probs = recompute_log_probs(model, traj, train_cfg)
+        k = traj.num_trained_steps
+        for c in range(prompts // mini):
+            part = traj.index(list(range(c * mini * n, (c + 1) * mini * n)))
+            sequential_backward(model, part, train_cfg, scale=1.0 / (len(part) * k))
+            torch.nn.utils.clip_grad_norm_(params, o.grad_clip)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+    return {name: p.detach().clone() for name, p in model.transformer.named_parameters()}
+
+
+def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys() and a
+    return max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+
+
+@pytest.mark.parametrize("recompute", ["false", "true"])
+def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_session, tmp_path, recompute):
+    common = [*SHAPE, f"actor.recompute_log_prob={recompute}"]
+    # TAG forced on two FSDP2 ranks, GAP, TSP of 1 step per pass: the TAG slots stop after the first
+    # mini-batch's optimizer step, the second mini-batch's updates wait for it
+    digen = compose_run("trainer=digen", *common, "digen.tag.policy=static:2", "digen.tsp.degree=1",
+                        "resources.trainer.workers=2", tmp_path=tmp_path / "d")
+    colocated = compose_run("trainer=colocated", *common, tmp_path=tmp_path / "c")
+    res_d, params_d = _train(digen)
+    res_c, params_c = _train(colocated)
+    ref = verl_reference(digen, steps=2)
+    assert _gap(params_d, ref) <= 1e-10 and _gap(params_c, ref) <= 1e-10, (_gap(params_d, ref), _gap(params_c, ref))
+    # the weights moved in both mini-batches: one optimizer step per global step lands elsewhere
+    one_step = verl_reference(compose_run(*common, "actor.ppo_mini_batch_size=4"), steps=2)
+    assert _gap(one_step, ref) > 1e-6
+    check_timeline(res_d.timeline)
+    recs = res_d.timeline.records
+    assert [(r.step, r.mb) for r in recs if r.kind == OPTIMIZER_STEP] == [(0, 0), (0, None), (1, 0), (1, None)]
+    assert [r for r in recs if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
+    for m in (r.metrics for r in res_d.reports):
+        # the second mini-batch trains weights the first one's optimizer step moved: its ratios are not 1
+        assert m["actor/ratio_min"] != m["actor/ratio_max"]
+        if recompute == "true":  # against the step's weights, which generated the rows (float64: the same numbers)
+            assert m["actor/rollout_logprob_diff_max"] < 1e-9
+        assert "actor/grad_norm" in m
+    colocated_kinds = [(r.kind, r.mb, r.samples) for r in res_c.timeline.records
+                       if r.worker == "col0" and r.kind in (UPDATE, OPTIMIZER_STEP) and r.step == 0]
+    assert colocated_kinds == [(UPDATE, 0, 4), (OPTIMIZER_STEP, 0, 0), (UPDATE, 0, 4), (OPTIMIZER_STEP, None, 0)]
+
+
+def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session, tmp_path):
+    base = [*SHAPE[:2], "trainer.total_steps=2", "digen.tag.policy=static:1"]
+    _, unset = _train(compose_run(*base, tmp_path=tmp_path / "a"))
+    res, whole = _train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
+    assert unset.keys() == whole.keys() and all(torch.equal(unset[k], whole[k]) for k in unset)
+    assert [r.mb for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
