@@ -81,10 +81,12 @@ def _gap(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
 @pytest.mark.parametrize("recompute", ["false", "true"])
 def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_session, tmp_path, recompute):
     common = [*SHAPE, f"actor.recompute_log_prob={recompute}"]
-    # TAG forced on two FSDP2 ranks, GAP, TSP of 1 step per pass: the TAG slots stop after the first
-    # mini-batch's optimizer step, the second mini-batch's updates wait for it
+    # TAG forced on two FSDP2 ranks, GAP, TSP and row packing (a mini-batch's two groups as one update, its
+    # 8 rows in passes of 3 across samples): the TAG slots stop after the first mini-batch's optimizer step,
+    # the second mini-batch's update waits for it
     digen = compose_run("trainer=digen", *common, "digen.tag.policy=static:2", "digen.tsp.degree=1",
-                        "resources.trainer.workers=2", tmp_path=tmp_path / "d")
+                        "digen.update_units=2", "digen.tsp.rows_per_pass=3", "resources.trainer.workers=2",
+                        tmp_path=tmp_path / "d")
     colocated = compose_run("trainer=colocated", *common, tmp_path=tmp_path / "c")
     res_d, params_d = _train(digen)
     res_c, params_c = _train(colocated)
@@ -97,6 +99,7 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
     recs = res_d.timeline.records
     assert [(r.step, r.mb) for r in recs if r.kind == OPTIMIZER_STEP] == [(0, 0), (0, None), (1, 0), (1, None)]
     assert [r for r in recs if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
+    assert [(r.step, r.mb, r.count) for r in recs if r.kind == UPDATE] == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
     for m in (r.metrics for r in res_d.reports):
         # the second mini-batch trains weights the first one's optimizer step moved: its ratios are not 1
         assert m["actor/ratio_min"] != m["actor/ratio_max"]
