@@ -53,8 +53,10 @@ class StepResults:
 def _fold(seen: Stepped, new: Stepped, n: int) -> Stepped:
     """``n`` optimizer steps of one global step (its mini-batches') and one more, as one: the mean gradient
     norm (verl's mean over mini-batches), skipped if any was, the first non-finite quantity."""
-    norms = [x for x in (seen.grad_norm, new.grad_norm) if x is not None]
-    norm = (seen.grad_norm * n + new.grad_norm) / (n + 1) if len(norms) == 2 else (norms[0] if norms else None)
+    if seen.grad_norm is None or new.grad_norm is None:
+        norm = new.grad_norm if seen.grad_norm is None else seen.grad_norm
+    else:
+        norm = (seen.grad_norm * n + new.grad_norm) / (n + 1)
     return Stepped(grad_norm=norm, skipped=seen.skipped or new.skipped,
                    nonfinite=seen.nonfinite or new.nonfinite)
 

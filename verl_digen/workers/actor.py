@@ -117,8 +117,8 @@ class TSPActorWorker(Worker):
         plane: the driver passes references, every rank fetches them itself). ``advantages`` maps
         (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet; ``subset``: train only
         the rows it names (a colocated mini-batch's update gets the whole step's trajectories).
-        ``scale`` = 1 / (rows of the global step x K); gradients are summed over ranks, so the
-        accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums
+        ``scale`` = 1 / (rows of the mini-batch x K: the global step's, with one); gradients are summed
+        over ranks, so the accumulated gradient equals the single-process one. Returns this rank's TrainMetrics sums
         (merge the ranks' dicts with ``policy.merge_metrics``).
         """
         self._require()
