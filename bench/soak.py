@@ -38,6 +38,7 @@ import statistics
 import sys
 import tempfile
 import time
+from array import array
 from pathlib import Path
 
 os.environ.setdefault("VERL_PLATFORM", "cpu")
@@ -59,6 +60,11 @@ MB = 1024 * 1024
 #: all-zero prior costs would put every record at t = 0, which no real run does)
 SIM_COSTS = StageCosts(generate=0.20, tag_generate=0.25, score=0.02, update=0.30, switch_to_gen=0.05,
                        switch_to_train=0.05, optimizer_step=0.02, weight_sync=0.01, publish=0.02)
+
+
+def _samples() -> array:
+    """A per-step sample series: 8 bytes a value, so the bench adds little of its own to the driver's growth."""
+    return array("d")
 
 
 def _tenths(values: list[float]) -> tuple[float, float]:
@@ -104,8 +110,7 @@ def soak_sim(steps: int, out_dir: str) -> dict:
     window, decisions = Recent(sched.timeline.records), Recent(sched.decisions)
     stream = RecordStream(Path(out_dir, "sim_timeline.jsonl"), sched.timeline.records, {"mode": "sim"})
     proc = psutil.Process()
-    driver_ms: list[float] = []
-    rss: list[float] = []
+    driver_ms, rss = _samples(), _samples()
     state = {"last_end": 0.0, "prev_start": 0.0, "t": time.perf_counter()}
 
     def on_complete(c) -> None:
@@ -148,8 +153,8 @@ def soak_real(steps: int, out_dir: str) -> dict:
             blocked[0] += time.perf_counter() - t
 
     trainer = DigenRuntime(cfg, log=lambda _: None)
-    driver_ms: list[float] = []
-    rss: dict[str, list[float]] = {}
+    driver_ms = _samples()
+    rss: dict[str, array] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
     report = DigenRuntime._report
     mark = {"t": 0.0, "blocked": 0.0}
@@ -160,7 +165,7 @@ def soak_real(steps: int, out_dir: str) -> dict:
         driver_ms.append(1e3 * ((now - mark["t"]) - (blocked[0] - mark["blocked"])))
         mark["t"], mark["blocked"] = now, blocked[0]
         for name, p in procs.items():
-            rss.setdefault(name, []).append(float(p.memory_info().rss))
+            rss.setdefault(name, _samples()).append(float(p.memory_info().rss))
 
     DigenRuntime._report = sampled_report
     ray.wait = timed_wait
@@ -199,8 +204,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
     actors = [Echo.remote(), Echo.remote()]
     ray.get([a.call.remote(0) for a in actors])
     proc = psutil.Process()
-    driver_ms: list[float] = []
-    rss: list[float] = []
+    driver_ms, rss = _samples(), _samples()
     t0 = time.perf_counter()
     try:
         for _ in range(steps):

@@ -2,10 +2,11 @@
 
 The driver's Python objects stay flat per step; what grew was memory glibc keeps after it is freed: Ray's
 core-worker threads each get a malloc arena of their own, and freed chunks in them (and in the main heap)
-are kept for reuse rather than returned. Two glibc calls bound that: at most ``ARENAS`` arenas, set before
-Ray starts its threads, and ``malloc_trim`` after every ``TRIM_EVERY`` steps (well under a millisecond
-once the heap is kept trimmed; about 5 ms the first time on a fragmented 500 MB heap). Both are no-ops
-where the C library is not glibc (macOS, musl), and a ``MALLOC_ARENA_MAX`` the user set wins.
+are kept for reuse rather than returned. Two glibc calls bound that: one arena for every thread (the
+driver's threads mostly wait on Ray, so they hardly contend for it), set before Ray starts its threads, and
+``malloc_trim`` after every ``TRIM_EVERY`` steps (well under a millisecond once the heap is kept trimmed;
+about 5 ms the first time on a fragmented 500 MB heap). Both are no-ops where the C library is not glibc
+(macOS, musl), and a ``MALLOC_ARENA_MAX`` the user set wins.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import ctypes.util
 import os
 from functools import cache
 
-ARENAS = 2
+ARENAS = 1
 TRIM_EVERY = 1  # steps
 _M_ARENA_MAX = -8  # mallopt parameter (glibc's malloc.h)
 
