@@ -58,6 +58,13 @@ def test_knobs_move_the_estimate_as_the_trainer_is_built():
     off = plan("actor.param_offload=true")
     assert "weights" not in off.parts and off.host["weights"] == p.parts["weights"]
     assert "optimizer" not in plan("actor.optimizer_offload=true").parts
+    # the step's weights, kept for later mini-batches' recomputed old log-probs: one more sharded copy of the
+    # trained tensors while training (not while TAG generates: TAG stops at the first mini-batch's step)
+    mini = plan("actor.ppo_mini_batch_size=8", "actor.recompute_log_prob=true")
+    assert mini.parts["step weights"] == pytest.approx(p.parts["grads"]) and mini.train_total > p.train_total
+    assert mini.gen_total == pytest.approx(p.gen_total)
+    assert "step weights" not in plan("actor.ppo_mini_batch_size=8", "actor.recompute_log_prob=false").parts
+    assert "step weights" not in plan("actor.recompute_log_prob=true").parts
     # weights, grads, optimizer and reference are shards: 1/R of the model per GPU
     assert p.parts["weights"] == pytest.approx(20e9 * 4 / 16)
     assert p.parts["reference"] == pytest.approx(20e9 * 2 / 16)
