@@ -29,6 +29,28 @@ Why it cannot work as written (issue 26 of the tracker; the fix is verl-digen's 
   diffusers one for the same sample.
 - LoRA adapters are written to a temporary directory per version (never cleaned) under a new adapter id;
   full fine-tune updates are refused (verl-omni uses its own worker extension).
+
+What verl-digen's RL pipeline for it has to do (read from vllm-omni 0.30.0 and verl-omni's SD3 Flow-GRPO
+pipeline; not written yet):
+- Install: ``custom_pipeline_args={"pipeline_class": "<module>.<Class>"}``; the class is built as
+  ``cls(od_config=...)`` (``vllm_omni/diffusion/model_loader/diffusers_loader.py:1202-1204``) and needs
+  ``supports_request_batch = True`` to batch (``vllm_omni/diffusion/diffusion_engine.py:143-174``).
+- ``forward(req: DiffusionRequestBatch) -> list[DiffusionOutput]``, one per request
+  (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:631``); batch-wide settings come from the first
+  request's sampling params (``:634-655``), and the request scheduler does not key batches on
+  ``extra_args`` (``vllm_omni/diffusion/sched/request_scheduler.py:43-56``): per-row data (ids, seeds,
+  step) must travel in each request's prompt dict, which the synchronous ``Omni.generate`` also needs
+  (it shares one sampling-params object between prompts, ``vllm_omni/entrypoints/omni.py:132,154``).
+- Split the batch's output per request itself: the stock splitter drops the ``trajectory_*`` fields
+  (``vllm_omni/diffusion/worker/request_batch.py:30-80``); extra tensors go in an output envelope's
+  ``metadata`` groups (``vllm_omni/diffusion/output_formatter.py:37-61,256-268``).
+- Replace SD3's post-process function before the engine starts (it is chosen by model class name and
+  would run on the envelope: ``vllm_omni/diffusion/registry.py:849-857``); the pipeline module must be
+  imported in the driver-side process first.
+- Weights: LoRA from in-memory tensors through the pipeline hook ``_load_diffusion_lora_adapter``
+  (``vllm_omni/diffusion/lora/manager.py:291-329``; remove the adapter id before re-adding, ``:808-834``);
+  full fine-tune through a worker extension calling ``pipeline.load_weights`` with ``transformer.``-prefixed
+  names (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:772-774``).
 """
 
 from __future__ import annotations
