@@ -117,3 +117,18 @@ def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session
     res, whole = _train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
     assert unset.keys() == whole.keys() and all(torch.equal(unset[k], whole[k]) for k in unset)
     assert [r.mb for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
+
+
+def test_mini_batches_under_tcss_keep_one_version_per_trajectory_and_the_bound(ray_session, tmp_path):
+    """TCSS counts published versions: a mini-batch's optimizer step publishes nothing, so a stale row is
+    still exactly one version old and the step's stale share stays within the bound."""
+    cfg = compose_run("trainer=digen", *SHAPE[:2], "actor.ppo_mini_batch_size=2", "trainer.total_steps=3",
+                      "digen.tcss.staleness=0.5", "digen.tag.policy=never", tmp_path=tmp_path)
+    result, _ = _train(cfg)
+    check_timeline(result.timeline, staleness_bound=0.5)
+    recs = result.timeline.records
+    stale = [r for r in recs if r.stale]
+    assert stale and all(r.version == r.step - 1 for r in stale)
+    assert sorted({r.version for r in recs if r.kind == "weight_sync"}) == [1, 2]  # one publish per global step
+    assert len([r for r in recs if r.kind == OPTIMIZER_STEP]) == 6
+    assert all(r.metrics["digen/stale_fraction"] <= 0.5 for r in result.reports)
