@@ -165,7 +165,9 @@ def soak_real(steps: int, out_dir: str) -> dict:
         driver_ms.append(1e3 * ((now - mark["t"]) - (blocked[0] - mark["blocked"])))
         mark["t"], mark["blocked"] = now, blocked[0]
         for name, p in procs.items():
-            rss.setdefault(name, _samples()).append(float(p.memory_info().rss))
+            if name not in rss:
+                rss[name] = _samples()
+            rss[name].append(float(p.memory_info().rss))
 
     DigenRuntime._report = sampled_report
     ray.wait = timed_wait

@@ -109,6 +109,7 @@ class RayBackend:
                  estimate: Callable[[Action], float] | None = None) -> None:
         self.gen_wg, self.trn_wg, self.sync = gen_wg, trn_wg, sync
         self.gens = gen_wg.workers if gen_wg is not None else []
+        self.colocated = gen_wg is None  # one pool generates and trains: a step has one scored batch
         self.trainers = trn_wg.workers
         # the scheduler's worker names -> index in their worker group, built with the constructors the
         # scheduler names them with: a name is looked up, never parsed
@@ -167,15 +168,16 @@ class RayBackend:
             keep = [p[0] for p in pairs]
             refs = [p[1] for p in pairs]
         elif a.kind == UPDATE:
-            colocated = self.gen_wg is None  # each mini-batch's update reads the step's one scored batch
-            parts = (list(self._scored[(a.step, 0)]) if colocated
+            # colocated: each mini-batch's update reads the step's one scored batch (and trains its own rows)
+            parts = (list(self._scored[(a.step, 0)]) if self.colocated
                      else [r for m in a.micro_batches for r in self._scored.pop((a.step, m))])
             prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
             adv = self.advantages(a.step, prompt_ids)
             # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv, colocated)
+            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv,
+                                                 self.colocated)
         elif a.kind == OPTIMIZER_STEP:
-            if a.ends_step and self.gen_wg is None:  # colocated: the step's scored batch is trained
+            if a.ends_step and self.colocated:  # the step's scored batch is trained
                 self._scored.pop((a.step, 0), None)
             refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind], a.ends_step)
         elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
