@@ -61,7 +61,8 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("model.lora_rank=-1", "model.lora_rank"),
         ("rollout.sde_type=ddim", "rollout.sde_type"),
         ("rollout.cps_log_prob=l2", "rollout.cps_log_prob"),
-        ("rollout.sde_type=cps trainer.device=cuda rollout.backend=vllm", "rollout.cps_log_prob"),
+        ("rollout.sde_type=cps trainer.device=cuda rollout.backend=vllm model.path=/ckpt rollout.vllm_pipeline=a.B",
+         "rollout.cps_log_prob"),  # verl-omni's pipelines record CPS log-probs as squared errors
         ("rollout.train_steps=7", "rollout.train_steps"),
         ("trainer.resume_from=/nonexistent/ckpt", "trainer.resume_from"),
         ("data.train_files=/nonexistent/prompts.txt", "data.train_files"),
@@ -74,7 +75,9 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("digen.gap.enable=false", "rollout.micro_batch_size"),  # batch layout needs whole prompts
         ("rollout.guidance_scale=0.5", "rollout.guidance_scale"),
         ("rollout.backend=vllm", "rollout.backend"),  # vLLM-Omni needs trainer.device=cuda
-        ("rollout.backend=vllm trainer.device=cuda", "rollout.backend"),  # and RL pipelines not written yet
+        ("rollout.backend=vllm trainer.device=cuda", "model.path"),  # and a real checkpoint to serve
+        ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt data.val_files=/v.txt", "data.val_files"),
+        ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt rollout.sde_type=ode", "rollout.sde_type"),
         ("rollout.backend=tensorrt", "rollout.backend"),
         ("reward.weights={latent_mean:1.0} reward.kwargs={target:1.0}", "reward.kwargs"),
         ("digen.profile=no-such-preset", "digen.profile"),

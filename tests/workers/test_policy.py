@@ -57,4 +57,4 @@ def test_vllm_backend_without_vllm_names_the_extra():
 
     cfg = tiny_cfg(rollout_backend="vllm")
     with pytest.raises(ImportError, match=r"pip install verl-digen\[vllm\]"):
-        build_rollout_backend(cfg, P.build_policy(cfg))
+        build_rollout_backend(cfg)

@@ -70,6 +70,9 @@ class RolloutConfig:
     window_range: list[int] | None = None  # [lo, hi]: a drawn window lies in steps [lo, hi) (sde_window_range)
     shared_group_noise: bool = False
     backend: str = "diffusers"  # rollout engine of the generator pool: diffusers | vllm (vLLM-Omni, GPU)
+    # backend=vllm: the RL pipeline class the engine installs (custom_pipeline_args); null = verl-digen's own for
+    # model.arch; another class (e.g. verl-omni's) is read in verl-omni's layout, one request per sample
+    vllm_pipeline: str | None = None
 
 
 @dataclass
@@ -278,6 +281,8 @@ class RunConfig:
             device=self.trainer.device,
             sync_backend=self.digen.sync.backend,
             rollout_backend=self.rollout.backend,
+            vllm_pipeline=self.rollout.vllm_pipeline,
+            vllm_max_batch=self.rollout.micro_batch_size,
         )
 
     def advantage(self) -> AdvantageConfig:

@@ -60,6 +60,35 @@ def _check_frames(m: ModelConfig) -> None:
         _positive("model.num_frames", m.num_frames)
 
 
+def _check_vllm(cfg: RunConfig) -> None:
+    """``rollout.backend=vllm``: what the vLLM-Omni rollout (workers/vllm_backend.py) cannot serve."""
+    from verl_digen.rollout.omni.request import DIGEN_PIPELINES, VERL_OMNI_SDE_TYPES
+
+    r = cfg.rollout
+    if cfg.trainer.device != "cuda":
+        raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
+    if cfg.model.path is None:
+        raise ConfigError("model.path", cfg.model.path, "a local diffusers checkpoint with rollout.backend=vllm "
+                          "(the engine serves real weights)")
+    from verl_digen.models import canonical_arch
+
+    if r.vllm_pipeline is None and canonical_arch(cfg.model.arch) not in DIGEN_PIPELINES:
+        raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(DIGEN_PIPELINES)} with rollout.backend="
+                          "vllm, or rollout.vllm_pipeline naming a pipeline for it")
+    if r.sde_type not in VERL_OMNI_SDE_TYPES:
+        raise ConfigError("rollout.sde_type", r.sde_type, f"one of {', '.join(VERL_OMNI_SDE_TYPES)} with rollout."
+                          "backend=vllm")
+    if r.vllm_pipeline is not None and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
+        raise ConfigError("rollout.cps_log_prob", r.cps_log_prob, "squared_error with rollout.vllm_pipeline (verl-"
+                          "omni's pipelines record CPS log-probs in that form)")
+    if cfg.data.val_files is not None:
+        raise ConfigError("data.val_files", cfg.data.val_files, "null with rollout.backend=vllm (the validation "
+                          "pass runs on the diffusers rollout, which the generator does not build then)")
+    if cfg.digen.sync.backend != "object_store":
+        raise ConfigError("digen.sync.backend", cfg.digen.sync.backend, "object_store with rollout.backend=vllm "
+                          "(a collective receive needs the policy's weights as a template, which the engine holds)")
+
+
 def validate(cfg: RunConfig) -> list[str]:
     """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one, and return
     warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
@@ -116,15 +145,8 @@ def validate(cfg: RunConfig) -> list[str]:
     if not (isinstance(r.guidance_scale, (int, float)) and r.guidance_scale >= 1):
         raise ConfigError("rollout.guidance_scale", r.guidance_scale, "a number >= 1 (1 = no guidance)")
     _choice("rollout.backend", r.backend, ROLLOUT_BACKENDS)
-    if r.backend == "vllm" and t.device != "cuda":
-        raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
-    if r.backend == "vllm" and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
-        raise ConfigError("rollout.cps_log_prob", r.cps_log_prob,
-                          "squared_error with rollout.backend=vllm (vLLM-Omni records CPS log-probs in that form)")
-    if r.backend == "vllm":  # before Ray and the engines start: the engine could not return a trajectory
-        raise ConfigError("rollout.backend", r.backend,
-                          "'diffusers' for now: vLLM-Omni's stock pipelines return no SDE trajectories and "
-                          "verl-digen's RL pipelines for it are not written yet (docs/user-guide.md)")
+    if r.backend == "vllm":
+        _check_vllm(cfg)
     if cfg.reward.weights and cfg.reward.kwargs:
         raise ConfigError("reward.kwargs", dict(cfg.reward.kwargs), "null when reward.weights names several rewards")
     wr = r.window_range

@@ -12,13 +12,14 @@ from dataclasses import dataclass, field
 import torch
 
 from verl_digen.algo.loss import LossConfig
-from verl_digen.algo.sde import check_sde, sde_step
+from verl_digen.algo.sde import check_sde
 from verl_digen.algo.seeding import sample_generator
 from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.sigmas import flow_sigmas
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainStepConfig
 from verl_digen.models.base import Conditioning, DiffusionModel
+from verl_digen.rollout.denoise import denoise
 
 #: the default sampling steps and trained steps, which a run's ``rollout.num_steps`` / ``rollout.train_steps``
 #: also start from: the tiny CPU run's (Flow-GRPO trains 9 of 10 on real models)
@@ -107,32 +108,16 @@ def sample_trajectories(
     dtype, device = model.dtype, model.device
     shape = tuple(model.latent_shape)
     sigmas = cfg.sigmas(dtype).to(device)
-    sigma_max = sigmas[1]
     sde_on = cfg.sde_mask(seed, step)
     selected = cfg.selection.select(cfg.num_steps, seed, step, prompt_ids, sample_ids)
     noise_gens = [sample_generator(seed, step, p, s, "sde") for p, s in zip(prompt_ids, sample_ids)]
 
     x = initial_noise(shape, prompt_ids, sample_ids, seed, step, dtype, cfg.shared_group_noise).to(device)
     cond = cond.to(device)
-    states, next_states, log_probs = [], [], []
-    for i in range(cfg.num_steps):
-        s = sigmas[i].expand(b)
-        s_next = sigmas[i + 1].expand(b)
-        v = model.velocity(x, s, cond, cfg.guidance_scale)
-        # Every sample draws its noise at every step, so its stream never depends on the schedule.
-        noise = torch.stack([torch.randn(shape, generator=g, dtype=dtype) for g in noise_gens]).to(device)
-        eta = cfg.eta if bool(sde_on[i]) else 0.0
-        out = sde_step(cfg.sde, x, v, s, s_next, eta, noise=noise, sigma_max=sigma_max, log_prob=cfg.log_prob)
-        states.append(x)
-        next_states.append(out.prev)
-        log_probs.append(out.log_prob)
-        x = out.prev
-
-    rows = torch.arange(b).unsqueeze(1)
+    out = denoise(lambda z, s: model.velocity(z, s, cond, cfg.guidance_scale), x, sigmas, noise_gens, cfg.sde,
+                  cfg.eta, sde_on, cfg.log_prob)
     sel = selected.to(device)
-    all_states = torch.stack(states, dim=1)
-    all_next = torch.stack(next_states, dim=1)
-    all_lp = torch.stack(log_probs, dim=1)
+    states, next_states, log_probs = out.select(sel)
     return Trajectories(
         prompts=list(prompts),
         prompt_ids=torch.as_tensor(prompt_ids, dtype=torch.long),
@@ -141,11 +126,11 @@ def sample_trajectories(
         step_indices=selected,
         sigmas=sigmas[sel],
         sigmas_next=sigmas[sel + 1],
-        states=all_states[rows, sel],
-        next_states=all_next[rows, sel],
-        log_probs=all_lp[rows, sel],
-        final_latents=x,
+        states=states,
+        next_states=next_states,
+        log_probs=log_probs,
+        final_latents=out.final,
         versions=torch.full((b,), version, dtype=torch.long),
         global_step=step,
-        images=model.decode(x) if cfg.decode else None,
+        images=model.decode(out.final) if cfg.decode else None,
     )

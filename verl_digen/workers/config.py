@@ -103,3 +103,5 @@ class WorkerConfig:
     device: str = "cpu"  # "cuda" on GPU pools
     sync_backend: str = "object_store"  # or "collective"
     rollout_backend: str = "diffusers"  # generator rollout: "diffusers" (any device) or "vllm" (vLLM-Omni, GPU)
+    vllm_pipeline: str | None = None  # rollout_backend="vllm": the RL pipeline class; None = verl-digen's own
+    vllm_max_batch: int = 1  # rollout_backend="vllm": requests per engine batch (the micro-batch size)

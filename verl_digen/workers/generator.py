@@ -51,18 +51,21 @@ class GeneratorWorker(Worker):
         self._sync: SyncGroup | None = None
 
     def _require_model(self) -> None:
-        if self.model is None:
+        if self.model is None and self.backend is None:
             raise RuntimeError("GeneratorWorker.init_model() must be called first")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
-        """Build the policy (version 0: the same initial weights as the trainer's) and the reward."""
+        """Build the policy (version 0: the same initial weights as the trainer's) and the reward. With
+        ``rollout_backend='vllm'`` the engine serves the policy and no diffusers copy is built beside it
+        (docs/architecture.md, "The vLLM-Omni rollout")."""
         self.device = P.worker_device(self.cfg)
-        self.model = P.freeze(P.build_policy(self.cfg, self.device))
         if self.cfg.rollout_backend != "diffusers":
             from verl_digen.workers.vllm_backend import build_rollout_backend
 
-            self.backend = build_rollout_backend(self.cfg, self.model)
+            self.backend = build_rollout_backend(self.cfg, self.device)
+        else:
+            self.model = P.freeze(P.build_policy(self.cfg, self.device))
         self.reward = build_reward(self.cfg.reward)
         self.version = 0
 
@@ -97,6 +100,9 @@ class GeneratorWorker(Worker):
         holds, which must be ``version``."""
         self._require_model()
         check_version(self.version, version, f"generator rank {self.rank} (validation)")
+        if self.backend is not None:
+            raise NotImplementedError("validation runs on the diffusers rollout; rollout.backend=vllm refuses "
+                                      "data.val_files (config/validate.py)")
         return P.validation_rows(self.model, self.reward, self.cfg, version, rows, prompts, keep_images)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -105,11 +111,18 @@ class GeneratorWorker(Worker):
         self._require_model()
         if version < self.version:
             raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
-        P.load_policy_weights(self.model, state, self.cfg.policy.lora)
         if self.backend is not None:
             self.backend.load_weights(version, state)
+        else:
+            P.load_policy_weights(self.model, state, self.cfg.policy.lora)
         self.version = int(version)
         return self.version
+
+    def _weights(self) -> dict[str, torch.Tensor]:
+        """What weight sync moves, as this worker holds it (with vLLM-Omni: what it installed last)."""
+        if self.backend is not None:
+            return self.backend.weights()
+        return P.policy_weights(self.model, self.cfg.policy.lora)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def runtime_info(self) -> dict[str, Any]:
@@ -124,7 +137,7 @@ class GeneratorWorker(Worker):
     def weights_checksum(self) -> str:
         """sha256 of what weight sync moves (adapters only with LoRA)."""
         self._require_model()
-        return P.weights_checksum(P.policy_weights(self.model, self.cfg.policy.lora))
+        return P.weights_checksum(self._weights())
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
@@ -139,6 +152,5 @@ class GeneratorWorker(Worker):
         self._require_model()
         if self._sync is None:
             raise RuntimeError("join_sync_group must be called before recv_weights")
-        template = P.policy_weights(self.model, self.cfg.policy.lora)
-        state = self._sync.recv(version, template)
+        state = self._sync.recv(version, self._weights())
         return self.load_weights(version, state)

@@ -1,75 +1,81 @@
-"""Generator rollout through vLLM-Omni (``WorkerConfig.rollout_backend = "vllm"``; ``pip install
-verl-digen[vllm]``, which pins vllm 0.30.x and vllm-omni 0.30.0), for GPU generator pools. **It has never
-run, and as written it cannot work on any architecture verl-digen supports** (see below).
+"""Generator rollout through vLLM-Omni (``rollout.backend=vllm``; ``pip install verl-digen[vllm]``, which pins
+vllm 0.30.x and vllm-omni 0.30.0), for GPU generator pools. **It has never run on a GPU**: the CPU tests hold
+its pieces to the diffusers sampler (tests/workers/test_vllm_rollout.py) and the opt-in tier
+(``scripts/vllm_tier.sh``) starts the real engine on CPU.
 
-The vllm-omni 0.30.0 APIs it calls, checked against that wheel's source (paths in the vllm-omni package):
+How a micro-batch goes: ``rollout.omni.request.build_requests`` makes one prompt dict per sample (its ids
+and trained steps) and one set of sampling params; one ``Omni.generate`` call runs them as one request
+batch through verl-digen's RL pipeline for the architecture (``rollout.omni.pipelines``, installed through
+``custom_pipeline_args``), which steps with ``rollout.denoise`` on verl-digen's sigmas and noise streams;
+``rollout.omni.output.parse_output`` reads each request's trajectory back. A pipeline named by
+``rollout.vllm_pipeline`` outside verl-digen (verl-omni's) is read in its own layout, one request per sample
+(its noise comes from the request's seed, which ``Omni.generate`` shares between the prompts of one call).
 
-- ``Omni`` (``vllm_omni/entrypoints/omni.py:29``) and its ``generate`` overloads (``:59``, ``:69``,
-  ``:78``), with one sampling-params entry per pipeline stage;
-- ``OmniDiffusionSamplingParams`` (``vllm_omni/inputs/data.py:204``): ``seed`` (:225), ``latents``
-  (:245), ``num_frames`` (:254), ``height`` / ``width`` (:258-259), ``num_inference_steps`` (:277),
-  ``guidance_scale`` (:278), ``eta`` (:286), ``sigmas`` (:287), ``return_trajectory_latents`` (:313),
-  ``extra_args`` (:319), ``lora_request`` (:326);
-- ``LoRARequest``: ``vllm_omni/lora/request.py:6`` re-exports vllm's;
-- ``OmniRequestOutput`` (``vllm_omni/outputs/__init__.py:115``): ``images`` is a list of PIL images
-  (:169); ``trajectory_latents``, ``trajectory_timesteps`` and ``trajectory_log_probs`` (:171-173);
-- a custom pipeline class goes in through ``custom_pipeline_args`` (``vllm_omni/config/omni_config.py:888``,
-  ``vllm_omni/diffusion/worker/diffusion_worker.py:1114``), which this module never passes.
+The engine holds the only copy of the policy on the generator GPU; the generator keeps the checkpoint's
+text encoders for ``Trajectories.cond`` (``rollout.omni.served``). Weights: LoRA through one adapter
+directory and id (``rollout.omni.lora``), a full fine-tune through the worker extension
+(``rollout.omni.extension``) calling the pipeline's ``load_weights``.
 
-Why it cannot work as written (issue 26 of the tracker; the fix is verl-digen's own RL pipelines):
-- Of the stock pipelines only BAGEL's reads ``return_trajectory_latents``
-  (``vllm_omni/diffusion/models/bagel/pipeline_bagel.py:1071``) and none records SDE log-probs, so
-  ``generate`` raises "no trajectory latents/log-probs" unless an RL pipeline is installed.
-- The sigmas sent here are already shifted (``sampler.sigmas``); SD3's pipeline hands them to
-  ``scheduler.set_timesteps`` (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:125``), which shifts again.
-- ``eta`` is read only by the Sana-video pipelines; the SDE type and noise level an RL pipeline reads go
-  in ``extra_args``; no window, height, width or frame count is sent; one request per row gives up request
-  batching; FLUX and Qwen-Image latents are passed unpacked.
-- Only x_T is placement-invariant (the per-step noise is the engine's), so a vLLM trajectory is not the
-  diffusers one for the same sample.
-- LoRA adapters are written to a temporary directory per version (never cleaned) under a new adapter id;
-  full fine-tune updates are refused (verl-omni uses its own worker extension).
+The vllm-omni 0.30.0 APIs relied on, checked against that wheel's source (paths in the vllm-omni package):
 
-What verl-digen's RL pipeline for it has to do (read from vllm-omni 0.30.0 and verl-omni's SD3 Flow-GRPO
-pipeline; not written yet):
-- Install: ``custom_pipeline_args={"pipeline_class": "<module>.<Class>"}``; the class is built as
-  ``cls(od_config=...)`` (``vllm_omni/diffusion/model_loader/diffusers_loader.py:1202-1204``) and needs
-  ``supports_request_batch = True`` to batch (``vllm_omni/diffusion/diffusion_engine.py:143-174``).
-- ``forward(req: DiffusionRequestBatch) -> list[DiffusionOutput]``, one per request
-  (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:631``); batch-wide settings come from the first
-  request's sampling params (``:634-655``), and the request scheduler does not key batches on
-  ``extra_args`` (``vllm_omni/diffusion/sched/request_scheduler.py:43-56``): per-row data (ids, seeds,
-  step) must travel in each request's prompt dict, which the synchronous ``Omni.generate`` also needs
-  (it shares one sampling-params object between prompts, ``vllm_omni/entrypoints/omni.py:132,154``).
-- Split the batch's output per request itself: the stock splitter drops the ``trajectory_*`` fields
-  (``vllm_omni/diffusion/worker/request_batch.py:30-80``); extra tensors go in an output envelope's
-  ``metadata`` groups (``vllm_omni/diffusion/output_formatter.py:37-61,256-268``).
-- Replace SD3's post-process function before the engine starts (it is chosen by model class name and
-  would run on the envelope: ``vllm_omni/diffusion/registry.py:849-857``); the pipeline module must be
-  imported in the driver-side process first.
-- Weights: LoRA from in-memory tensors through the pipeline hook ``_load_diffusion_lora_adapter``
-  (``vllm_omni/diffusion/lora/manager.py:291-329``; remove the adapter id before re-adding, ``:808-834``);
-  full fine-tune through a worker extension calling ``pipeline.load_weights`` with ``transformer.``-prefixed
-  names (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:772-774``).
+- ``Omni(model=..., **engine_kwargs)`` (``vllm_omni/entrypoints/omni.py:29``, ``omni_base.py:170``) and
+  ``Omni.generate(prompts, sampling_params_list)`` (``omni.py:78``; it closes the engine on any error and
+  hands every prompt the same sampling-params list, ``omni.py:132,154``);
+- engine kwargs ``custom_pipeline_args={"pipeline_class": qualname}`` and ``worker_extension_cls``
+  (``vllm_omni/diffusion/data.py:997,1000``; resolved in ``vllm_omni/diffusion/diffusion_engine.py:143-158``,
+  built as ``cls(od_config=...)`` in ``vllm_omni/diffusion/model_loader/diffusers_loader.py:1202-1204``,
+  ``re_init_pipeline`` in ``vllm_omni/diffusion/worker/diffusion_worker.py:1114``), ``max_num_seqs``
+  (``data.py:1106``, default 1: one request per batch) and ``request_batch_max_wait_ms`` (``data.py:1120``);
+  a pipeline batches only with ``supports_request_batch = True`` (``diffusion_engine.py:161-174``);
+- ``OmniDiffusionSamplingParams`` (``vllm_omni/inputs/data.py:204``): ``num_inference_steps``,
+  ``guidance_scale`` / ``guidance_scale_provided``, ``height`` / ``width``, ``num_frames``, ``sigmas``,
+  ``seed``, ``return_trajectory_latents``, ``extra_args``, ``lora_request``; prompts as ``OmniTextPrompt``
+  dicts with ``negative_prompt`` and ``additional_information`` (``inputs/data.py:20-40``), which reach the
+  pipeline untouched as ``DiffusionRequestBatch.prompts`` (``vllm_omni/diffusion/worker/request_batch.py:121``);
+  batch-wide fields only key a batch (``vllm_omni/diffusion/sched/interface.py:98-123``,
+  ``sched/request_scheduler.py:43-57``);
+- the pipeline side: ``forward(req: DiffusionRequestBatch) -> list[DiffusionOutput]``, one per request
+  (``vllm_omni/diffusion/models/sd3/pipeline_sd3.py:631``), ``DiffusionOutput.trajectory_*``
+  (``vllm_omni/diffusion/data.py:1779-1791``), copied onto ``OmniRequestOutput`` when the post-processed
+  payload has none (``vllm_omni/diffusion/output_formatter.py:390-420``); the stock image post-processor runs on
+  ``DiffusionOutput.output`` (``vllm_omni/diffusion/registry.py:849-857``), which the RL pipelines leave in the
+  stock form (the VAE's output); the stock pipelines' ``encode_prompt`` (SD3 ``pipeline_sd3.py:434``, FLUX
+  ``flux/pipeline_flux.py:300``, Qwen-Image ``qwen_image/pipeline_qwen_image.py:510``, Wan
+  ``wan2_2/pipeline_wan2_2.py:1064``), ``DiffusersAdapterPipeline._pipeline`` for HunyuanVideo 1.0
+  (``diffusers_adapter/pipeline_diffusers_adapter.py:82,142``), ``load_weights`` with ``transformer.`` names
+  (``pipeline_sd3.py:772-774``), ``DiffusionRequestBatch.is_dummy_run`` (``request_batch.py:142``);
+- ``OmniRequestOutput`` (``vllm_omni/outputs/__init__.py:115``): ``images`` (``:169``; PIL from the stock
+  post-processors), ``trajectory_latents`` / ``trajectory_timesteps`` / ``trajectory_log_probs``
+  (``:171-173``), ``error`` (``:184``);
+- LoRA: ``LoRARequest`` (``vllm_omni/lora/request.py:6``), adapters loaded from a PEFT directory on first use
+  and skipped while their id is registered (``vllm_omni/diffusion/lora/manager.py:291-329,808-834``), removed
+  with ``collective_rpc("remove_lora", args=(id,))`` (``vllm_omni/engine/omni_engine_base.py:1073``,
+  ``vllm_omni/diffusion/worker/diffusion_worker.py:780``); worker-extension methods are reached the same way
+  (``diffusion_worker.py:1846-1875``).
 """
 
 from __future__ import annotations
 
-import json
-import tempfile
-from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
 from verl_digen.algo.seeding import sample_seed
 from verl_digen.algo.trajectory import Trajectories
-from verl_digen.models.base import DiffusionModel
-from verl_digen.rollout.sampler import initial_noise
+from verl_digen.models import parse_dtype
+from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+from verl_digen.models.base import Conditioning
+from verl_digen.models.lora import default_lora_targets
+from verl_digen.rollout.omni import lora as L
+from verl_digen.rollout.omni.extension import EXTENSION_CLASS, LOAD_WEIGHTS
+from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output
+from verl_digen.rollout.omni.request import EngineRequests, build_requests, is_digen_pipeline, pipeline_class
+from verl_digen.rollout.omni.served import ServedShape, TextConditioner, read_served_shape
 from verl_digen.workers.config import WorkerConfig
 
 INSTALL_HINT = "pip install verl-digen[vllm]"
+#: how long the engine waits for the rest of a micro-batch's requests before it runs a batch
+BATCH_WAIT_MS = 200.0
 
 
 def require_vllm_omni() -> tuple[Any, Any, Any]:
@@ -87,99 +93,129 @@ def require_vllm_omni() -> tuple[Any, Any, Any]:
     return Omni, OmniDiffusionSamplingParams, LoRARequest
 
 
-def _first(value: Any) -> Any:
-    """Strip a leading batch dimension of one (outputs are per request)."""
-    if isinstance(value, (list, tuple)):
-        return value[0] if value else None
-    if isinstance(value, torch.Tensor) and value.dim() > 0 and value.shape[0] == 1:
-        return value[0]
-    return value
+def engine_kwargs(cfg: WorkerConfig, pipeline: str) -> dict[str, Any]:
+    """The ``Omni`` keyword arguments of a generator's engine: the RL pipeline, the weight-update extension,
+    request batches of a micro-batch, the policy dtype."""
+    return {"custom_pipeline_args": {"pipeline_class": pipeline}, "worker_extension_cls": EXTENSION_CLASS,
+            "max_num_seqs": cfg.vllm_max_batch, "request_batch_max_wait_ms": BATCH_WAIT_MS,
+            "dtype": cfg.policy.dtype}
 
 
 class VllmOmniRollout:
-    """One vLLM-Omni engine per generator worker; ``generate`` returns our ``Trajectories``."""
+    """One vLLM-Omni engine per generator worker; ``generate`` returns verl-digen ``Trajectories``.
 
-    def __init__(self, cfg: WorkerConfig, model: DiffusionModel, **engine_kwargs: Any) -> None:
-        omni_cls, self._params_cls, self._lora_cls = require_vllm_omni()
-        if not cfg.policy.pretrained:
-            raise ValueError("rollout_backend='vllm' serves a real checkpoint: set policy.pretrained")
-        self.cfg, self.model = cfg, model
-        self.engine = omni_cls(model=cfg.policy.pretrained, **engine_kwargs)
+    ``engine``, ``params_cls``, ``lora_cls``, ``shape`` and ``conditioner`` can be handed in (tests pass a fake
+    engine, the tiny model's shape and its ``encode_prompts``); by default they come from vllm-omni and the
+    checkpoint."""
+
+    def __init__(self, cfg: WorkerConfig, device: torch.device | str = "cpu", *, engine: Any = None,
+                 params_cls: Any = None, lora_cls: Any = None, shape: ServedShape | None = None,
+                 conditioner: Any = None) -> None:
+        self.cfg = cfg
+        self.arch = canonical_arch(cfg.policy.arch)
+        self.pipeline = pipeline_class(self.arch, cfg.vllm_pipeline)
+        self.layout = DIGEN if is_digen_pipeline(self.pipeline) else VERL_OMNI
+        if engine is None:
+            omni_cls, params_cls, lora_cls = require_vllm_omni()
+            if not cfg.policy.pretrained:
+                raise ValueError("rollout_backend='vllm' serves a real checkpoint: set model.path")
+        p = cfg.policy
+        self.shape = shape or read_served_shape(self.arch, p.pretrained, latent_size=p.latent_size,
+                                                latent_width=p.latent_width, num_frames=p.num_frames)
+        self.conditioner = conditioner or TextConditioner.from_checkpoint(
+            self.arch, p.pretrained, parse_dtype(p.dtype), device, self.shape.guidance_distilled)
+        if engine is None:
+            engine = omni_cls(model=p.pretrained, **engine_kwargs(cfg, self.pipeline))
+        self.engine = engine
+        self.params_cls, self.lora_cls = params_cls, lora_cls
         self.lora_request = None
-        self._lora_dir = Path(tempfile.mkdtemp(prefix="digen_lora_"))
+        self.slot: L.LoraSlot | None = None
+        if p.lora:
+            targets = p.lora_target_modules or default_lora_targets(MODEL_REGISTRY[self.arch])
+            self.slot = L.LoraSlot(L.peft_config(p.lora_rank, p.lora_alpha, targets), lora_cls)
+        self._weights: dict[str, torch.Tensor] = {}
 
+    # -- weights --------------------------------------------------------------------------------------
     def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Serve new adapters (PEFT layout on local disk, one ``LoRARequest`` id per version)."""
-        if not self.cfg.policy.lora:
-            raise NotImplementedError(
-                "full fine-tune weight updates into a running vLLM-Omni engine are not a public vllm-omni "
-                "API (verl-omni uses its own worker extension); use LoRA or rollout_backend='diffusers'"
-            )
-        from safetensors.torch import save_file
+        """Serve ``state`` from now on: LoRA adapters under the one adapter id, or a full fine-tune's
+        transformer through the worker extension."""
+        if self.slot is not None:
+            self.lora_request = self.slot.write(version, state)
+            self._rpc("remove_lora", (L.ADAPTER_ID,))  # the next request re-reads the directory
+        else:
+            self._rpc(LOAD_WEIGHTS, ({k: v.detach().to("cpu") for k, v in state.items()},))
+        self._weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
 
-        out = self._lora_dir / f"v{version}"
-        out.mkdir(parents=True, exist_ok=True)
-        peft_cfg = self.model.transformer.peft_config["default"].to_dict()
-        peft_cfg = {k: (sorted(v) if isinstance(v, set) else v) for k, v in peft_cfg.items()}
-        (out / "adapter_config.json").write_text(json.dumps(peft_cfg, default=str))
-        save_file({f"base_model.model.{k}": v.contiguous() for k, v in state.items()},
-                  str(out / "adapter_model.safetensors"))
-        self.lora_request = self._lora_cls(f"digen_v{version}", version + 1, str(out))
+    def weights(self) -> dict[str, torch.Tensor]:
+        """What was installed last (CPU copies; empty before the first update)."""
+        return dict(self._weights)
 
-    def _params(self, x_t: torch.Tensor, seed: int) -> Any:
-        s = self.cfg.sampler
-        return self._params_cls(
-            num_inference_steps=s.num_steps, guidance_scale=s.guidance_scale, seed=seed,
-            latents=x_t.unsqueeze(0), sigmas=s.sigmas(torch.float64)[:-1].tolist(), eta=s.eta,
-            return_trajectory_latents=True, lora_request=self.lora_request,
-            extra_args={"logprobs": True, "sde_type": s.sde},
-        )
+    def _rpc(self, method: str, args: tuple) -> list[Any]:
+        return self.engine.engine.collective_rpc(method, args=args)
+
+    def close(self) -> None:
+        if self.slot is not None:
+            self.slot.close()
+
+    # -- rollout --------------------------------------------------------------------------------------
+    def requests(self, step: int, prompt_ids: list[int], sample_ids: list[int], prompts: list[str]) -> EngineRequests:
+        s = self.shape
+        return build_requests(self.cfg.sampler, self.cfg.seed, step, prompt_ids, sample_ids, prompts,
+                              latent_shape=s.latent_shape, pixels=s.pixels, lora_request=self.lora_request)
+
+    def _run(self, reqs: EngineRequests) -> list[Any]:
+        if self.layout == DIGEN:  # one request batch for the micro-batch
+            return list(self.engine.generate(reqs.prompts, [self.params_cls(**reqs.params)]))
+        outs = []  # a foreign pipeline draws noise from the request's seed: one call per sample
+        for prompt, row in zip(reqs.prompts, reqs.rows):
+            seed = sample_seed(row.seed, row.step, row.prompt_id, row.sample_id, "sde") & 0x7FFFFFFF
+            outs += list(self.engine.generate([prompt], [self.params_cls(**reqs.params, seed=seed)]))
+        return outs
 
     def generate(self, step: int, version: int, prompt_ids: list[int], sample_ids: list[int],
                  prompts: list[str]) -> Trajectories:
-        """One request per row (per-sample seeds); trained steps selected like the diffusers sampler."""
-        s, model = self.cfg.sampler, self.model
-        dtype = model.dtype
-        x_t = initial_noise(tuple(model.latent_shape), prompt_ids, sample_ids, self.cfg.seed, step, dtype,
-                            s.shared_group_noise)
-        sigmas = s.sigmas(dtype)
-        selected = s.selection.select(s.num_steps, self.cfg.seed, step, prompt_ids, sample_ids)
-        states, nexts, log_probs, finals, images = [], [], [], [], []
-        for i, (p, j, text) in enumerate(zip(prompt_ids, sample_ids, prompts, strict=True)):
-            seed = sample_seed(self.cfg.seed, step, p, j, "sde") & 0x7FFFFFFF
-            outs = self.engine.generate([text], [self._params(x_t[i], seed)])
-            req = _first(getattr(outs[0], "request_output", None) or outs[0])
-            lat = _first(getattr(req, "trajectory_latents", None))
-            lp = _first(getattr(req, "trajectory_log_probs", None))
-            if lat is None or lp is None:
-                raise RuntimeError(
-                    "vLLM-Omni returned no trajectory latents/log-probs: serve the model with an RL pipeline "
-                    "that records them (e.g. verl-omni's Flow-GRPO pipelines)"
-                )
-            lat, lp = torch.as_tensor(lat, dtype=dtype).cpu(), torch.as_tensor(lp, dtype=dtype).cpu().reshape(-1)
-            if tuple(lat.shape[1:]) != tuple(model.latent_shape) or lat.shape[0] != s.num_steps + 1:
-                raise RuntimeError(f"vLLM-Omni trajectory latents have shape {tuple(lat.shape)}; expected "
-                                   f"({s.num_steps + 1}, {', '.join(map(str, model.latent_shape))}) unpacked")
-            idx = selected[i]
-            states.append(lat[idx])
-            nexts.append(lat[idx + 1])
-            log_probs.append(lp[idx])
-            finals.append(lat[-1])
-            img = _first(getattr(req, "images", None))
-            if img is not None:
-                images.append(torch.from_numpy(np.asarray(img, dtype=np.float32) / 255.0).permute(2, 0, 1))
-        cond = model.encode_prompts(list(prompts)).to(device="cpu")
+        """The micro-batch's trajectories (CPU tensors, the policy's dtype)."""
+        reqs = self.requests(step, prompt_ids, sample_ids, prompts)
+        outs = self._run(reqs)
+        if len(outs) != len(prompts):
+            raise RuntimeError(f"vLLM-Omni returned {len(outs)} outputs for {len(prompts)} requests")
+        dtype = parse_dtype(self.cfg.policy.dtype)
+        schedule = self.cfg.sampler.sigmas(torch.float64)
+        rows = [parse_output(o, self.layout, schedule, torch.tensor(r.train_steps), self.shape.latent_shape,
+                             packed=self.shape.packed) for o, r in zip(self._in_order(outs, reqs), reqs.rows)]
+        steps = torch.stack([r.steps for r in rows])
+        sigmas = self.cfg.sampler.sigmas(dtype)
+        images = [r.image for r in rows]
+        cond: Conditioning = self.conditioner(list(prompts))
         return Trajectories(
-            prompts=list(prompts), prompt_ids=torch.as_tensor(prompt_ids), sample_ids=torch.as_tensor(sample_ids),
-            cond=cond, step_indices=selected, sigmas=sigmas[selected], sigmas_next=sigmas[selected + 1],
-            states=torch.stack(states), next_states=torch.stack(nexts), log_probs=torch.stack(log_probs),
-            final_latents=torch.stack(finals), versions=torch.full((len(prompt_ids),), version),
-            global_step=step, images=torch.stack(images) if len(images) == len(prompt_ids) else None,
+            prompts=list(prompts), prompt_ids=torch.as_tensor(prompt_ids, dtype=torch.long),
+            sample_ids=torch.as_tensor(sample_ids, dtype=torch.long), cond=cond, step_indices=steps,
+            sigmas=sigmas[steps], sigmas_next=sigmas[steps + 1],
+            states=torch.stack([r.states for r in rows]).to(dtype),
+            next_states=torch.stack([r.next_states for r in rows]).to(dtype),
+            log_probs=torch.stack([r.log_probs for r in rows]).to(dtype),
+            final_latents=torch.stack([r.final for r in rows]).to(dtype),
+            versions=torch.full((len(prompt_ids),), version, dtype=torch.long), global_step=step,
+            images=torch.stack(images) if all(i is not None for i in images) else None,
         )
 
+    @staticmethod
+    def _in_order(outs: list[Any], reqs: EngineRequests) -> list[Any]:
+        """Outputs in request order: ``Omni.generate`` yields them as they finish, with request ids
+        ``"{index}_{uuid}"`` (``vllm_omni/entrypoints/omni.py:127``)."""
+        def index(o: Any) -> int:
+            rid = str(getattr(o, "request_id", "") or "")
+            head = rid.split("_", 1)[0]
+            return int(head) if head.isdigit() else -1
 
-def build_rollout_backend(cfg: WorkerConfig, model: DiffusionModel) -> VllmOmniRollout:
+        keys = [index(o) for o in outs]
+        if sorted(keys) == list(range(len(outs))):
+            return [o for _, o in sorted(zip(keys, outs), key=lambda kv: kv[0])]
+        return outs
+
+
+def build_rollout_backend(cfg: WorkerConfig, device: torch.device | str = "cpu") -> VllmOmniRollout:
     """The rollout engine named by ``cfg.rollout_backend`` (only 'vllm' lives here)."""
     if cfg.rollout_backend != "vllm":
         raise ValueError(f"unknown rollout_backend {cfg.rollout_backend!r}; expected 'diffusers' or 'vllm'")
-    return VllmOmniRollout(cfg, model)
+    return VllmOmniRollout(cfg, device)

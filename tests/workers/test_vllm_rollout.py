@@ -1,0 +1,365 @@
+"""The vLLM-Omni rollout on CPU, without vllm: verl-digen's RL-pipeline loop against the diffusers sampler (bit
+for bit in float64), the request builder, the output parser on vllm-omni 0.30.0's and verl-omni's layouts,
+and the weight-update paths. The real engine is the opt-in tier (tests/workers/test_vllm_engine.py)."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from verl_digen.algo.selection import StepSelection
+from verl_digen.algo.sigmas import flow_sigmas
+from verl_digen.models import build_model
+from verl_digen.models.packing import pack_2x2
+from verl_digen.rollout.denoise import denoise
+from verl_digen.rollout.omni import lora as L
+from verl_digen.rollout.omni.extension import LOAD_WEIGHTS, DigenWorkerExtension
+from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output, to_pixels
+from verl_digen.rollout.omni.policy import engine_policy
+from verl_digen.rollout.omni.request import (
+    DIGEN_KEY,
+    DIGEN_PIPELINES,
+    VERL_OMNI_SDE_TYPES,
+    RowRequest,
+    StepSettings,
+    build_requests,
+)
+from verl_digen.rollout.omni.served import ServedShape
+from verl_digen.rollout.omni.stepper import step_batch
+from verl_digen.rollout.sampler import SamplerConfig, sample_trajectories
+from verl_digen.workers.config import PolicyConfig, WorkerConfig
+from verl_digen.workers.vllm_backend import VllmOmniRollout
+
+torch.set_num_threads(1)
+SEED, STEP = 5, 3
+PIDS, SIDS = [0, 0, 2], [0, 1, 1]
+PROMPTS = ["a red cube", "a red cube", "two cats"]
+#: the fields of vllm-omni 0.30.0's OmniDiffusionSamplingParams that the request builder may set
+#: (vllm_omni/inputs/data.py:204-326)
+PARAM_FIELDS = {"num_inference_steps", "guidance_scale", "guidance_scale_provided", "height", "width", "num_frames",
+                "sigmas", "seed", "return_trajectory_latents", "extra_args", "lora_request", "latents"}
+
+
+@dataclass
+class FakeParams:
+    """OmniDiffusionSamplingParams' fields the builder uses, with its defaults; unknown keys fail."""
+
+    num_inference_steps: int | None = None
+    guidance_scale: float | None = None
+    guidance_scale_provided: bool = False
+    height: int | None = None
+    width: int | None = None
+    num_frames: int = 1
+    sigmas: list[float] | None = None
+    seed: int | None = None
+    return_trajectory_latents: bool = False
+    extra_args: dict[str, Any] = field(default_factory=dict)
+    lora_request: Any = None
+
+
+@dataclass
+class FakeRequestOutput:
+    """vllm-omni 0.30.0's OmniRequestOutput diffusion fields (vllm_omni/outputs/__init__.py:145-186)."""
+
+    request_id: str = ""
+    prompt: Any = None
+    finished: bool = True
+    final_output_type: str = "image"
+    images: list[Image.Image] = field(default_factory=list)
+    latents: torch.Tensor | None = None
+    trajectory_latents: torch.Tensor | None = None
+    trajectory_timesteps: torch.Tensor | None = None
+    trajectory_log_probs: torch.Tensor | None = None
+    error: str | None = None
+
+
+def _pil(pixels: torch.Tensor) -> Image.Image:
+    """What the stock post-processor makes of a decoded image (VaeImageProcessor.postprocess, 'pil')."""
+    arr = (pixels.clamp(0, 1).permute(1, 2, 0).numpy() * 255).round().astype(np.uint8)
+    return Image.fromarray(arr)
+
+
+class FakeOmni:
+    """An ``Omni`` whose engine-side pipeline is verl-digen's loop on a tiny model: ``generate`` takes the
+    prompt dicts and one sampling-params object, as vllm-omni's request batch hands them to the pipeline."""
+
+    def __init__(self, model, arch: str) -> None:
+        self.model, self.arch = model, arch
+        self.calls: list[int] = []
+        self.rpcs: list[tuple[str, tuple]] = []
+        self.engine = self  # Omni.engine.collective_rpc
+
+    def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
+        self.rpcs.append((method, args))
+        return [True]
+
+    def generate(self, prompts: list[dict], params: list[FakeParams]) -> list[FakeRequestOutput]:
+        self.calls.append(len(prompts))
+        (sp,) = params
+        rows = [RowRequest.from_prompt(p) for p in prompts]
+        settings = StepSettings.from_extra_args(sp.extra_args)
+        policy = engine_policy(self.arch, self.model.transformer, settings.latent_shape, vae=self.model.vae,
+                               pretrained=False)
+        cond = self.model.encode_prompts([p["prompt"] for p in prompts])
+        res = step_batch(policy, cond, rows, settings, torch.float64, "cpu")
+        pixels = policy.decode(res.final)
+        outs = [FakeRequestOutput(request_id=f"{i}_uuid", prompt=prompts[i], images=[_pil(pixels[i])],
+                                  trajectory_latents=res.row_latents(i).unsqueeze(0),
+                                  trajectory_log_probs=res.log_probs[i:i + 1], trajectory_timesteps=res.sigmas[i:i + 1])
+                for i in range(len(prompts))]
+        return outs[::-1]  # as they finish, not in request order
+
+
+def _sampler(sde: str = "flow_grpo", selection: StepSelection | None = None, **kw: Any) -> SamplerConfig:
+    log_prob = "squared_error" if sde == "cps" else "gaussian"
+    return SamplerConfig(num_steps=4, shift=3.0, sde=sde, eta=0.6 if sde != "cps" else 0.4,
+                         selection=selection or StepSelection("first_k", k=3), log_prob=log_prob, decode=False, **kw)
+
+
+def _requests(model, cfg: SamplerConfig):
+    return build_requests(cfg, SEED, STEP, PIDS, SIDS, PROMPTS, latent_shape=tuple(model.latent_shape),
+                          pixels=(32, 32, 1))
+
+
+@pytest.fixture(scope="module")
+def models():
+    return {arch: build_model(arch, dtype=torch.float64, seed=0) for arch in ("sd3", "flux", "qwen_image", "wan")}
+
+
+# -- the RL pipeline's loop equals the diffusers sampler ------------------------------------------------------
+@pytest.mark.parametrize("arch,sde,selection,gs,shared", [
+    ("sd3", "flow_grpo", StepSelection("first_k", k=3), 2.0, False),
+    ("sd3", "cps", StepSelection("window", k=2), 1.0, False),
+    ("flux", "dance_grpo", StepSelection("random_k", k=2), 3.5, True),  # distilled guidance, packed tokens
+    ("qwen_image", "flow_grpo", StepSelection("window", k=2, window_range=(1, 4)), 2.0, False),  # packed + CFG
+    ("wan", "dance_grpo", StepSelection("random_k", k=3), 1.5, False),
+])
+def test_pipeline_loop_equals_sampler_bit_for_bit(models, arch, sde, selection, gs, shared):
+    model = models[arch]
+    cfg = _sampler(sde, selection, guidance_scale=gs, shared_group_noise=shared)
+    reqs = _requests(model, cfg)
+    settings = StepSettings.from_extra_args(reqs.params["extra_args"])
+    policy = engine_policy(arch, model.transformer, settings.latent_shape, vae=model.vae, pretrained=False)
+    cond = model.encode_prompts(PROMPTS)
+    got = step_batch(policy, cond, reqs.rows, settings, torch.float64, "cpu")
+    ref = sample_trajectories(model, cond, PROMPTS, PIDS, SIDS, cfg, SEED, STEP, version=0)
+    assert torch.equal(got.states, ref.states)
+    assert torch.equal(got.next_states, ref.next_states)
+    assert torch.equal(got.log_probs, ref.log_probs)
+    assert torch.equal(got.final, ref.final_latents)
+    assert torch.equal(got.sigmas, ref.sigmas)
+
+
+def test_denoise_uses_sigmas_verbatim():
+    """A velocity of zero makes flow_grpo's mean x * (1 + std^2 dt / (2 sigma)): the states record exactly the
+    sigmas handed in, and a deterministic mask gives log-prob 0 and no movement."""
+    sig = torch.tensor([1.0, 0.9, 0.5, 0.0], dtype=torch.float64)
+    x = torch.randn(2, 3, dtype=torch.float64)
+    gens = [torch.Generator().manual_seed(i) for i in range(2)]
+    out = denoise(lambda z, s: torch.zeros_like(z), x, sig, gens, "flow_grpo", 0.5, torch.zeros(3, dtype=torch.bool))
+    assert torch.equal(out.final, x) and torch.equal(out.log_probs, torch.zeros(2, 3, dtype=torch.float64))
+    with pytest.raises(ValueError, match="one noise generator per sample"):
+        denoise(lambda z, s: z, x, sig, gens[:1], "flow_grpo", 0.5, torch.ones(3, dtype=torch.bool))
+
+
+# -- the request builder -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("sde", sorted(VERL_OMNI_SDE_TYPES))
+def test_requests_map_every_setting(sde):
+    cfg = _sampler(sde, StepSelection("window", k=2, window_range=(1, 4)))
+    reqs = build_requests(cfg, SEED, STEP, PIDS, SIDS, PROMPTS, latent_shape=(4, 2, 8, 6), pixels=(48, 64, 5))
+    p = reqs.params
+    assert set(p) <= PARAM_FIELDS
+    FakeParams(**p)  # every key is a sampling-params field
+    assert (p["height"], p["width"], p["num_frames"], p["num_inference_steps"]) == (48, 64, 5, 4)
+    assert p["guidance_scale"] == cfg.guidance_scale and p["guidance_scale_provided"]
+    extra = p["extra_args"]
+    assert extra["sde_type"] == VERL_OMNI_SDE_TYPES[sde] and extra["noise_level"] == cfg.eta and extra["logprobs"]
+    start, end = cfg.selection.window(4, SEED, STEP)
+    assert extra["sde_window_size"] == end - start and extra["sde_window_range"] == [start, end]
+    settings = StepSettings.from_extra_args(extra)
+    assert torch.equal(settings.sigma_tensor(torch.float64), cfg.sigmas(torch.float64))  # verbatim, exact
+    assert settings.sde == sde and settings.eta == cfg.eta and settings.log_prob == cfg.log_prob
+    assert list(settings.sde_mask) == cfg.sde_mask(SEED, STEP).tolist() and settings.latent_shape == (4, 2, 8, 6)
+    # the sigmas field is the unshifted schedule: a scheduler's shift of 3 turns it into verl-digen's
+    s = torch.tensor(p["sigmas"], dtype=torch.float64)
+    assert torch.allclose(3 * s / (1 + 2 * s), cfg.sigmas(torch.float64)[:-1], atol=1e-15, rtol=0)
+    for prompt, pid, sid, row in zip(reqs.prompts, PIDS, SIDS, reqs.rows):
+        assert RowRequest.from_prompt(prompt) == row
+        assert (row.seed, row.step, row.prompt_id, row.sample_id) == (SEED, STEP, pid, sid)
+        assert list(row.train_steps) == list(range(start, end))
+
+
+def test_requests_without_window_noise_every_step_and_refuse_ode(models):
+    reqs = build_requests(_sampler("flow_grpo", StepSelection("random_k", k=2), shared_group_noise=True), SEED, STEP,
+                          PIDS, SIDS, PROMPTS, latent_shape=(4, 8, 8), pixels=(64, 64, 1))
+    assert reqs.params["extra_args"]["sde_window_size"] == 4 and reqs.params["extra_args"]["sde_window_range"] == [0, 4]
+    assert [r.init_sample for r in reqs.rows] == [0, 0, 0]  # shared group noise: x_T of sample 0
+    with pytest.raises(ValueError, match="samples deterministically"):
+        build_requests(SamplerConfig(sde="ode", eta=0.0), SEED, STEP, PIDS, SIDS, PROMPTS, latent_shape=(4, 8, 8),
+                       pixels=(64, 64, 1))
+    with pytest.raises(ValueError, match="additional_information"):
+        RowRequest.from_prompt("a plain prompt")
+
+
+# -- the backend against a fake engine with vllm-omni's output types ----------------------------------------
+def _backend(models, arch: str, cfg: SamplerConfig, lora_rank: int = 0):
+    model = models[arch]
+    wcfg = WorkerConfig(policy=PolicyConfig(arch=arch, dtype="float64", lora_rank=lora_rank), sampler=cfg,
+                        seed=SEED, rollout_backend="vllm")
+    shape = ServedShape(tuple(model.latent_shape), (32, 32, 1), 2, 1, arch in ("flux", "qwen_image"),
+                        model.guidance_distilled)
+    engine = FakeOmni(model, arch)
+    backend = VllmOmniRollout(wcfg, engine=engine, params_cls=FakeParams, lora_cls=lambda *a: a, shape=shape,
+                              conditioner=model.encode_prompts)
+    return backend, engine
+
+
+@pytest.mark.parametrize("arch", ["sd3", "flux"])
+def test_backend_batches_a_micro_batch_and_equals_diffusers(models, arch):
+    cfg = _sampler("flow_grpo", StepSelection("first_k", k=2), guidance_scale=2.0)
+    backend, engine = _backend(models, arch, cfg)
+    traj = backend.generate(STEP, 4, PIDS, SIDS, PROMPTS)
+    assert engine.calls == [len(PROMPTS)]  # one generate, one request per sample
+    model = models[arch]
+    ref = sample_trajectories(model, model.encode_prompts(PROMPTS), PROMPTS, PIDS, SIDS,
+                              SamplerConfig(**{**cfg.__dict__, "decode": True}), SEED, STEP, version=4)
+    for f in ("states", "next_states", "log_probs", "final_latents", "sigmas", "sigmas_next", "step_indices",
+              "prompt_ids", "sample_ids", "versions"):
+        assert torch.equal(getattr(traj, f), getattr(ref, f)), f
+    assert torch.allclose(traj.images, ref.images.float(), atol=1 / 255 + 1e-6)  # PIL quantisation only
+    assert torch.equal(traj.cond.tensors["prompt_embeds"], ref.cond.tensors["prompt_embeds"])
+
+
+def _verl_omni_outputs(model, arch: str, cfg: SamplerConfig, scale: float = 1000.0, packed: bool = False):
+    """What verl-omni's RL pipelines return per request: the SDE window's latents (W + 1), log-probs and
+    scheduler timesteps, from the full rollout."""
+    cond = model.encode_prompts(PROMPTS)
+    full = sample_trajectories(model, cond, PROMPTS, PIDS, SIDS, SamplerConfig(**{**cfg.__dict__, "selection":
+                               StepSelection("first_k", k=cfg.num_steps)}), SEED, STEP, version=0)
+    start, end = cfg.selection.window(cfg.num_steps, SEED, STEP)
+    sig = cfg.sigmas(torch.float64)
+    outs = []
+    for i in range(len(PROMPTS)):
+        lat = torch.cat([full.states[i, start:end], full.next_states[i, end - 1:end]]).float()
+        if packed:
+            lat = pack_2x2(lat)
+        outs.append(FakeRequestOutput(
+            request_id=f"{i}_x", images=[torch.rand(3, 32, 32)], trajectory_latents=lat.unsqueeze(0),
+            trajectory_log_probs=full.log_probs[i, start:end].float().unsqueeze(0),
+            trajectory_timesteps=(sig[start:end] * scale).float().unsqueeze(0)))
+    return outs, full, (start, end)
+
+
+@pytest.mark.parametrize("arch,packed", [("sd3", False), ("flux", True)])
+def test_parser_reads_verl_omni_layout(models, arch, packed):
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    model = models[arch]
+    outs, full, (start, end) = _verl_omni_outputs(model, arch, cfg, packed=packed)
+    for i, out in enumerate(outs):
+        row = parse_output(out, VERL_OMNI, cfg.sigmas(torch.float64), torch.arange(start, end),
+                           tuple(model.latent_shape), packed=packed)
+        assert torch.equal(row.states, full.states[i, start:end].float())
+        assert torch.equal(row.next_states, full.next_states[i, start:end].float())
+        assert torch.equal(row.log_probs, full.log_probs[i, start:end].float())
+        assert row.image.shape == (3, 32, 32)
+        assert bool(row.final.isnan().all()) == (end < cfg.num_steps)  # final latents unknown mid-trajectory
+
+
+def test_parser_refuses_a_second_shift_and_missing_trajectories(models):
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    model = models["sd3"]
+    outs, _, (start, end) = _verl_omni_outputs(model, "sd3", cfg)
+    shifted = 3 * cfg.sigmas(torch.float64) / (1 + 2 * cfg.sigmas(torch.float64))  # shifted twice
+    outs[0].trajectory_timesteps = (shifted[start:end] * 1000).float().unsqueeze(0)
+    with pytest.raises(RuntimeError, match="shifted a second time"):
+        parse_output(outs[0], VERL_OMNI, cfg.sigmas(torch.float64), torch.arange(start, end), tuple(model.latent_shape))
+    outs[1].trajectory_log_probs = None
+    with pytest.raises(RuntimeError, match="no trajectory_log_probs"):
+        parse_output(outs[1], VERL_OMNI, cfg.sigmas(torch.float64), torch.arange(start, end), tuple(model.latent_shape))
+    with pytest.raises(RuntimeError, match="outside the recorded SDE window"):
+        parse_output(outs[2], VERL_OMNI, cfg.sigmas(torch.float64), torch.arange(0, 2), tuple(model.latent_shape))
+
+
+def test_backend_reads_a_foreign_pipeline_one_request_per_sample(models):
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    backend, _ = _backend(models, "sd3", cfg)
+    outs, full, (start, end) = _verl_omni_outputs(models["sd3"], "sd3", cfg)
+    calls = []
+
+    def generate(prompts, params):
+        calls.append(params[0].seed)
+        return [outs[len(calls) - 1]]
+
+    backend.engine.generate = generate
+    backend.layout = VERL_OMNI
+    traj = backend.generate(STEP, 0, PIDS, SIDS, PROMPTS)
+    assert len(calls) == 3 and len(set(calls)) == 3  # a seed of its own per sample
+    assert torch.equal(traj.log_probs, full.log_probs[:, start:end].float().double())  # recorded in float32
+
+
+def test_to_pixels_reads_pil_tensors_and_video():
+    img = torch.rand(3, 4, 6)
+    assert torch.allclose(to_pixels(_pil(img)), img, atol=1 / 255)
+    assert torch.equal(to_pixels((img * 255).round().to(torch.uint8).permute(1, 2, 0)),
+                       (img * 255).round() / 255)
+    assert to_pixels(torch.rand(5, 4, 6, 3)).shape == (3, 5, 4, 6)  # frames, H, W, C
+    assert to_pixels([_pil(img), _pil(img)]).shape == (3, 2, 4, 6)  # a list of frames
+
+
+# -- weights ----------------------------------------------------------------------------------------------
+def test_lora_updates_keep_one_adapter_id_and_one_directory(models):
+    before = set(os.listdir(tempfile.gettempdir()))
+    backend, engine = _backend(models, "sd3", _sampler(), lora_rank=4)
+    slot_dir = backend.slot.dir
+    reqs = []
+    for version in (1, 2, 3):
+        state = {"transformer_blocks.0.attn.to_q.lora_A.weight": torch.full((4, 32), float(version))}
+        backend.load_weights(version, state)
+        reqs.append(backend.lora_request)
+    assert {r[1] for r in reqs} == {L.ADAPTER_ID} and {r[2] for r in reqs} == {str(slot_dir)}
+    assert engine.rpcs == [("remove_lora", (L.ADAPTER_ID,))] * 3  # re-read on the next request
+    from safetensors.torch import load_file
+
+    saved = load_file(str(slot_dir / L.WEIGHTS_FILE))
+    assert torch.equal(saved["base_model.model.transformer_blocks.0.attn.to_q.lora_A.weight"], torch.full((4, 32), 3.0))
+    assert set(os.listdir(slot_dir)) == {L.WEIGHTS_FILE, L.CONFIG_FILE}
+    assert backend.requests(STEP, PIDS, SIDS, PROMPTS).params["lora_request"] == reqs[-1]
+    backend.close()
+    assert not slot_dir.exists()
+    assert set(os.listdir(tempfile.gettempdir())) - before == set()
+
+
+def test_full_fine_tune_goes_through_the_worker_extension(models):
+    backend, engine = _backend(models, "sd3", _sampler())
+    state = {"proj_out.weight": torch.ones(2, 2)}
+    backend.load_weights(1, state)
+    ((method, (sent,)),) = engine.rpcs
+    assert method == LOAD_WEIGHTS and torch.equal(sent["proj_out.weight"], state["proj_out.weight"])
+    assert torch.equal(backend.weights()["proj_out.weight"], state["proj_out.weight"])
+
+    class Pipeline:
+        loaded = None
+
+        def digen_load_transformer_weights(self, s):
+            Pipeline.loaded = s
+
+    ext = DigenWorkerExtension()
+    ext.model_runner = type("Runner", (), {"pipeline": Pipeline()})()
+    assert ext.digen_load_weights(state) == 1 and Pipeline.loaded is state
+    ext.model_runner.pipeline = object()
+    with pytest.raises(RuntimeError, match="not a verl-digen RL pipeline"):
+        ext.digen_load_weights(state)
+
+
+def test_every_architecture_has_a_pipeline():
+    from verl_digen.models import known_archs
+
+    assert set(known_archs()) <= set(DIGEN_PIPELINES)
+    assert flow_sigmas(2).shape == (3,) and DIGEN == "digen" and DIGEN_KEY == "digen"

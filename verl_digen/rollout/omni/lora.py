@@ -1,0 +1,64 @@
+"""LoRA adapters for a running vLLM-Omni engine: one directory and one adapter id for the whole run.
+
+vllm-omni loads an adapter from a PEFT directory the first time a request names its id and skips an id it
+already holds (``vllm_omni/diffusion/lora/manager.py:808-834``). So each new policy version overwrites the
+one directory and the backend removes the id from the engine first; the directory goes when the slot is
+closed (or garbage-collected), so no version leaves files behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+import weakref
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+#: the engine-side identity of the policy's adapters, the same for every version
+ADAPTER_ID = 1
+ADAPTER_NAME = "digen_policy"
+CONFIG_FILE = "adapter_config.json"
+WEIGHTS_FILE = "adapter_model.safetensors"
+
+
+def peft_config(rank: int, alpha: float | None, target_modules: Sequence[str]) -> dict[str, Any]:
+    """The PEFT ``adapter_config.json`` of the trainer's adapters (``models.lora.apply_lora``'s settings)."""
+    return {"peft_type": "LORA", "r": int(rank), "lora_alpha": float(alpha if alpha is not None else rank),
+            "target_modules": list(target_modules), "lora_dropout": 0.0, "bias": "none"}
+
+
+class LoraSlot:
+    """The one adapter directory of a rollout engine; ``write`` installs a version's adapter weights."""
+
+    def __init__(self, config: dict[str, Any], make_request: Callable[[str, int, str], Any]) -> None:
+        self.config, self.make_request = config, make_request
+        self.dir = Path(tempfile.mkdtemp(prefix="digen_lora_"))
+        self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
+        self.version: int | None = None
+
+    def write(self, version: int, state: dict[str, torch.Tensor]) -> Any:
+        """Overwrite the directory with ``state`` (PEFT names, as ``models.lora.lora_state_dict`` gives them);
+        returns the engine request for it (same name, id and path every version)."""
+        from safetensors.torch import save_file
+
+        if self.closed:
+            raise RuntimeError("the LoRA slot is closed")
+        tmp = self.dir / f".{WEIGHTS_FILE}.tmp"
+        save_file({f"base_model.model.{k}": v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp))
+        os.replace(tmp, self.dir / WEIGHTS_FILE)
+        (self.dir / CONFIG_FILE).write_text(json.dumps(self.config))
+        self.version = int(version)
+        return self.make_request(ADAPTER_NAME, ADAPTER_ID, str(self.dir))
+
+    @property
+    def closed(self) -> bool:
+        return not self._cleanup.alive
+
+    def close(self) -> None:
+        """Remove the directory (idempotent)."""
+        self._cleanup()
