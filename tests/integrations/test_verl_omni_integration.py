@@ -173,6 +173,17 @@ def test_dtype_device_grad_clip_and_window_range_defaults():
     assert "rollout.window_range" not in fixed
 
 
+def test_ulysses_size_carries_over_from_verl_omnis_fsdp_config_or_verls_actor_key():
+    def size(actor: dict) -> int | None:
+        return vo.from_verl_omni_config({"actor_rollout_ref": {"actor": actor}}).get(
+            "actor.ulysses_sequence_parallel_size")
+
+    assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 4}}) == 4  # verl-omni's examples
+    assert size({"ulysses_sequence_parallel_size": 2}) == 2  # verl's actor key
+    assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 4}, "ulysses_sequence_parallel_size": 2}) == 4
+    assert size({}) is None
+
+
 def test_window_range_bounds_the_drawn_window():
     from verl_digen.algo.selection import StepSelection
 

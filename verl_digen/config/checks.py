@@ -18,6 +18,7 @@ from typing import Any
 
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import get_key
+from verl_digen.schedule.config import COLOCATED
 from verl_digen.workers import checkpoint as ckpt
 
 #: absolute upper bound of one pool (a typo guard: 1000 workers spawned ~100 processes before failing)
@@ -431,3 +432,43 @@ def files_and_resume(cfg: Any) -> list[str]:
                               f"{latest.name}, run {run}), which this run's would mix with. Continue that run with "
                               "trainer.resume_from=auto, or choose another (or an empty) directory")
     return warnings
+
+
+def _transformer_heads(m: Any, arch: str) -> int | None:
+    """Attention heads of the policy's transformer: the tiny config's, a local checkpoint's
+    ``transformer/config.json``, else unknown until the weights load (the trainer checks them then)."""
+    from verl_digen.models.arch import MODEL_REGISTRY
+
+    if m.path is None:
+        return MODEL_REGISTRY[arch].tiny.transformer_kwargs.get("num_attention_heads")
+    config = os.path.join(m.path, "transformer", "config.json")
+    if os.path.isfile(config):
+        with open(config) as f:
+            return json.load(f).get("num_attention_heads")
+    return None
+
+
+def sequence_parallel_problem(cfg: Any, size: int) -> str | None:
+    """What ``actor.ulysses_sequence_parallel_size`` must be when ``size`` is not right for this run (None
+    when it is): a divisor of the trainer ranks, for a model it can cut, into whole attention heads and equal
+    shares of each sample's video tokens (``models/ulysses.py``)."""
+    from verl_digen.models import ulysses
+    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+
+    if size == 1:
+        return None
+    m, arch = cfg.model, canonical_arch(cfg.model.arch)
+    if ulysses.plan_for(arch) is None:
+        return ulysses.size_problem(arch, 1, 1, size)
+    ranks = cfg.total_workers if cfg.trainer.mode == COLOCATED else cfg.resources.trainer.workers
+    if ranks % size:
+        return f"a divisor of the {ranks} trainer GPUs (each group of that many trains the same rows)"
+    spec = MODEL_REGISTRY[arch].pretrained
+    spatial, temporal = MODEL_REGISTRY[arch].vae_factors(None)
+    if m.path is None:  # tiny: latent frames and sides as given
+        frames, height = m.num_frames or 3, m.latent_size or 16
+    else:  # released weights: pixel frames 4k + 1
+        frames = ((m.num_frames or spec.num_frames) - 1) // temporal + 1
+        height = m.latent_size or spec.height // spatial
+    tokens = ulysses.video_tokens((0, frames, height, m.latent_width or height), 2, 1)  # both patchify 1 x 2 x 2
+    return ulysses.size_problem(arch, _transformer_heads(m, arch) or size, tokens, size)

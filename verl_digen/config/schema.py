@@ -97,6 +97,9 @@ class ActorConfig:
     # prompts per optimizer step (verl's name): the step's prompts are trained in that many mini-batches, each
     # followed by an optimizer step; null = the whole batch (one optimizer step per global step)
     ppo_mini_batch_size: int | None = None
+    # Ulysses sequence parallelism (verl's name): each group of this many trainer ranks trains the same rows,
+    # each rank holding 1/size of every row's video tokens (Wan2.1, HunyuanVideo); 1 = off (docs/config.md)
+    ulysses_sequence_parallel_size: int = 1
 
 
 @dataclass
@@ -277,6 +280,7 @@ class RunConfig:
             reward=reward,
             tsp_degree=self.digen.tsp.degree,
             rows_per_pass=self.digen.tsp.rows_per_pass,
+            sequence_parallel=a.ulysses_sequence_parallel_size,
             seed=self.trainer.seed,
             device=self.trainer.device,
             sync_backend=self.digen.sync.backend,

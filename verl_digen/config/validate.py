@@ -42,6 +42,14 @@ def _choice(key: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise ConfigError(key, value, f"one of {', '.join(allowed)}")
 
 
+def _check_sequence_parallel(cfg: RunConfig) -> None:
+    key, size = "actor.ulysses_sequence_parallel_size", cfg.actor.ulysses_sequence_parallel_size
+    _positive(key, size)
+    problem = checks.sequence_parallel_problem(cfg, size)
+    if problem:
+        raise ConfigError(key, size, problem)
+
+
 def _check_frames(m: ModelConfig) -> None:
     """Frames must fit the architecture: none for image models; for a pretrained video model, pixel
     frames of the form 4k + 1 (Wan's and HunyuanVideo's VAEs compress time 4x causally: 25 -> 7)."""
@@ -194,6 +202,7 @@ def validate(cfg: RunConfig) -> list[str]:
     gen, trn = cfg.resources.generator.workers, cfg.resources.trainer.workers
     _positive("resources.generator.workers", gen)
     _positive("resources.trainer.workers", trn)
+    _check_sequence_parallel(cfg)
     # every data-parallel split must be even: FSDP forwards and backwards are collective
     if t.mode == COLOCATED:
         if cfg.batch % cfg.total_workers:

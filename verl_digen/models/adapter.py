@@ -16,7 +16,7 @@ from torch import nn
 from verl_digen.models.base import Conditioning, DiffusionModel
 from verl_digen.models.conditioning.text import PromptEncoder
 from verl_digen.models.precision import promote_fp32_layers
-from verl_digen.models.spec import PretrainedSpec, TinySpec
+from verl_digen.models.spec import PretrainedSpec, SequencePlan, TinySpec
 
 #: attention projections of the joint (MM-DiT) blocks; the usual FlowGRPO LoRA targets
 MMDIT_LORA_TARGETS: tuple[str, ...] = (
@@ -60,6 +60,8 @@ class DiffusersAdapter(DiffusionModel):
     default_lora_targets: tuple[str, ...] = MMDIT_LORA_TARGETS
     #: 4 for images (B, C, H, W), 5 for video (B, C, F, H, W)
     latent_ndim: int = 4
+    #: how Ulysses sequence parallelism cuts the transformer (``actor.ulysses_sequence_parallel_size``); None: it cannot
+    sequence_plan: ClassVar[SequencePlan | None] = None
 
     def __init__(
         self,

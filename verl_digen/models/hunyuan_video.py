@@ -15,6 +15,7 @@ from verl_digen.models.spec import (
     TINY_POOLED_DIM,
     TINY_TEXT_DIM,
     PretrainedSpec,
+    SequencePlan,
     TinySpec,
 )
 
@@ -76,6 +77,9 @@ class HunyuanVideoModel(DiffusersAdapter):
     text_dim_key = "text_embed_dim"
     pooled_dim_key = "pooled_projection_dim"
     latent_ndim = 5
+    # joint attention over [video tokens, text tokens] in both block kinds
+    sequence_plan = SequencePlan("rope", 0, ("transformer_blocks.0", "single_transformer_blocks.0"),
+                                 ("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"), "proj_out")
 
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:

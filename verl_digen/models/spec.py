@@ -20,6 +20,22 @@ from torch import nn
 
 
 @dataclass(frozen=True)
+class SequencePlan:
+    """Where Ulysses sequence parallelism cuts the transformer (``models/ulysses.py``; module names as in
+    ``named_modules``). Video architectures declare one; the others cannot be cut."""
+
+    rope: str  # its output (cos, sin) is sliced along the tokens
+    rope_token_dim: int
+    first_blocks: tuple[str, ...]  # the first of these that exists gets its image tokens sliced
+    attention: tuple[str, ...]  # attention modules (glob) whose processor attends over all image tokens
+    output: str  # its output (B, tokens, C) is all-gathered along the tokens
+    #: parameter-name prefixes whose gradient diffusers sums over the tokens in float32 whatever the model dtype:
+    #: with the tokens split over ranks the halves round apart, so a float64 model agrees with one rank to ~1e-8
+    #: relative there, not to float64
+    float32_reduced: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
 class PretrainedSpec:
     """Diffusers class names, text encoders and default generation size of one released pipeline."""
 

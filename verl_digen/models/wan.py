@@ -8,7 +8,14 @@ import torch
 from torch import nn
 
 from verl_digen.models.adapter import DiffusersAdapter
-from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_TEXT_DIM, PretrainedSpec, TinySpec, tiny_wan_family_vae
+from verl_digen.models.spec import (
+    TINY_LATENT_CHANNELS,
+    TINY_TEXT_DIM,
+    PretrainedSpec,
+    SequencePlan,
+    TinySpec,
+    tiny_wan_family_vae,
+)
 
 
 class WanModel(DiffusersAdapter):
@@ -37,6 +44,10 @@ class WanModel(DiffusersAdapter):
     )
     text_dim_key = "text_dim"
     latent_ndim = 5
+    # self-attention attn1 over the video tokens; attn2 cross-attends to the whole text. The blocks add the time
+    # embedding to their modulation table as ``temb.float()``: its layers' gradients are summed in float32
+    sequence_plan = SequencePlan("rope", 1, ("blocks.0",), ("blocks.*.attn1",), "proj_out",
+                                 float32_reduced=("condition_embedder.time_embedder.", "condition_embedder.time_proj."))
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
 
     @classmethod

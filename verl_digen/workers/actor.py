@@ -21,7 +21,7 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
-from verl_digen.models import disable_adapters
+from verl_digen.models import disable_adapters, ulysses
 from verl_digen.rewards import build_reward
 from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
@@ -75,6 +75,15 @@ class TSPActorWorker(Worker):
         torch.manual_seed(cfg.seed)
         self.model = actor_memory.trainer_policy(cfg, self.device, self.dist_world, self.sharded)
         self.ref_model = actor_memory.reference_policy(cfg, self.device, self.dist_world, self.sharded)
+        # Ulysses: the ranks of a group train the same rows, each with 1/size of every row's video tokens;
+        # rows are shared over the groups (data-parallel rank and width)
+        self.dp_rank, self.dp_world, self.sp_rank = self.dist_rank, self.dist_world, 0
+        if cfg.sequence_parallel > 1:
+            group, self.dp_rank, self.dp_world = ulysses.sequence_groups(cfg.sequence_parallel)
+            self.sp_rank = self.dist_rank % cfg.sequence_parallel
+            for model in (self.model, self.ref_model):
+                if model is not None:
+                    ulysses.enable_sequence_parallel(model, group)
         self.named_params = [(n, p) for n, p in self.model.transformer.named_parameters() if p.requires_grad]
         if not self.named_params:
             raise RuntimeError("the policy has no trainable parameters")
@@ -137,13 +146,13 @@ class TSPActorWorker(Worker):
         # this rank trains its share of the (sample x step) rows (``schedule.rows``: any number of ranks
         # works with any update size); rows sampled by an older version (TCSS) are reported apart
         metrics = tsp_backward(self.model, traj, self.train_cfg, scale, degree=self.cfg.tsp_degree,
-                               reference=self._reference(), version=self.version, rank=self.dist_rank,
-                               world=self.dist_world, cap=self.cfg.rows_per_pass, device=self.device,
+                               reference=self._reference(), version=self.version, rank=self.dp_rank,
+                               world=self.dp_world, cap=self.cfg.rows_per_pass, device=self.device,
                                behaviour=self._behaviour_velocity())
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
-        return out
+        return out if self.sp_rank == 0 else {}  # a Ulysses group's ranks trained the same rows: counted once
 
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer

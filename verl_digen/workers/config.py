@@ -99,6 +99,7 @@ class WorkerConfig:
     reward: Any = DEFAULT_LEARNABLE_REWARD  # a registry name, {name: weight}, or {"name": .., **kwargs}
     tsp_degree: int | None = None  # trained steps per pass; None = all K in one pass
     rows_per_pass: int | None = None  # rows per rank per pass (``schedule.rows``); None = what tsp_degree gives
+    sequence_parallel: int = 1  # trainer ranks per Ulysses group (actor.ulysses_sequence_parallel_size)
     seed: int = 0  # sampling seed (placement-invariant streams)
     device: str = "cpu"  # "cuda" on GPU pools
     sync_backend: str = "object_store"  # or "collective"

@@ -281,6 +281,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if offload is not None or policy is not None:
         put("actor.param_offload", bool(offload) or bool(policy), src=f"{fsdp}.param_offload")
     take("actor.optimizer_offload", f"{fsdp}.optimizer_offload", bool)
+    # Ulysses: verl-omni sets it in the actor's fsdp_config, verl on the actor itself
+    take("actor.ulysses_sequence_parallel_size", f"{fsdp}.ulysses_sequence_parallel_size", int)
+    if get(f"{fsdp}.ulysses_sequence_parallel_size") is None:
+        take("actor.ulysses_sequence_parallel_size", f"{ARR}.actor.ulysses_sequence_parallel_size", int)
     rank = take("model.lora_rank", f"{ARR}.model.lora_rank", int)
     if rank:
         take("model.lora_alpha", f"{ARR}.model.lora_alpha", float)
