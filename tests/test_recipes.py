@@ -25,10 +25,13 @@ SETTINGS = {
     "qwen-image-20b-32": (32, 2, 30, "Qwen/Qwen-Image"),
     "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
+    "wan2.1-14b-720p-32": (32, 4, 28, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "hunyuanvideo-13b-16": (16, 2, 14, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
 }
+#: setting -> (height, width, frames) in pixels where it is not the paper's (512 x 512 images, 352 x 352 x 25 video)
+RESOLUTION = {"wan2.1-14b-720p-32": (720, 1280, 81)}
 TWIN = "-colocated"
 ALL = sorted([*SETTINGS, *(s + TWIN for s in SETTINGS)])
 LAUNCH_DIR = recipes.RECIPES_DIR / "launch"
@@ -102,11 +105,13 @@ def test_latent_size_matches_the_paper_resolution(name):
     cfg, _ = _dry_run(name)
     arch = canonical_arch(cfg.model.arch)
     assert cfg.model.arch == arch
-    if MODEL_REGISTRY[arch].latent_ndim == 5:  # 352 x 352 x 25 video: 8x spatial, 4x causal temporal VAE
-        assert cfg.model.latent_size == 352 // 8 and cfg.model.num_frames == 25
-        assert (cfg.model.num_frames - 1) // 4 + 1 == 7
+    m = cfg.model
+    if MODEL_REGISTRY[arch].latent_ndim == 5:  # video: 8x spatial, 4x causal temporal VAE
+        height, width, frames = RESOLUTION.get(name, (352, 352, 25))
+        assert (m.latent_size, m.latent_width or m.latent_size, m.num_frames) == (height // 8, width // 8, frames)
+        assert (frames - 1) % 4 == 0
     else:  # 512 x 512 images, 8x VAE
-        assert cfg.model.latent_size == 512 // 8 and cfg.model.num_frames is None
+        assert m.latent_size == 512 // 8 and m.num_frames is None
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
@@ -134,6 +139,21 @@ def _gb(resource: str) -> int:
     match = re.search(r"(\d+)\s*gb", resource.lower())
     assert match, f"node resource {resource!r} does not name the GPU memory"
     return int(match.group(1))
+
+
+def test_wan_720p_fits_only_with_ulysses_and_the_refusal_says_so():
+    """One row of 75,600 tokens does not fit an 80 GB GPU even with checkpointing; cut over 4 GPUs it does, and
+    the refusal without it names the Ulysses size that fits, with its figure."""
+    from verl_digen.config import ConfigError
+    from verl_digen.config.memory import memory_plan
+
+    cfg, _ = _dry_run("wan2.1-14b-720p-32")
+    assert cfg.actor.ulysses_sequence_parallel_size == 4 and cfg.resources.trainer.workers % 4 == 0
+    assert memory_plan(cfg).pools[-1].fits
+    with pytest.raises(ConfigError, match=r"actor.ulysses_sequence_parallel_size=2 with digen.tsp.rows_per_pass=1.*"
+                                          r"GiB\)") as err:
+        validate(_compose("wan2.1-14b-720p-32", "actor.ulysses_sequence_parallel_size=1", "digen.tsp.rows_per_pass=1"))
+    assert "still over" not in str(err.value).split("ulysses_sequence_parallel_size=2")[1].split(";")[0]
 
 
 def test_heterogeneous_recipe_trains_on_the_stronger_gpus():

@@ -187,6 +187,7 @@ def test_suggestions_follow_the_dominant_term_each_with_its_figure():
     tips = _refusal(act).split("; ")
     assert tips[0].startswith("actor.activation_checkpointing=true (") and "GiB" in tips[0]
     assert tips[1].startswith("fewer rows per pass: at most ")
+    assert not any("ulysses" in t for t in tips)  # rows per pass fit: fewer of them is the simpler fix
     # model state dominates (few trainer GPUs, checkpointing on): offload and more trainer GPUs first
     state = _preset_cfg("qwen-image-20b-32", "resources.trainer.workers=2", "rollout.n=4", "rollout.micro_batch_size=2",
                         "actor.activation_checkpointing=true", "digen.tsp.degree=1", "digen.tag.policy=never")
@@ -194,6 +195,7 @@ def test_suggestions_follow_the_dominant_term_each_with_its_figure():
     assert pool.dominant == "model state"
     tips = _refusal(state).split("; ")
     assert tips[0].startswith("actor.optimizer_offload=true (")
+    assert not any("ulysses" in t for t in tips)  # an image model has no sequence to cut
     more = next(t for t in tips if t.startswith("more trainer GPUs"))
     r = int(more.split("resources.trainer.workers=")[1].split(" ")[0])
     need = memory.memory_need(state, trainer_workers=r)["trainer"]

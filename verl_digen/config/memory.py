@@ -17,7 +17,9 @@ reference.
 
 Activations (per trained row, per block): ``ACT_VALUES_PER_TOKEN`` values of the compute dtype per
 token and hidden unit (the transformer-layer count of Korthikanti et al., 34 bytes of 16-bit values
-without the attention-score term, which fused attention does not keep). With activation
+without the attention-score term, which fused attention does not keep), for the tokens a rank holds:
+1/size of them with Ulysses (``actor.ulysses_sequence_parallel_size``; its all-to-all buffers hold one
+block's q, k, v of those tokens, within the same count). With activation
 checkpointing a block keeps its input only (1 value), plus one block's full set during its recompute.
 Generating (no autograd) keeps nothing between blocks: the peak is one block's live tensors,
 ``GEN_VALUES_PER_TOKEN`` values per token and hidden unit per generated row (the MLP: the residual,
@@ -279,8 +281,8 @@ def _cfg_branches(cfg: RunConfig) -> int:
 
 def rows_per_rank(cfg: RunConfig) -> int:
     """(sample x trained step) rows one trainer rank pushes through the transformer in one pass:
-    ``digen.tsp.rows_per_pass`` when set (row packing), else an update's samples over the ranks x the
-    TSP degree (colocated: the whole batch)."""
+    ``digen.tsp.rows_per_pass`` when set (row packing), else an update's samples over the ranks' Ulysses
+    groups x the TSP degree (colocated: the whole batch); with Ulysses a rank holds 1/size of each row's tokens."""
     packed = getattr(cfg.digen.tsp, "rows_per_pass", None)
     if packed is not None:
         return int(packed)
@@ -290,7 +292,8 @@ def rows_per_rank(cfg: RunConfig) -> int:
     else:
         ranks = cfg.resources.trainer.workers
         samples = sched.mb_size * sched.update_size(sched.make_partition(cfg.resources.generator.workers).unit_size)
-    return max(1, math.ceil(samples / ranks)) * sched.tsp_degree
+    groups = max(1, ranks // cfg.actor.ulysses_sequence_parallel_size)
+    return max(1, math.ceil(samples / groups)) * sched.tsp_degree
 
 
 def _trainer_rows(cfg: RunConfig) -> int:
@@ -340,7 +343,8 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         (host if a.param_offload else gpu)["step weights"] = trainable * master_b / (1 if lora else ranks)
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b
     trows = (rows_per_rank(cfg) if rows is None else rows) * _cfg_branches(cfg)
-    gpu["activations"] = activation_bytes(trows, lb, t, h, compute_b, a.activation_checkpointing)
+    local_tokens = math.ceil(t / a.ulysses_sequence_parallel_size)  # Ulysses: this rank's share of each row's
+    gpu["activations"] = activation_bytes(trows, lb, local_tokens, h, compute_b, a.activation_checkpointing)
     if a.kl_coef > 0 and not lora:
         (host if a.param_offload else gpu)["reference"] = n * compute_b / ranks
     encoders, vae = size.text_encoder_params * model_b, size.vae_params * model_b
@@ -485,6 +489,8 @@ def suggestions(cfg: RunConfig, pool: PoolMemory, size: ModelSize) -> list[str]:
         activations.append(f"fewer rows per pass: at most {cap} (sample x step) rows per trainer rank per pass fit, "
                            f"now {rows} ({_fig(trainer_pool(cfg, rows=cap))}; digen.tsp.rows_per_pass or "
                            "digen.tsp.degree)")
+    if cap == 0 and a.ulysses_sequence_parallel_size == 1:
+        activations += _ulysses_suggestion(cfg, trainer_pool)
     state = []
     if pool.parts.get("optimizer"):
         state.append(f"actor.optimizer_offload=true ({_fig(trainer_pool(_set(cfg, 'actor', optimizer_offload=True)))})")
@@ -508,6 +514,20 @@ def suggestions(cfg: RunConfig, pool: PoolMemory, size: ModelSize) -> list[str]:
     order = order.get(pool.dominant, (state, generation, activations))
     out = [s for group in order for s in group]
     return out or [f"GPUs with at least {pool.total / GIB:.3g} GiB"]
+
+
+def _ulysses_suggestion(cfg: RunConfig, trainer_pool) -> list[str]:
+    """When not even one (sample x step) row fits a trainer GPU: the smallest Ulysses size this run can be cut
+    into with which one row per pass fits (else the largest it can be cut into), as a suggestion."""
+    from verl_digen.config.checks import sequence_parallel_problem
+
+    sizes = [p for p in (2, 4, 8) if sequence_parallel_problem(cfg, p) is None]
+    for size in sizes:
+        alt = trainer_pool(_set(cfg, "actor", ulysses_sequence_parallel_size=size), rows=1)
+        if alt.fits or size == sizes[-1]:
+            return [f"actor.ulysses_sequence_parallel_size={size} with digen.tsp.rows_per_pass=1: not even one row "
+                    f"fits a GPU; each of {size} GPUs would hold 1/{size} of its tokens ({_fig(alt)})"]
+    return []
 
 
 def check_fits(cfg: RunConfig) -> MemoryPlan | None:

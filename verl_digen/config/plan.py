@@ -17,7 +17,7 @@ from verl_digen.schedule.split_search import ceiling
 
 def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
     """(the run's cost model resized to its pools, whether its pools are fixed by their hardware), when
-    ``digen.profile`` names one; a preset is re-derived for the run's sampling steps and trained steps."""
+    ``digen.profile`` names one; a preset is re-derived for the run's sampling steps, trained steps and Ulysses size."""
     if not cfg.digen.profile:
         return None
     try:
@@ -25,7 +25,8 @@ def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
     except ValueError as err:
         raise ConfigError("digen.profile", cfg.digen.profile, "a profile file or a preset name") from err
     if spec is not None:
-        model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps()).model
+        model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps(),
+                           sequence_parallel=cfg.actor.ulysses_sequence_parallel_size).model
     model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
     return model, bool(spec is not None and spec.heterogeneous)
 
@@ -110,11 +111,13 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     def where(node_resource: str | None) -> str:
         return f"nodes with resource '{node_resource}'" if node_resource else f"any {dev} node"
 
+    sp = cfg.actor.ulysses_sequence_parallel_size
+    groups = f", training in Ulysses groups of {sp} (actor.ulysses_sequence_parallel_size)" if sp > 1 else ""
     if cfg.trainer.mode == COLOCATED:
-        pools = [("colocated", cfg.total_workers, where(res.trainer.node_resource))]
+        pools = [("colocated", cfg.total_workers, where(res.trainer.node_resource) + groups)]
     else:
         pools = [("generator", res.generator.workers, where(res.generator.node_resource)),
-                 ("trainer", res.trainer.workers, where(res.trainer.node_resource))]
+                 ("trainer", res.trainer.workers, where(res.trainer.node_resource) + groups)]
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()

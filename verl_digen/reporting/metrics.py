@@ -144,7 +144,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
             samples = pool_samples(samples)
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
-                     steps_trained=k)
+                     steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
     if probes:
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     d = cfg.digen

@@ -194,6 +194,9 @@ class CostModel:
     weight_sync: float = 0.0  # one generator fetches and installs a published version
     publish: float = 0.0  # trainer: gather the new version and publish it once
     baselines: BaselineCosts = BaselineCosts()
+    # trainer GPUs per Ulysses group: a group trains the same rows (its GPUs each hold 1/size of their tokens,
+    # priced in ``Hardware.train_pass``), so rows are shared over ranks / size data-parallel groups
+    sequence_parallel: int = 1
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -201,6 +204,8 @@ class CostModel:
             raise ValueError(f"steps_trained must be a positive integer, got {self.steps_trained!r}")
         if not 0 < self.keep_fraction <= 1:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
+        if not isinstance(self.sequence_parallel, int) or self.sequence_parallel < 1:
+            raise ValueError(f"sequence_parallel must be a positive integer, got {self.sequence_parallel!r}")
         for name in SCALAR_COSTS:
             _check_cost(name, getattr(self, name))
 
@@ -219,11 +224,11 @@ class CostModel:
 
     def train_time(self, samples: float, tsp_degree: int, ranks: int, hw: Hardware, per_sample: bool = False,
                    rows_per_pass: int | None = None) -> float:
-        """Forward+backward of ``samples`` generated samples on ``ranks`` data-parallel GPUs
-        (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
+        """Forward+backward of ``samples`` generated samples on ``ranks`` GPUs, data-parallel over their
+        Ulysses groups (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
         ``rows_per_pass``: rows per rank per pass, ``rows.row_plan``'s ``cap``)."""
         if per_sample:
-            each = math.ceil(samples * self.keep_fraction / ranks - 1e-9)
+            each = math.ceil(samples * self.keep_fraction / self.data_parallel(ranks) - 1e-9)
             return each * sum(hw.train_pass(d) for d in passes(self.steps_trained, tsp_degree))
         return sum(hw.train_pass(r) for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
 
@@ -297,12 +302,16 @@ class CostModel:
             })
         return phases
 
+    def data_parallel(self, ranks: int) -> int:
+        """The data-parallel width of ``ranks`` trainer GPUs: their Ulysses groups."""
+        return max(1, ranks // self.sequence_parallel)
+
     def _pass_rows(self, samples: float, tsp_degree: int, ranks: int, rows_per_pass: int | None = None) -> list[int]:
         """Rows per pass on the most-loaded rank, exactly as the trainer runs them (``rows``)."""
         kept = math.ceil(samples * self.keep_fraction - 1e-9)
         if kept <= 0:
             return []
-        return row_plan(kept, self.steps_trained, ranks, tsp_degree, rows_per_pass).pass_rows()
+        return row_plan(kept, self.steps_trained, self.data_parallel(ranks), tsp_degree, rows_per_pass).pass_rows()
 
 
 def uniform_stage_costs(generate: float, update: float, **kw: float) -> StageCosts:

@@ -83,6 +83,13 @@ class Fabric:
         engine's resharding, one forward of sampling through FSDP shards)."""
         return self.ring(params * self.param_bytes, self._shard_group(ranks))
 
+    def all_to_all(self, nbytes: float, ranks: int) -> float:
+        """Seconds of one all-to-all in which each of ``ranks`` GPUs holds ``nbytes`` and keeps 1/ranks of
+        it (Ulysses sequence parallelism: tokens-sharded to heads-sharded and back)."""
+        if ranks <= 1 or nbytes <= 0:
+            return 0.0
+        return nbytes * (ranks - 1) / ranks / (self.link_gbs(ranks) * 1e9)
+
     def send(self, nbytes: float) -> float:
         """One point-to-point stream between pools (a weight pickup): one NIC."""
         return nbytes / (self.nic_gbs * 1e9)

@@ -92,6 +92,7 @@ class Setting:
     activation_checkpointing: bool = True  # a training row re-runs its forward in the backward
     lora: bool = False  # LoRA: no weight gradients for the base (backward ~ one forward), tiny state
     reward_params_b: float = 8.0  # Qwen3-VL-8B-class scorer
+    sequence_parallel: int = 1  # trainer GPUs per Ulysses group (actor.ulysses_sequence_parallel_size)
 
     def trained(self) -> int:
         return self.trained_k or trained_steps(self.sampling_steps, self.timestep_fraction)
@@ -103,6 +104,7 @@ CALL_OVERHEAD_S = {False: 0.5, True: 1.5}  # per sampling call: text encoding, s
 DECODE_SHARE = {False: 0.03, True: 0.10}  # VAE decode relative to the denoising loop
 SCORE_DECODE_S = 0.1  # a short generated answer from the VLM scorer
 PASS_LAUNCH_S = 0.05  # per training pass: optimizer hooks, launches, data movement
+ALL_TO_ALLS = 4  # per attention with Ulysses: q, k and v to heads-sharded, the output back to tokens-sharded
 STATE_BYTES = 12  # fp32 master weights + Adam moments per parameter
 SYNC_PROTOCOL = 1.5  # weight pickup: transfer x this for serialization and install
 # A rollout engine's wake / sleep beyond moving its weights (memory pools, graph capture, cache
@@ -137,11 +139,17 @@ def hardware(model: DiT, s: Setting, bed: Testbed, fsdp_ranks: int, fabric: Fabr
     score_tokens = 1300 * (min(frames, 8) if model.video else 1)  # image tokens + prompt per sample
     score = 2 * s.reward_params_b * 1e9 * score_tokens / (gpu.dense_tflops * 1e12 * MFU_SCORE) + SCORE_DECODE_S
     backward = 1 if s.lora else 2  # activation gradients only vs activation + weight gradients
-    row_forwards = (1 + backward + s.activation_checkpointing) * (model.cfg_passes if s.train_cfg else 1)
+    branches = model.cfg_passes if s.train_cfg else 1
+    row_forwards = (1 + backward + s.activation_checkpointing) * branches
     comm = fabric.fsdp_pass(model.params_b * 1e9, fsdp_ranks, trainable=0.0 if s.lora else None)
     exposed = comm * 2 / model.blocks  # the first all-gather and the last reduce-scatter are not hidden
+    # Ulysses (sequence_parallel P): a rank computes 1/P of each row's tokens, and every attention of the forward,
+    # the backward and the recompute waits for its all-to-alls (4: q, k, v in, the output back) of its tokens
+    sp = s.sequence_parallel
+    a2a = ALL_TO_ALLS * model.blocks * (2 + s.activation_checkpointing) * branches * \
+        fabric.all_to_all(L / sp * model.hidden * fabric.param_bytes, sp)
     train = Affine(PASS_LAUNCH_S + exposed + row_forwards * per_token * gpu.tokens_half,
-                   row_forwards * per_token * L, floor=comm + exposed + PASS_LAUNCH_S)
+                   row_forwards * per_token * L / sp + a2a, floor=comm + exposed + PASS_LAUNCH_S)
     return Hardware(name=gpu.name, generate=sample, score=Affine(0.2, score), train_pass=train)
 
 
@@ -167,6 +175,7 @@ def derive(model: DiT, s: Setting, gen: Testbed, train: Testbed, gen_workers: in
         trainer=Pool(hardware(model, s, train, shard, fab_t), train_workers),
         steps_trained=s.trained(),
         keep_fraction=s.keep_fraction,
+        sequence_parallel=s.sequence_parallel,
         switch_to_gen=offload + gather,
         switch_to_train=offload,
         optimizer_step=0.2 + 16 * n / shard / 1e12,  # sharded Adam at ~1 TB/s memory traffic
@@ -227,6 +236,10 @@ IMAGE = Setting(sampling_steps=16, timestep_fraction=0.6)  # DanceGRPO FLUX
 QWEN = Setting(sampling_steps=10, timestep_fraction=0.6, train_cfg=True)  # FlowGRPO, CFG in the trained log-prob
 VIDEO_WAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25, train_cfg=True)
 VIDEO_HUNYUAN = Setting(sampling_steps=20, timestep_fraction=0.6, height=352, width=352, frames=25)
+# Wan2.1 at its release resolution, 1280x720x81 (75,600 tokens a sample): one trained row's activations are
+# ~80 GiB, so the trainer cuts every row over 4 GPUs (Ulysses); 2 of 20 steps trained, as SDE-window recipes do
+VIDEO_WAN_720P = Setting(sampling_steps=20, timestep_fraction=0.1, height=720, width=1280, frames=81, train_cfg=True,
+                         sequence_parallel=4)
 
 
 def _specs() -> dict[str, PresetSpec]:  # pragma: no mutate block (constant table)
@@ -246,6 +259,8 @@ def _specs() -> dict[str, PresetSpec]:  # pragma: no mutate block (constant tabl
             WAN, VIDEO_WAN, TESTBED_B, TESTBED_B, half, half, 4)
         add(f"hunyuanvideo-13b-{gpus}", f"HunyuanVideo-13B DanceGRPO 352x352x25, T=20, fraction 0.6, {gpus} x A",
             HUNYUAN, VIDEO_HUNYUAN, TESTBED_A, TESTBED_A, half, half, 4)
+    add("wan2.1-14b-720p-32", "Wan2.1-14B FlowGRPO 1280x720x81, T=20, 2 trained steps, Ulysses 4, 32 x testbed B",
+        WAN, VIDEO_WAN_720P, TESTBED_B, TESTBED_B, 8, 24, 2)
     add("hunyuanvideo-13b-hetero", "HunyuanVideo-13B, 8 x A (48 GB) generate + 8 x C (96 GB) train",
         HUNYUAN, VIDEO_HUNYUAN, TESTBED_A, TESTBED_C, 8, 8, 4)
     return out

@@ -10,6 +10,7 @@
     trainer:   {workers: 8, hardware: {name: H100, generate: {...}, train_pass: {fixed: 0.3, per_unit: 1.1}}}
     steps_trained: 12          # K, timesteps trained per sample
     keep_fraction: 1.0         # share of samples trained (best-of-N < 1)
+    sequence_parallel: 1       # trainer GPUs per Ulysses group (rows are shared over workers / this)
     switch_to_gen: 0.8         # seconds; also switch_to_train, optimizer_step, weight_sync, publish
     workload: {prompts: 4, group_size: 8, mb_size: 1, tsp_degree: 4, staleness: 0.25, steps: 4}  # optional
     samples:                   # optional raw measurements; refit the affine costs above
@@ -100,6 +101,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         trainer=_pool(d.get("trainer"), "trainer"),
         steps_trained=int(d.get("steps_trained", 1)),
         keep_fraction=float(d.get("keep_fraction", 1.0)),
+        sequence_parallel=int(d.get("sequence_parallel", 1)),
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
         baselines=_baselines(d.get("baselines")),
     )
@@ -151,7 +153,7 @@ def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
         elif kind == "update":  # whole micro-batch update -> per-pass points
             d = int(s.get("tsp_degree", 1))
             ps = passes(model.steps_trained, d)
-            rows = max(1.0, math.ceil(size * model.keep_fraction * ps[0] / R))
+            rows = max(1.0, math.ceil(size * model.keep_fraction * ps[0] / model.data_parallel(R)))
             pts[("trainer", "train_pass")].append((rows, secs / len(ps)))
         elif kind in _AFFINES:
             pool = s.get("pool", "trainer" if kind == "train_pass" else "generator")
@@ -178,6 +180,8 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
         out[pool] = {"workers": p.workers, "hardware": hw(p.hardware)}
     out["steps_trained"] = model.steps_trained
     out["keep_fraction"] = model.keep_fraction
+    if model.sequence_parallel > 1:
+        out["sequence_parallel"] = model.sequence_parallel
     out.update({k: getattr(model, k) for k in _SCALARS})
     if model.baselines != BaselineCosts():
         out["baselines"] = asdict(model.baselines)

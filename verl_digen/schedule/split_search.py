@@ -116,7 +116,7 @@ def _rows_per_pass(model: CostModel, config: ScheduleConfig, generators: int, ca
     """The rows per rank per pass a memory ``cap`` leaves: what the TSP degree gives, at most ``cap``."""
     samples = config.mb_size * config.update_size(config.make_partition(generators).unit_size)
     kept = max(1, math.ceil(samples * model.keep_fraction - 1e-9))
-    natural = row_plan(kept, model.steps_trained, model.trainer.workers, config.tsp_degree).cap
+    natural = row_plan(kept, model.steps_trained, model.data_parallel(model.trainer.workers), config.tsp_degree).cap
     return min(natural, cap)
 
 
@@ -163,6 +163,8 @@ def search(
     for g in splits:
         m = models[g] = model if fixed_split else model.with_workers(g, total - g)
         r = m.trainer.workers
+        if r % m.sequence_parallel:
+            continue  # the trainer pool must split into whole Ulysses groups
         for mb in (sorted(set(mb_sizes)) if mb_sizes is not None else mb_sizes_for(workload, g)):
             try:
                 shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
