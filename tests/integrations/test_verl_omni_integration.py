@@ -174,14 +174,18 @@ def test_dtype_device_grad_clip_and_window_range_defaults():
 
 
 def test_ulysses_size_carries_over_from_verl_omnis_fsdp_config_or_verls_actor_key():
-    def size(actor: dict) -> int | None:
-        return vo.from_verl_omni_config({"actor_rollout_ref": {"actor": actor}}).get(
-            "actor.ulysses_sequence_parallel_size")
+    def size(actor: dict, path: str | None = None, notes: list | None = None) -> int | None:
+        return vo.from_verl_omni_config({"actor_rollout_ref": {"actor": actor, "model": {"path": path}}},
+                                        notes=notes).get("actor.ulysses_sequence_parallel_size")
 
     assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 4}}) == 4  # verl-omni's examples
     assert size({"ulysses_sequence_parallel_size": 2}) == 2  # verl's actor key
     assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 4}, "ulysses_sequence_parallel_size": 2}) == 4
     assert size({}) is None
+    assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 2}}, "Wan-AI/Wan2.1-T2V-14B-Diffusers") == 2
+    notes: list[str] = []  # verl-omni's Qwen-Image sp2 example: an image model trains without it, said so
+    assert size({"fsdp_config": {"ulysses_sequence_parallel_size": 2}}, "Qwen/Qwen-Image", notes) is None
+    assert any("ulysses_sequence_parallel_size=2" in n and "qwen_image trains without it" in n for n in notes)
 
 
 def test_window_range_bounds_the_drawn_window():

@@ -12,12 +12,10 @@ spawned gloo group (no Ray) whose rank 0 writes its results to a file.
 
 from __future__ import annotations
 
-import os
-
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
+from two_ranks import run_on_two_ranks
 
 from verl_digen.models import apply_lora, build_tiny_model
 from verl_digen.models.ulysses import enable_sequence_parallel, plan_for, size_problem, video_tokens
@@ -51,10 +49,8 @@ def _run(arch: str, checkpointing: bool, lora: int, group=None) -> dict:
     return {"velocity": v.detach(), "grads": grads}
 
 
-def _two_rank_main(rank: int, init: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=2)
-    group = dist.new_group([0, 1])
+def _two_rank_main(rank: int, world: int) -> dict:
+    group = dist.new_group(list(range(world)))
     res = {}
     for name, (arch, checkpointing, lora) in CASES.items():
         got = _run(arch, checkpointing, lora, group)
@@ -63,19 +59,12 @@ def _two_rank_main(rank: int, init: str, out: str) -> None:
         peer = [torch.empty_like(got["velocity"]) for _ in range(2)]
         dist.all_gather(peer, got["velocity"])
         res[name] = {"velocity": peer, "grads": got["grads"]}
-    if rank == 0:
-        torch.save(res, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return res
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    d = tmp_path_factory.mktemp("ulysses")
-    init, out = str(d / "init"), str(d / "out.pt")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_two_rank_main, args=(init, out), nprocs=2, join=True)
-    return torch.load(out, weights_only=False)
+    return run_on_two_ranks(_two_rank_main, tmp_path_factory.mktemp("ulysses"))
 
 
 @pytest.mark.parametrize("name", list(CASES))

@@ -16,3 +16,16 @@ def compose_run(*overrides: str, tmp_path=None) -> RunConfig:
     if tmp_path is not None:
         extra = [f"trainer.trace_dir={tmp_path}/trace", f"trainer.default_local_dir={tmp_path}/ckpt"]
     return compose([*TINY, *extra, *overrides])
+
+
+def train(cfg: RunConfig):
+    """Run ``cfg`` through the Ray runtime; returns (result, rank 0's trained parameters)."""
+    from verl_digen.driver.runtime import DigenRuntime  # not at import: the subprocess script needs no runtime
+
+    trainer = DigenRuntime(cfg, log=lambda _: None)
+    try:
+        result = trainer.fit()
+        params = trainer.trn_wg.full_state()[0]["params"]
+    finally:
+        trainer.shutdown()
+    return result, params

@@ -11,13 +11,12 @@ from __future__ import annotations
 
 import pytest
 import torch
-from runtime_helpers import compose_run
+from runtime_helpers import compose_run, train
 
 from verl_digen.algo.advantages import group_advantages
 from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.tsp import recompute_log_probs, sequential_backward
 from verl_digen.data import PromptDataset
-from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.rewards import build_reward
 from verl_digen.schedule import check_timeline
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
@@ -29,16 +28,6 @@ pytestmark = pytest.mark.ray
 #: 4 prompts x 2 samples, 2 mini-batches of 2 prompts, 2 steps; micro-batches of one sample
 SHAPE = ["data.train_batch_size=4", "rollout.micro_batch_size=1", "actor.ppo_mini_batch_size=2",
          "trainer.total_steps=2", "actor.lr=0.02"]
-
-
-def _train(cfg):
-    trainer = DigenRuntime(cfg, log=lambda _: None)
-    try:
-        result = trainer.fit()
-        params = trainer.trn_wg.full_state()[0]["params"]
-    finally:
-        trainer.shutdown()
-    return result, params
 
 
 def verl_reference(cfg, steps: int) -> dict[str, torch.Tensor]:
@@ -88,8 +77,8 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
                         "digen.update_units=2", "digen.tsp.rows_per_pass=3", "resources.trainer.workers=2",
                         tmp_path=tmp_path / "d")
     colocated = compose_run("trainer=colocated", *common, tmp_path=tmp_path / "c")
-    res_d, params_d = _train(digen)
-    res_c, params_c = _train(colocated)
+    res_d, params_d = train(digen)
+    res_c, params_c = train(colocated)
     ref = verl_reference(digen, steps=2)
     assert _gap(params_d, ref) <= 1e-10 and _gap(params_c, ref) <= 1e-10, (_gap(params_d, ref), _gap(params_c, ref))
     # the weights moved in both mini-batches: one optimizer step per global step lands elsewhere
@@ -113,8 +102,8 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
 
 def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session, tmp_path):
     base = [*SHAPE[:2], "trainer.total_steps=2", "digen.tag.policy=static:1"]
-    _, unset = _train(compose_run(*base, tmp_path=tmp_path / "a"))
-    res, whole = _train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
+    _, unset = train(compose_run(*base, tmp_path=tmp_path / "a"))
+    res, whole = train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
     assert unset.keys() == whole.keys() and all(torch.equal(unset[k], whole[k]) for k in unset)
     assert [r.mb for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
 
@@ -124,7 +113,7 @@ def test_mini_batches_under_tcss_keep_one_version_per_trajectory_and_the_bound(r
     still exactly one version old and the step's stale share stays within the bound."""
     cfg = compose_run("trainer=digen", *SHAPE[:2], "actor.ppo_mini_batch_size=2", "trainer.total_steps=3",
                       "digen.tcss.staleness=0.5", "digen.tag.policy=never", tmp_path=tmp_path)
-    result, _ = _train(cfg)
+    result, _ = train(cfg)
     check_timeline(result.timeline, staleness_bound=0.5)
     recs = result.timeline.records
     stale = [r for r in recs if r.stale]

@@ -7,9 +7,8 @@ once in the metrics.
 """
 
 import pytest
-from runtime_helpers import compose_run
+from runtime_helpers import compose_run, train
 
-from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.models.ulysses import plan_for
 
 pytestmark = pytest.mark.ray
@@ -19,19 +18,9 @@ WAN = ["model.arch=wan", "model.num_frames=2", "actor.kl_coef=0.05", "digen.tag.
        "rollout.micro_batch_size=1", "actor.ppo_mini_batch_size=1"]
 
 
-def _train(cfg):
-    trainer = DigenRuntime(cfg, log=lambda _: None)
-    try:
-        result = trainer.fit()
-        params = trainer.trn_wg.full_state()[0]["params"]
-    finally:
-        trainer.shutdown()
-    return result, params
-
-
 def test_a_two_rank_ulysses_group_trains_like_one_rank(ray_session, tmp_path):
-    res_1, params_1 = _train(compose_run(*WAN, tmp_path=tmp_path / "one"))
-    res_sp, params_sp = _train(compose_run(*WAN, "resources.trainer.workers=2",
+    res_1, params_1 = train(compose_run(*WAN, tmp_path=tmp_path / "one"))
+    res_sp, params_sp = train(compose_run(*WAN, "resources.trainer.workers=2",
                                            "actor.ulysses_sequence_parallel_size=2", tmp_path=tmp_path / "sp"))
     assert params_1.keys() == params_sp.keys() and params_1
     # Wan's time embedding has its gradient summed in float32 upstream (~1e-8 relative apart: the plan's

@@ -13,7 +13,6 @@ The two-rank cases run in one spawned gloo group (no Ray) whose rank 0 writes it
 
 from __future__ import annotations
 
-import os
 import warnings
 from dataclasses import replace
 from types import SimpleNamespace
@@ -21,8 +20,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 from torch import nn
+from two_ranks import run_on_two_ranks
 
 from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.loss import LossConfig
@@ -173,9 +172,7 @@ def _toy_grads(sharded: bool, world: int) -> dict[str, torch.Tensor]:
     return {n: fsdp.full_tensor(p.grad) for n, p in toy.named_parameters()}
 
 
-def _two_rank_main(rank: int, world: int, init: str, out: str) -> None:
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{init}", rank=rank, world_size=world)
+def _two_rank_main(rank: int, world: int) -> dict:
     cpu = torch.device("cpu")
     res: dict = {}
     # 1. the full fine-tune's KL reference: sharded, never a full copy
@@ -202,19 +199,12 @@ def _two_rank_main(rank: int, world: int, init: str, out: str) -> None:
     res["master"] = train(master, mcfg, mmine, rows=len(mtraj))
     # 4. an in-place op on a view output of an FSDP2 block
     res["toy"] = _toy_grads(True, world)
-    if rank == 0:
-        torch.save(res, out)
-    dist.barrier()
-    dist.destroy_process_group()
+    return res
 
 
 @pytest.fixture(scope="module")
 def two_ranks(tmp_path_factory):
-    d = tmp_path_factory.mktemp("two_ranks")
-    init, out = str(d / "init"), str(d / "out.pt")
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    mp.spawn(_two_rank_main, args=(2, init, out), nprocs=2, join=True)
-    return torch.load(out, weights_only=False)
+    return run_on_two_ranks(_two_rank_main, tmp_path_factory.mktemp("two_ranks"))
 
 
 @pytest.mark.slow

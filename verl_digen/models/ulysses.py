@@ -115,9 +115,7 @@ class UlyssesAttention:
 
         if self.local_tokens is None:
             raise RuntimeError("UlyssesAttention called before the transformer's first block sliced its input")
-        n, heads = self.local_tokens, query.shape[2]
-        if heads % self.size:
-            raise ValueError(f"sequence parallel: {heads} attention heads cannot be split over {self.size} ranks")
+        n, heads = self.local_tokens, query.shape[2]  # heads: a multiple of the size (enable_sequence_parallel)
         mine = slice(self.rank * (heads // self.size), (self.rank + 1) * (heads // self.size))
 
         def whole(t: torch.Tensor) -> torch.Tensor:  # all image tokens, this rank's heads, then its text heads

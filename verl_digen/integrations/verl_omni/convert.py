@@ -119,6 +119,25 @@ def scheduler_shift(sched: Mapping[str, Any], height: int | None, width: int | N
     return math.exp(base_shift + slope * (seq_len - base_len))
 
 
+def _sequence_parallel(get: Callable[[str], Any], put: Callable[..., None], notes: list[str],
+                       arch: str | None) -> None:
+    """Ulysses: verl-omni sets it in the actor's fsdp_config, verl on the actor itself. verl-digen cuts only the
+    video models; for another model the size is left out (it changes memory, not the numbers), with a note."""
+    for src in (f"{ARR}.actor.fsdp_config.ulysses_sequence_parallel_size",
+                f"{ARR}.actor.ulysses_sequence_parallel_size"):
+        size = get(src)
+        if size is None:
+            continue
+        from verl_digen.models.ulysses import supported_archs
+
+        if int(size) > 1 and arch is not None and arch not in supported_archs():
+            notes.append(f"{src}={size}: verl-digen's sequence parallelism cuts only {', '.join(supported_archs())}; "
+                         f"{arch} trains without it (the same gradients; the memory plan checks that it fits)")
+        else:
+            put("actor.ulysses_sequence_parallel_size", int(size), src=src)
+        return
+
+
 def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, notes: list[str] | None = None,
                           used: set[str] | None = None, sources: dict[str, str] | None = None) -> dict[str, Any]:
     """Map a (resolved) verl-omni diffusion config onto verl-digen overrides, as ``{dotted key: value}``.
@@ -281,10 +300,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if offload is not None or policy is not None:
         put("actor.param_offload", bool(offload) or bool(policy), src=f"{fsdp}.param_offload")
     take("actor.optimizer_offload", f"{fsdp}.optimizer_offload", bool)
-    # Ulysses: verl-omni sets it in the actor's fsdp_config, verl on the actor itself
-    take("actor.ulysses_sequence_parallel_size", f"{fsdp}.ulysses_sequence_parallel_size", int)
-    if get(f"{fsdp}.ulysses_sequence_parallel_size") is None:
-        take("actor.ulysses_sequence_parallel_size", f"{ARR}.actor.ulysses_sequence_parallel_size", int)
+    _sequence_parallel(get, put, notes, out.get("model.arch"))
     rank = take("model.lora_rank", f"{ARR}.model.lora_rank", int)
     if rank:
         take("model.lora_alpha", f"{ARR}.model.lora_alpha", float)
