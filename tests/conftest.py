@@ -44,12 +44,36 @@ def verl_omni_snapshots(tmp_path_factory):
     return extract_snapshots(tmp_path_factory.mktemp("third_party"))
 
 
+VLLM_SKIP = "vllm-omni not importable: run scripts/vllm_tier.sh"
+
+
+def _vllm_omni_error() -> str | None:
+    """Why ``vllm_omni`` cannot be used here (None: it imports). Not installed is decided without importing."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm_omni") is None:
+        return "not installed"
+    try:
+        import vllm_omni.entrypoints.omni  # noqa: F401
+    except Exception as err:  # e.g. CUDA torchvision beside a CPU torch
+        return f"{type(err).__name__}: {err}"
+    return None
+
+
 def pytest_collection_modifyitems(items):
-    """A test that uses the shared Ray session is a ``ray`` test, and every ``ray`` test is ``slow``.
+    """``vllm`` tests skip, with the reason, where vllm-omni cannot be imported (the opt-in tier's venv,
+    ``scripts/vllm_tier.sh``, is where they run). A test that uses the shared Ray session is a ``ray`` test, and
+    every ``ray`` test is ``slow``.
 
     Then files with ``ray`` tests run first, then files with other ``slow`` tests, then the rest (each
     group in collection order): xdist hands out whole files in this order (``--no-loadscope-reorder`` in
     pytest.ini), so the long files start early and the many short ones fill the gaps at the end."""
+    vllm_items = [item for item in items if item.get_closest_marker("vllm")]
+    error = _vllm_omni_error() if vllm_items else None
+    if error is not None:
+        skip = pytest.mark.skip(reason=f"{VLLM_SKIP} ({error})")
+        for item in vllm_items:
+            item.add_marker(skip)
     for item in items:
         if "ray_session" in item.fixturenames:
             item.add_marker(pytest.mark.ray)

@@ -20,7 +20,7 @@ from verl_digen.models import build_model
 from verl_digen.models.packing import pack_2x2
 from verl_digen.rollout.denoise import denoise
 from verl_digen.rollout.omni import lora as L
-from verl_digen.rollout.omni.extension import LOAD_WEIGHTS, DigenWorkerExtension
+from verl_digen.rollout.omni.extension import LOAD_LORA, LOAD_WEIGHTS, DigenWorkerExtension
 from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output, to_pixels
 from verl_digen.rollout.omni.policy import engine_policy
 from verl_digen.rollout.omni.request import (
@@ -31,7 +31,7 @@ from verl_digen.rollout.omni.request import (
     StepSettings,
     build_requests,
 )
-from verl_digen.rollout.omni.served import ServedShape
+from verl_digen.rollout.omni.served import ServedShape, read_served_shape
 from verl_digen.rollout.omni.stepper import step_batch
 from verl_digen.rollout.sampler import SamplerConfig, sample_trajectories
 from verl_digen.workers.config import PolicyConfig, WorkerConfig
@@ -130,7 +130,8 @@ def _requests(model, cfg: SamplerConfig):
 
 @pytest.fixture(scope="module")
 def models():
-    return {arch: build_model(arch, dtype=torch.float64, seed=0) for arch in ("sd3", "flux", "qwen_image", "wan")}
+    return {arch: build_model(arch, dtype=torch.float64, seed=0)
+            for arch in ("sd3", "flux", "qwen_image", "wan", "hunyuan_video")}
 
 
 # -- the RL pipeline's loop equals the diffusers sampler ------------------------------------------------------
@@ -140,6 +141,7 @@ def models():
     ("flux", "dance_grpo", StepSelection("random_k", k=2), 3.5, True),  # distilled guidance, packed tokens
     ("qwen_image", "flow_grpo", StepSelection("window", k=2, window_range=(1, 4)), 2.0, False),  # packed + CFG
     ("wan", "dance_grpo", StepSelection("random_k", k=3), 1.5, False),
+    ("hunyuan_video", "flow_grpo", StepSelection("first_k", k=2), 6.0, False),  # distilled guidance, text mask
 ])
 def test_pipeline_loop_equals_sampler_bit_for_bit(models, arch, sde, selection, gs, shared):
     model = models[arch]
@@ -311,6 +313,8 @@ def test_to_pixels_reads_pil_tensors_and_video():
                        (img * 255).round() / 255)
     assert to_pixels(torch.rand(5, 4, 6, 3)).shape == (3, 5, 4, 6)  # frames, H, W, C
     assert to_pixels([_pil(img), _pil(img)]).shape == (3, 2, 4, 6)  # a list of frames
+    video = torch.randint(0, 256, (1, 5, 4, 6, 3), dtype=torch.uint8)  # Wan's post-processor: (1, F, H, W, C)
+    assert torch.equal(to_pixels(video), video[0].permute(3, 0, 1, 2).float() / 255)
 
 
 # -- weights ----------------------------------------------------------------------------------------------
@@ -334,6 +338,44 @@ def test_lora_updates_keep_one_adapter_id_and_one_directory(models):
     backend.close()
     assert not slot_dir.exists()
     assert set(os.listdir(tempfile.gettempdir())) - before == set()
+
+
+def test_lora_names_follow_the_engines_modules_where_they_differ(models):
+    """vllm-omni's Qwen-Image and Wan have one ``to_out`` layer where diffusers has ``to_out.0``: the adapter
+    config's targets and the saved keys are renamed for the engine, other names are left alone."""
+    renames = L.ENGINE_MODULE_RENAMES["wan"]
+    assert L.engine_name("blocks.0.attn1.to_out.0.lora_A.weight", renames) == "blocks.0.attn1.to_out.lora_A.weight"
+    assert L.engine_name("to_out.0", renames) == "to_out"
+    assert L.engine_name("blocks.0.attn1.to_q.lora_A.weight", renames) == "blocks.0.attn1.to_q.lora_A.weight"
+    assert "sd3" not in L.ENGINE_MODULE_RENAMES  # SD3's engine keeps diffusers' names
+    backend, _ = _backend(models, "wan", _sampler(), lora_rank=2)
+    assert "to_out" in backend.slot.config["target_modules"] and "to_out.0" not in backend.slot.config["target_modules"]
+    backend.load_weights(1, {"blocks.0.attn1.to_out.0.lora_B.weight": torch.ones(2, 2)})
+    from safetensors.torch import load_file
+
+    saved = load_file(str(backend.slot.dir / L.WEIGHTS_FILE))
+    assert set(saved) == {"base_model.model.blocks.0.attn1.to_out.lora_B.weight"}
+    backend.close()
+
+
+def test_hunyuan_video_lora_goes_through_the_worker_extension(models):
+    """vllm-omni's LoRA manager cannot wrap the diffusers layers of HunyuanVideo's pipeline: its adapters go
+    to the pipeline through the extension, with the trainer's PEFT config, and no adapter directory is made."""
+    backend, engine = _backend(models, "hunyuan_video", _sampler(), lora_rank=2)
+    assert backend.slot is None and backend.lora_config["r"] == 2
+    state = {"transformer_blocks.0.attn.to_q.lora_A.weight": torch.ones(2, 32)}
+    backend.load_weights(1, state)
+    ((method, (sent, config)),) = engine.rpcs
+    assert method == LOAD_LORA and torch.equal(sent[next(iter(state))], state[next(iter(state))])
+    assert config == backend.lora_config and backend.lora_request is None
+
+
+def test_served_shape_is_read_from_a_checkpoints_config_files(tmp_path, models):
+    model = models["wan"]
+    model.transformer.save_config(tmp_path / "transformer")
+    model.vae.save_config(tmp_path / "vae")
+    shape = read_served_shape("wan", str(tmp_path), latent_size=8, latent_width=12, num_frames=9)
+    assert shape.latent_shape == (model.transformer.config.in_channels, 3, 8, 12)  # 8x spatial, 4x temporal VAE
 
 
 def test_full_fine_tune_goes_through_the_worker_extension(models):

@@ -13,7 +13,8 @@ batch through verl-digen's RL pipeline for the architecture (``rollout.omni.pipe
 
 The engine holds the only copy of the policy on the generator GPU; the generator keeps the checkpoint's
 text encoders for ``Trajectories.cond`` (``rollout.omni.served``). Weights: LoRA through one adapter
-directory and id (``rollout.omni.lora``), a full fine-tune through the worker extension
+directory and id (``rollout.omni.lora``; HunyuanVideo, whose diffusers layers vllm-omni's LoRA manager cannot
+wrap, through the worker extension into its pipeline), a full fine-tune through the worker extension
 (``rollout.omni.extension``) calling the pipeline's ``load_weights``.
 
 The vllm-omni 0.30.0 APIs relied on, checked against that wheel's source (paths in the vllm-omni package):
@@ -67,7 +68,7 @@ from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.models.base import Conditioning
 from verl_digen.models.lora import default_lora_targets
 from verl_digen.rollout.omni import lora as L
-from verl_digen.rollout.omni.extension import EXTENSION_CLASS, LOAD_WEIGHTS
+from verl_digen.rollout.omni.extension import EXTENSION_CLASS, LOAD_LORA, LOAD_WEIGHTS
 from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output
 from verl_digen.rollout.omni.request import EngineRequests, build_requests, is_digen_pipeline, pipeline_class
 from verl_digen.rollout.omni.served import ServedShape, TextConditioner, read_served_shape
@@ -130,9 +131,14 @@ class VllmOmniRollout:
         self.params_cls, self.lora_cls = params_cls, lora_cls
         self.lora_request = None
         self.slot: L.LoraSlot | None = None
+        self.lora_config: dict[str, Any] | None = None  # adapters installed through the worker extension
         if p.lora:
             targets = p.lora_target_modules or default_lora_targets(MODEL_REGISTRY[self.arch])
-            self.slot = L.LoraSlot(L.peft_config(p.lora_rank, p.lora_alpha, targets), lora_cls)
+            config = L.peft_config(p.lora_rank, p.lora_alpha, targets)
+            if self.layout == DIGEN and self.arch in L.EXTENSION_LORA_ARCHS:
+                self.lora_config = config
+            else:
+                self.slot = L.LoraSlot(config, lora_cls, L.ENGINE_MODULE_RENAMES.get(self.arch))
         self._weights: dict[str, torch.Tensor] = {}
 
     # -- weights --------------------------------------------------------------------------------------
@@ -142,6 +148,8 @@ class VllmOmniRollout:
         if self.slot is not None:
             self.lora_request = self.slot.write(version, state)
             self._rpc("remove_lora", (L.ADAPTER_ID,))  # the next request re-reads the directory
+        elif self.lora_config is not None:
+            self._rpc(LOAD_LORA, ({k: v.detach().to("cpu") for k, v in state.items()}, self.lora_config))
         else:
             self._rpc(LOAD_WEIGHTS, ({k: v.detach().to("cpu") for k, v in state.items()},))
         self._weights = {k: v.detach().to("cpu", copy=True) for k, v in state.items()}

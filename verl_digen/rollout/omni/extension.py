@@ -8,14 +8,25 @@ from __future__ import annotations
 import torch
 
 EXTENSION_CLASS = "verl_digen.rollout.omni.extension.DigenWorkerExtension"
-#: the collective_rpc method name (one home: the backend calls it by this name)
+#: the collective_rpc method names (one home: the backend calls them by these names)
 LOAD_WEIGHTS = "digen_load_weights"
+LOAD_LORA = "digen_load_lora"
 
 
 class DigenWorkerExtension:
     """Mixed into vllm-omni's ``DiffusionWorker``: weight updates of the served transformer."""
 
     model_runner: object  # set by the worker this class is mixed into
+
+    def re_init_pipeline(self, custom_pipeline_args: dict) -> None:
+        """Build the RL pipeline named by ``custom_pipeline_args``. vllm-omni mixes its own
+        ``CustomPipelineWorkerExtension`` (which has this method) into the worker only when no
+        ``worker_extension_cls`` is given (``vllm_omni/diffusion/worker/diffusion_worker.py:1737-1741``), yet
+        calls it whenever a ``pipeline_class`` is (``:1713-1715``): an extension must provide it. Delegates to
+        vllm-omni's (``:1113-1136``), imported here, on the worker, so this module still imports without vllm."""
+        from vllm_omni.diffusion.worker.diffusion_worker import CustomPipelineWorkerExtension
+
+        CustomPipelineWorkerExtension.re_init_pipeline(self, custom_pipeline_args)  # type: ignore[arg-type]
 
     def digen_load_weights(self, state: dict[str, torch.Tensor]) -> int:
         """Load the trainer's transformer weights (diffusers names) into the pipeline; returns their count."""
@@ -25,4 +36,15 @@ class DigenWorkerExtension:
             raise RuntimeError(f"the served pipeline {type(pipeline).__name__} is not a verl-digen RL pipeline: "
                                "full fine-tune updates need one (rollout.vllm_pipeline null)")
         load(state)
+        return len(state)
+
+    def digen_load_lora(self, state: dict[str, torch.Tensor], config: dict) -> int:
+        """Install LoRA adapters (PEFT names, ``rollout.omni.lora.peft_config``) into a pipeline that serves them
+        itself (HunyuanVideo's diffusers pipeline); returns their count."""
+        pipeline = getattr(self.model_runner, "pipeline", None)
+        load = getattr(pipeline, "digen_load_lora", None)
+        if load is None:
+            raise RuntimeError(f"the served pipeline {type(pipeline).__name__} installs no LoRA adapters itself: "
+                               "use LoRARequest (rollout.omni.lora.LoraSlot)")
+        load(state, config)
         return len(state)

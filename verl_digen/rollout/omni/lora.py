@@ -26,6 +26,35 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 
+#: adapter module names of verl-digen's (diffusers') transformer -> the name of the module they land on in vllm-omni
+#: 0.30.0's re-implementation, where it differs: Qwen-Image's and Wan's attention output is one
+#: ``RowParallelLinear`` named ``to_out`` (vllm_omni/diffusion/models/qwen_image/qwen_image_transformer.py:647,
+#: wan2_2/wan2_2_transformer.py:399,591), not diffusers' ``to_out`` ModuleList (``to_out.0``); the engine refuses
+#: an adapter naming a module it lacks ("expected target modules in ...", vllm_omni/diffusion/lora/manager.py:727)
+ENGINE_MODULE_RENAMES: dict[str, dict[str, str]] = {
+    "qwen_image": {"to_out.0": "to_out"},
+    "wan": {"to_out.0": "to_out"},
+    "wan2_2": {"to_out.0": "to_out"},
+}
+
+
+#: verl-digen pipelines that install LoRA adapters themselves, through the worker extension
+#: (``extension.LOAD_LORA``), because vllm-omni's LoRA manager cannot wrap their layers: HunyuanVideo 1.0, served
+#: through diffusers' own pipeline (``pipelines.DigenHunyuanVideoPipeline.digen_load_lora``)
+EXTENSION_LORA_ARCHS = frozenset({"hunyuan_video"})
+
+
+def engine_name(name: str, renames: dict[str, str]) -> str:
+    """``name`` (a PEFT key or a target-module suffix) as the engine's modules are named."""
+    for old, new in renames.items():
+        if name == old or name.endswith(f".{old}"):
+            return name[: len(name) - len(old)] + new
+        name = name.replace(f".{old}.", f".{new}.")
+        if name.startswith(f"{old}."):
+            name = f"{new}." + name[len(old) + 1:]
+    return name
+
+
 def peft_config(rank: int, alpha: float | None, target_modules: Sequence[str]) -> dict[str, Any]:
     """The PEFT ``adapter_config.json`` of the trainer's adapters (``models.lora.apply_lora``'s settings)."""
     return {"peft_type": "LORA", "r": int(rank), "lora_alpha": float(alpha if alpha is not None else rank),
@@ -35,8 +64,11 @@ def peft_config(rank: int, alpha: float | None, target_modules: Sequence[str]) -
 class LoraSlot:
     """The one adapter directory of a rollout engine; ``write`` installs a version's adapter weights."""
 
-    def __init__(self, config: dict[str, Any], make_request: Callable[[str, int, str], Any]) -> None:
-        self.config, self.make_request = config, make_request
+    def __init__(self, config: dict[str, Any], make_request: Callable[[str, int, str], Any],
+                 renames: dict[str, str] | None = None) -> None:
+        self.renames = dict(renames or {})  # ENGINE_MODULE_RENAMES of the served architecture
+        self.config = {**config, "target_modules": [engine_name(t, self.renames) for t in config["target_modules"]]}
+        self.make_request = make_request
         self.dir = Path(tempfile.mkdtemp(prefix="digen_lora_"))
         self._cleanup = weakref.finalize(self, shutil.rmtree, str(self.dir), True)
         self.version: int | None = None
@@ -49,7 +81,8 @@ class LoraSlot:
         if self.closed:
             raise RuntimeError("the LoRA slot is closed")
         tmp = self.dir / f".{WEIGHTS_FILE}.tmp"
-        save_file({f"base_model.model.{k}": v.detach().to("cpu").contiguous() for k, v in state.items()}, str(tmp))
+        save_file({f"base_model.model.{engine_name(k, self.renames)}": v.detach().to("cpu").contiguous()
+                   for k, v in state.items()}, str(tmp))
         os.replace(tmp, self.dir / WEIGHTS_FILE)
         (self.dir / CONFIG_FILE).write_text(json.dumps(self.config))
         self.version = int(version)

@@ -72,7 +72,8 @@ def match_steps(sigmas: torch.Tensor, schedule: torch.Tensor, atol: float = SIGM
 
 def to_pixels(image: Any) -> torch.Tensor:
     """One request's decoded output in [0, 1], channels first: (3, H, W), or (3, F, H, W) for video. Takes a
-    PIL image, a list of frames, or a tensor / array (uint8 or float in [0, 1]; HWC, CHW, FHWC or CFHW)."""
+    PIL image, a list of frames, or a tensor / array (uint8 or float in [0, 1]; HWC, CHW, FHWC or CFHW, each with
+    or without a leading batch axis of 1)."""
     if isinstance(image, (list, tuple)):
         frames = [to_pixels(f) for f in image]
         return frames[0] if len(frames) == 1 else torch.stack(frames, dim=1)
@@ -80,6 +81,10 @@ def to_pixels(image: Any) -> torch.Tensor:
         image = np.array(image.convert("RGB"))
     t = torch.as_tensor(np.array(image)) if not isinstance(image, torch.Tensor) else image.detach().cpu()
     t = t.float() / 255.0 if t.dtype == torch.uint8 else t.float()
+    # one request's video with its batch axis: the stock Wan post-processor returns (1, F, H, W, C)
+    # (vllm_omni/diffusion/models/wan2_2/pipeline_wan2_2.py:264-297)
+    if t.dim() == 5 and t.shape[0] == 1:
+        t = t[0]
     if t.dim() == 4 and t.shape[0] == 1:
         t = t[0]
     if t.dim() == 3:

@@ -68,7 +68,10 @@ class DigenRLPipeline:
         rows = [RowRequest.from_prompt(p) for p in prompts]
         settings = StepSettings.from_extra_args(batch.sampling_params_list[0].extra_args)
         transformer, vae = self._digen_modules()
-        distilled = getattr(transformer, "guidance_embeds", None)
+        # a diffusers model's config (HunyuanVideo; its attribute access is deprecated), else the module's own
+        distilled = getattr(getattr(transformer, "config", None), "guidance_embeds", None)
+        if distilled is None:
+            distilled = getattr(transformer, "guidance_embeds", None)
         policy = engine_policy(self.digen_arch, transformer, settings.latent_shape, vae=vae,
                                guidance_distilled=distilled)
         cfg = settings.guidance_scale > 1.0 and not policy.guidance_distilled
@@ -103,15 +106,55 @@ class DigenFluxPipeline(DigenRLPipeline, FluxPipeline):
 
     digen_arch = "flux"
 
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        # vllm-omni's LoRA manager maps an adapter's to_q / to_k / to_v onto the fused to_qkv layers through the
+        # modules' ``stacked_params_mapping`` attribute (vllm_omni/diffusion/lora/manager.py:153-204), which
+        # 0.30.0's FLUX transformer keeps local to ``load_weights`` (flux/flux_transformer.py:716); without it
+        # every FLUX LoRA update fails ("expected target modules in {...'to_qkv'...}"). Expose the transformer's
+        # own ``packed_modules_mapping`` (flux_transformer.py:531) in that form, as SD3's transformer does.
+        transformer = self.transformer
+        packed = getattr(type(transformer), "packed_modules_mapping", None) or {}
+        if packed and getattr(transformer, "stacked_params_mapping", None) is None:
+            transformer.stacked_params_mapping = [
+                (f".{fused}", f".{sub}", shard) for fused, subs in packed.items()
+                for sub, shard in zip(subs, ("q", "k", "v"))
+            ]
+
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
         pe, pooled, _ = self.encode_prompt(prompt=prompts, prompt_2=None, max_sequence_length=max_sequence_length)
         return {"prompt_embeds": pe, "pooled_prompt_embeds": pooled}
+
+
+class _WithTextLengths(torch.nn.Module):
+    """vllm-omni 0.30.0's Qwen-Image transformer sizes its text RoPE table from a ``txt_seq_lens`` argument
+    (``qwen_image/qwen_image_transformer.py:1152,1197,475``: without it, "'NoneType' object is not iterable"; its
+    own pipeline passes the padded embedding width, ``pipeline_qwen_image.py:765`` and ``rope_utils.py:9-24``).
+    Diffusers' transformer, which verl-digen's adapter calls, takes the width from ``encoder_hidden_states`` and
+    has no such argument. This view of the engine's transformer adds it; everything else is the transformer's."""
+
+    def __init__(self, transformer: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner = transformer
+
+    def forward(self, *args: Any, encoder_hidden_states: torch.Tensor, **kwargs: Any) -> Any:
+        b, width = encoder_hidden_states.shape[:2]
+        return self.inner(*args, encoder_hidden_states=encoder_hidden_states, txt_seq_lens=[width] * b, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self._modules["inner"], name)
 
 
 class DigenQwenImagePipeline(DigenRLPipeline, QwenImagePipeline):
     """Packed latents as FLUX; the text mask padded to a fixed length as the adapter's encoder pads it."""
 
     digen_arch = "qwen_image"
+
+    def _digen_modules(self) -> tuple[torch.nn.Module, torch.nn.Module]:
+        return _WithTextLengths(self.transformer), self.vae
 
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
         pe, mask = self.encode_prompt(prompt=prompts, max_sequence_length=max_sequence_length)
@@ -147,5 +190,37 @@ class DigenHunyuanVideoPipeline(DigenRLPipeline, DiffusersAdapterPipeline):
         return adapter.encode_with_pipeline(self._pipeline, prompts, device=p.device, dtype=p.dtype,
                                             max_sequence_length=max_sequence_length)
 
+    def load_weights(self, weights: Any = None) -> None:
+        """vllm-omni's loader calls ``model.load_weights(weights)`` on every pipeline it builds, a custom one too
+        (``vllm_omni/diffusion/model_loader/diffusers_loader.py:1093``), with the weights of the pipeline's
+        ``weights_sources`` (none here: an empty iterator, ``:411-419,475-481``); ``DiffusersAdapterPipeline``'s
+        takes no argument and loads the whole diffusers pipeline itself
+        (``diffusers_adapter/pipeline_diffusers_adapter.py:120``), so as inherited it fails with "takes 1
+        positional argument but 2 were given"."""
+        for _ in weights or ():  # drain the (empty) iterator
+            pass
+        DiffusersAdapterPipeline.load_weights(self)
+        # the adapter picks the first flash backend that imports (pipeline_diffusers_adapter.py:173,329-420), and
+        # diffusers' flash backends refuse the attention mask HunyuanVideo's text tokens need ("`attn_mask` is not
+        # supported for native flash attention"): attend as the trainer does, with PyTorch SDPA
+        self._pipeline.transformer.set_attention_backend("native")
+
     def digen_load_transformer_weights(self, state: dict[str, torch.Tensor]) -> None:
         self._pipeline.transformer.load_state_dict(state, strict=True)
+
+    def digen_load_lora(self, state: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
+        """LoRA adapters, installed as the trainer holds them (diffusers' ``add_adapter`` under verl-digen's
+        adapter name, then peft's state-dict loader). vllm-omni's LoRA manager wraps only vLLM's linear layers
+        (``vllm_omni/diffusion/lora/manager.py:129-140``); this pipeline's are torch's, so a ``LoRARequest``
+        fails with "No supported LoRA modules found in the diffusion pipeline" (``manager.py:295-296``)."""
+        from peft import LoraConfig, set_peft_model_state_dict
+
+        from verl_digen.models.lora import ADAPTER_NAME
+
+        transformer = self._pipeline.transformer
+        if not getattr(transformer, "_hf_peft_config_loaded", False):
+            keys = ("r", "lora_alpha", "target_modules", "lora_dropout", "bias")
+            transformer.add_adapter(LoraConfig(**{k: config[k] for k in keys}), adapter_name=ADAPTER_NAME)
+        p = next(transformer.parameters())
+        set_peft_model_state_dict(transformer, {k: v.to(device=p.device, dtype=p.dtype) for k, v in state.items()},
+                                  adapter_name=ADAPTER_NAME)

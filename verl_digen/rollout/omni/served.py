@@ -68,9 +68,11 @@ def read_served_shape(arch: str, path: str, **sizes: Any) -> ServedShape:
     """``served_shape`` from a local diffusers checkpoint's ``transformer`` and ``vae`` config files."""
     import diffusers
 
-    tcfg = diffusers.ModelMixin.load_config(path, subfolder="transformer", local_files_only=True)
+    # load_config is ConfigMixin's: each component class has it (ModelMixin itself does not)
+    spec = MODEL_REGISTRY[canonical_arch(arch)].pretrained
+    tcfg = getattr(diffusers, spec.transformer_class).load_config(path, subfolder="transformer", local_files_only=True)
     try:
-        vcfg = diffusers.ModelMixin.load_config(path, subfolder="vae", local_files_only=True)
+        vcfg = getattr(diffusers, spec.vae_class).load_config(path, subfolder="vae", local_files_only=True)
     except OSError:
         vcfg = None
     return served_shape(arch, dict(tcfg), dict(vcfg) if vcfg is not None else None, **sizes)

@@ -1,0 +1,254 @@
+"""The opt-in vLLM tier: the real vLLM-Omni 0.30.0 engine on CPU, serving verl-digen's RL pipeline of every
+architecture (SD3, FLUX, Qwen-Image, Wan2.1, HunyuanVideo).
+
+Runs only where ``vllm_omni`` imports (``scripts/vllm_tier.sh`` makes such a venv); elsewhere
+``tests/conftest.py`` skips it with that reason. vllm-omni has no CPU platform: ``vllm_cpu_platform`` supplies
+the missing hooks. The engine is ``VllmOmniRollout`` itself (``rollout.backend=vllm``): ``Omni(model=<a tiny
+local checkpoint>, custom_pipeline_args={"pipeline_class": DigenSD3Pipeline}, ...)`` (FLUX: ``DigenFluxPipeline``,
+packed latents and distilled guidance; Qwen-Image: ``DigenQwenImagePipeline``, packed latents, text masks and
+CFG; Wan2.1: ``DigenWanPipeline``, video latents; HunyuanVideo 1.0: ``DigenHunyuanVideoPipeline``, diffusers'
+own pipeline inside vllm-omni's adapter). Checked here, per architecture:
+
+- one ``generate`` runs a micro-batch as one request batch, and its trajectories are the trainer's: the
+  log-probs equal ``algo.tsp.recompute_log_probs`` with verl-digen's adapter loaded from the same checkpoint
+  (float32; the engine's transformer is vllm-omni's re-implementation, so not bit for bit), x_T is the
+  sample's own stream exactly, and the states follow the diffusers sampler;
+- a full fine-tune's weights reach the engine through the worker extension: samples move, log-probs recompute;
+- LoRA updates move samples: adapters installed under the one adapter id (HunyuanVideo: through the worker
+  extension) change the trajectories, the trainer with the same adapters recomputes the new log-probs, and the
+  trainer without them does not (the check can fail).
+
+Figures (engine start, generate, max |diff|) are printed at the end of the module and written to
+``$VLLM_TIER_FIGURES`` (default ``<tmp>/verl-digen-vllm-tier.json``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from verl_digen.algo.loss import LossConfig
+from verl_digen.algo.selection import StepSelection
+from verl_digen.algo.tsp import recompute_log_probs
+from verl_digen.models import parse_dtype
+from verl_digen.models.arch import MODEL_REGISTRY
+from verl_digen.models.loading import load_pretrained
+from verl_digen.models.lora import (
+    apply_lora,
+    default_lora_targets,
+    disable_adapters,
+    load_lora_state_dict,
+    lora_state_dict,
+)
+from verl_digen.rollout.omni.extension import LOAD_WEIGHTS
+from verl_digen.rollout.omni.lora import ADAPTER_ID, EXTENSION_LORA_ARCHS
+from verl_digen.rollout.omni.served import TextConditioner
+from verl_digen.rollout.sampler import SamplerConfig, initial_noise, sample_trajectories
+from verl_digen.workers.config import PolicyConfig, WorkerConfig
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+
+ARCHS = ("sd3", "flux", "qwen_image", "wan", "hunyuan_video")
+VIDEO = ("wan", "hunyuan_video")
+FRAMES = 9  # video: pixel frames; 3 latent frames by the checkpoint's VAE config
+SEED, LATENT, RANK = 11, 8, 4
+PIDS, SIDS = [0, 0, 1, 1], [0, 1, 0, 1]
+PROMPTS = ["a red cube", "a red cube", "two cats on a mat", "two cats on a mat"]
+#: float32 engine vs float32 trainer on different transformer implementations (vllm-omni's vs diffusers'); the
+#: measured differences (docs/testing.md): SD3 1.2e-7, FLUX, Qwen-Image and HunyuanVideo 0, Wan up to 9e-5
+LOGPROB_ATOL = 5e-4
+#: whole trajectories against the diffusers sampler: the per-step float32 differences compound over the steps
+#: (Wan's were 2.4e-4 after 3 steps, SD3's 2.4e-7, FLUX's 0)
+STATES_ATOL = 1e-3
+FIGURES: dict[str, object] = {}
+
+
+def _distilled(arch: str) -> bool:
+    return MODEL_REGISTRY[arch].pretrained.guidance_distilled
+
+
+def _sampler(arch: str) -> SamplerConfig:
+    # real CFG (a negative row per sample in the batched forward) except for the guidance-distilled FLUX and
+    # HunyuanVideo (guidance embedding, no CFG branch)
+    gs = 3.5 if _distilled(arch) else 2.0
+    return SamplerConfig(num_steps=4, shift=3.0, sde="flow_grpo", eta=0.7, guidance_scale=gs,
+                         selection=StepSelection("first_k", k=3), decode=True)
+
+
+def _latent(arch: str) -> tuple[int, ...]:
+    return (4, 3, LATENT, LATENT) if arch in VIDEO else (4, LATENT, LATENT)
+
+
+def _cfg(arch: str, checkpoint: str) -> WorkerConfig:
+    policy = PolicyConfig(arch=arch, pretrained=checkpoint, dtype="float32", latent_size=LATENT, lora_rank=RANK,
+                          num_frames=FRAMES if arch in VIDEO else None)
+    return WorkerConfig(policy=policy, sampler=_sampler(arch), seed=SEED, rollout_backend="vllm",
+                        vllm_max_batch=len(PROMPTS))
+
+
+@pytest.fixture(scope="module", params=ARCHS)
+def arch(request) -> str:
+    return request.param
+
+
+@pytest.fixture(scope="module")
+def checkpoint(arch, tmp_path_factory) -> str:
+    from vllm_engine_helpers import SAVERS
+
+    return SAVERS[arch](tmp_path_factory.mktemp(f"tiny_{arch}") / arch, seed=0)
+
+
+@pytest.fixture(scope="module")
+def batches(arch):
+    """The sizes of the request batches verl-digen's pipeline ran (the engine runs inline in this process)."""
+    from vllm.utils.import_utils import resolve_obj_by_qualname
+
+    from verl_digen.rollout.omni.request import DIGEN_PIPELINES
+
+    cls = resolve_obj_by_qualname(DIGEN_PIPELINES[arch])
+    sizes: list[int] = []
+    forward = cls.forward
+
+    def recording(self, req):
+        out = forward(self, req)
+        sizes.append(len(out))
+        return out
+
+    cls.forward = recording
+    yield sizes
+    del cls.forward  # back to the mixin's
+
+
+@pytest.fixture(scope="module")
+def rollout(request, arch, checkpoint, batches):
+    """``VllmOmniRollout`` on the real engine (LoRA-configured; base weights until ``load_weights``)."""
+    import vllm_cpu_platform
+
+    from verl_digen.workers.vllm_backend import VllmOmniRollout
+
+    FIGURES[f"{arch}_device"] = "cpu (vllm_cpu_platform hooks)" if vllm_cpu_platform.install() else "the GPU's platform"
+    cfg = _cfg(arch, checkpoint)
+    conditioner = TextConditioner.from_checkpoint(arch, checkpoint, parse_dtype(cfg.policy.dtype), "cpu",
+                                                  guidance_distilled=_distilled(arch))
+    t0 = time.perf_counter()
+    backend = VllmOmniRollout(cfg, "cpu", conditioner=conditioner)
+    FIGURES[f"{arch}_engine_start_s"] = round(time.perf_counter() - t0, 2)
+    yield backend
+    backend.close()
+    backend.engine.close()
+    _report(request.config, arch)
+
+
+@pytest.fixture(scope="module")
+def trainer(arch, checkpoint):
+    """verl-digen's adapter on the same checkpoint, with LoRA adapters of the rollout's settings."""
+    model = load_pretrained(arch, checkpoint, torch.float32, latent_size=LATENT,
+                            num_frames=FRAMES if arch in VIDEO else None)
+    return apply_lora(model, RANK, target_modules=default_lora_targets(model))
+
+
+def _report(config, arch: str) -> None:
+    """Write every architecture's figures so far, and print this one's past pytest's output capture."""
+    path = Path(os.environ.get("VLLM_TIER_FIGURES", Path(tempfile.gettempdir()) / "verl-digen-vllm-tier.json"))
+    path.write_text(json.dumps(FIGURES, indent=1))
+    mine = {k[len(arch) + 1:]: v for k, v in FIGURES.items() if k.startswith(f"{arch}_")}
+    line = f"\nvLLM tier figures, {arch} (all in {path}): {json.dumps(mine)}"
+    capture = config.pluginmanager.getplugin("capturemanager")
+    with capture.global_and_fixture_disabled() if capture is not None else contextlib.nullcontext():
+        print(line, flush=True)
+
+
+def _generate(rollout, step: int, version: int, key: str):
+    t0 = time.perf_counter()
+    traj = rollout.generate(step, version, PIDS, SIDS, PROMPTS)
+    FIGURES[f"{rollout.arch}_{key}_generate_s"] = round(time.perf_counter() - t0, 2)
+    return traj
+
+
+def _recompute_diff(trainer, traj) -> float:
+    train_cfg = _sampler(trainer.arch).train_config(LossConfig())
+    with torch.no_grad():
+        ref = recompute_log_probs(trainer, traj, train_cfg)
+    return float((ref.double() - traj.log_probs.double()).abs().max())
+
+
+def test_engine_batches_a_micro_batch_and_its_log_probs_equal_the_trainers(arch, rollout, trainer, batches):
+    before = len(batches)
+    traj = _generate(rollout, step=3, version=0, key="base")
+    assert batches[before:] == [len(PROMPTS)]  # the micro-batch ran as one request batch
+    b, k = len(PROMPTS), 3
+    assert traj.log_probs.shape == (b, k) and traj.states.shape == (b, k, *_latent(arch))
+    assert torch.isfinite(traj.log_probs).all() and traj.images is not None
+    if arch not in VIDEO:  # the decoded images, back through the stock post-processor (PIL)
+        assert traj.images.shape == (b, 3, 2 * LATENT, 2 * LATENT)
+    FIGURES[f"{arch}_images_shape"] = list(traj.images.shape)
+    # x_T is each sample's own placement-invariant stream, exactly (the engine draws it in float32 as the sampler)
+    x_t = initial_noise(_latent(arch), PIDS, SIDS, SEED, 3, torch.float32)
+    assert torch.equal(traj.states[:, 0], x_t)
+    # the trainer recomputes the engine's log-probs from the same transitions
+    diff = _recompute_diff(trainer, traj)
+    FIGURES[f"{arch}_base_logprob_max_abs_diff"] = diff
+    FIGURES[f"{arch}_base_logprob_max_abs"] = float(traj.log_probs.abs().max())
+    assert diff < LOGPROB_ATOL
+    # and the diffusers sampler of the same model draws the same trajectories (same noise, same sigmas)
+    with torch.no_grad():  # the trainer's adapters are still zero (peft's B init): the base model
+        ref = sample_trajectories(trainer, traj.cond, PROMPTS, PIDS, SIDS, _sampler(arch), SEED, 3, version=0)
+    FIGURES[f"{arch}_base_states_max_abs_diff_vs_diffusers"] = float((ref.states - traj.states).abs().max())
+    assert torch.allclose(ref.states, traj.states, atol=STATES_ATOL)
+
+
+def test_full_weights_reach_the_engine_through_the_worker_extension(arch, rollout, trainer):
+    """A full fine-tune's update: the trainer's transformer weights (diffusers names) go through
+    ``collective_rpc(digen_load_weights)`` into the pipeline's stock ``load_weights`` (fused q/k/v and all).
+    Runs before any adapter is loaded (the LoRA manager then wraps the layers under new names)."""
+    before = _generate(rollout, step=3, version=0, key="before_full")
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for name, p in trainer.transformer.named_parameters():
+            if "lora_" not in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    state = {k.replace(".base_layer.", "."): v for k, v in trainer.transformer.state_dict().items() if "lora_" not in k}
+    assert rollout._rpc(LOAD_WEIGHTS, (state,)) == [[len(state)]]  # per stage, per worker: every tensor loaded
+    traj = _generate(rollout, step=3, version=1, key="full")
+    moved = float((traj.states[:, 1:] - before.states[:, 1:]).abs().max())
+    FIGURES[f"{arch}_full_states_moved_max"] = moved
+    assert moved > 1e-3
+    diff = _recompute_diff(trainer, traj)
+    FIGURES[f"{arch}_full_logprob_max_abs_diff"] = diff
+    assert diff < LOGPROB_ATOL
+
+
+def test_lora_updates_move_samples_under_one_adapter_id(arch, rollout, trainer):
+    base = _generate(rollout, step=3, version=0, key="base_again")
+    seen_ids, previous = [], base
+    for version in (1, 2):
+        gen = torch.Generator().manual_seed(version)
+        state = {k: 0.5 * torch.randn(v.shape, generator=gen) for k, v in lora_state_dict(trainer).items()}
+        load_lora_state_dict(trainer, state)
+        rollout.load_weights(version, state)
+        if rollout.slot is not None:
+            seen_ids.append(rollout.lora_request.lora_int_id)
+        traj = _generate(rollout, step=3, version=version, key=f"lora_v{version}")
+        moved = float((traj.states[:, 1:] - previous.states[:, 1:]).abs().max())
+        FIGURES[f"{arch}_lora_v{version}_states_moved_max"] = moved
+        assert moved > 1e-3  # the new adapters changed the velocity the engine steps on
+        assert torch.equal(traj.states[:, 0], base.states[:, 0])  # same x_T: only the policy changed
+        diff = _recompute_diff(trainer, traj)
+        FIGURES[f"{arch}_lora_v{version}_logprob_max_abs_diff"] = diff
+        assert diff < LOGPROB_ATOL  # the engine served exactly this version's adapters (not the last one's)
+        with disable_adapters(trainer):  # the check can fail: without the adapters the trainer disagrees
+            base_diff = _recompute_diff(trainer, traj)
+        FIGURES[f"{arch}_lora_v{version}_logprob_diff_if_trainer_had_no_adapters"] = base_diff
+        assert base_diff > 10 * LOGPROB_ATOL
+        previous = traj
+    if arch in EXTENSION_LORA_ARCHS:  # no LoRARequest: the worker extension installs them in the pipeline
+        assert rollout.slot is None and rollout.lora_request is None and seen_ids == []
+    else:
+        assert seen_ids == [ADAPTER_ID, ADAPTER_ID]  # one adapter id for every version
