@@ -1,5 +1,5 @@
 """The ablation ladder per preset and per recipe: naive (separate) -> +GAP -> +TSP -> +TAG -> +TCSS,
-with the three colocated baselines for reference, simulated under each one's cost model
+with the four colocated baselines for reference, simulated under each one's cost model
 (docs/simulator.md).
 
 Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated

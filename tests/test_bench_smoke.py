@@ -31,8 +31,8 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     assert all({"speedup_vs_never", "trainer_idle_never", "fraction_of_ideal"} <= r.keys() for r in sweep)
     ladder = _last_json(["bench/ladder.py", "--json", "--steps", "1"])
     rungs = [r["rung"] for r in ladder if r["preset"] == "hunyuanvideo-13b-hetero" and r["source"] == "preset"]
-    assert rungs == ["colocated:ideal", "colocated:native", "colocated:verl-omni", "naive (separate)", "+GAP",
-                     "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
+    assert rungs == ["colocated:ideal", "colocated:native", "colocated:verl-omni", "colocated:verl-omni-bypass",
+                     "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
     assert all(r["step_s"] > 0 and r["speedup_vs_naive"] > 0 for r in ladder)
     vo = {(r["source"], r["preset"]): r["step_s"] for r in ladder if r["rung"] == "colocated:verl-omni"}
     assert all(r["speedup_vs_colocated"] == pytest.approx(vo[r["source"], r["preset"]] / r["step_s"]) for r in ladder)

@@ -132,7 +132,7 @@ def test_digen_recipe_uses_gap_and_its_twin_the_same_workload(name):
     # the twin's own prediction is the (idealized) colocated run the digen plan compares itself with,
     # step by step as upstream trains: the same number, not the recipe's TSP degree
     assert twin_plan.predicted_step_s == pytest.approx(plan.predicted_colocated_step_s, rel=1e-9)
-    assert set(plan.predicted_colocated) == {"ideal", "native", "verl-omni"}
+    assert set(plan.predicted_colocated) == {"ideal", "native", "verl-omni", "verl-omni-bypass"}
 
 
 def _gb(resource: str) -> int:

@@ -25,12 +25,12 @@ def test_every_preset_simulates_the_whole_ladder_and_keeps_invariants():
         wl = p.workload
         base = ScheduleConfig(prompts=wl.prompts, group_size=wl.group_size, mb_size=wl.mb_size, steps=2)
         results = run_ablation(base, p.model, wl.mb_size, wl.tsp_degree, "bts", wl.staleness)
-        assert [r.label for r in results][:5] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
-                                                  "naive (separate)", "+GAP"]
-        for r in results[3:]:
+        assert [r.label for r in results][:6] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
+                                                  "colocated:verl-omni-bypass", "naive (separate)", "+GAP"]
+        for r in results[4:]:
             check_timeline(r.timeline, r.config.staleness)
             assert 0 < r.fraction_of_ideal <= 1 + 1e-9
-        naive, tag = results[3].step_time, results[6].step_time
+        naive, tag = results[4].step_time, results[7].step_time
         assert tag < naive  # pipelining + TSP beat naive disaggregation in every preset
     with pytest.raises(ValueError, match="unknown preset"):
         presets.get("sdxl")

@@ -85,7 +85,8 @@ def test_colocated_baselines_pay_what_users_runs_pay():
     hw = Hardware(generate=Affine(0.5, 2.0), score=Affine(0.0, 0.1), train_pass=Affine(0.2, 1.0, floor=1.5))
     b = BaselineCosts(shard_gather=0.3, sampling_forwards=10, rollout_wake=4.0, rollout_sleep=1.0)
     m = CostModel(Pool(hw, 2), Pool(hw, 2), steps_trained=3, switch_to_gen=0.7, switch_to_train=0.6, baselines=b)
-    ideal, native, vo = (m.colocated_phases(8, 1, x) for x in ("ideal", "native", "verl-omni"))
+    ideal, native, vo, bypass = (m.colocated_phases(8, 1, x) for x in ("ideal", "native", "verl-omni",
+                                                                      "verl-omni-bypass"))
     assert ideal[GENERATE] == pytest.approx(0.5 + 2 * 2.0)  # 2 samples per GPU, one batched call
     # per-sample loop, each forward waits for its all-gather: 2 x (0.5 + max(2.0, 10 x 0.3))
     assert native[GENERATE] == pytest.approx(2 * (0.5 + 3.0))
@@ -93,6 +94,9 @@ def test_colocated_baselines_pay_what_users_runs_pay():
     assert vo[SWITCH_TO_GEN] == pytest.approx(0.7 + 4.0)
     # recompute: per pass max(0.25 x (0.2 + 2 rows x 1.0), 1.5 / 3) on top of the plain update
     assert vo[UPDATE] == pytest.approx(ideal[UPDATE] + 3 * max(0.25 * 2.2, 0.5))
+    # bypass_mode: the same engine and switches, the rollout's log-probs as the old ones (no recompute pass)
+    assert bypass == {**vo, UPDATE: pytest.approx(ideal[UPDATE])}
+    assert bypass[UPDATE] < vo[UPDATE] and bypass[SWITCH_TO_GEN] == pytest.approx(0.7 + 4.0)
     with pytest.raises(ValueError, match="unknown colocated baseline"):
         m.colocated_phases(8, 1, "megatron")
     cfg = ScheduleConfig(prompts=2, group_size=4, mb_size=4, mode=COLOCATED, partition="batch")

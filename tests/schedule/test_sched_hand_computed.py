@@ -78,37 +78,38 @@ def test_ablation_ladder_configs_exactly():
     base = ScheduleConfig(prompts=2, group_size=2, mb_size=2, steps=2)
     rungs = ablation_configs(base, 1, 2)
     assert [r.label for r in rungs] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
-                                        "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]
-    assert [r.baseline for r in rungs] == ["ideal", "native", "verl-omni"] + ["ideal"] * 5
+                                        "colocated:verl-omni-bypass", "naive (separate)", "+GAP", "+TSP",
+                                        "+TAG (bts)", "+TCSS (0.25)"]
+    assert [r.baseline for r in rungs] == ["ideal", "native", "verl-omni", "verl-omni-bypass"] + ["ideal"] * 5
     common = dict(prompts=2, group_size=2, steps=2)
     colo = ScheduleConfig(mb_size=2, mode="colocated", partition="batch", **common)
-    assert [r.config for r in rungs[:3]] == [colo] * 3
-    assert rungs[3].config == ScheduleConfig(mb_size=2, mode="separate", partition="batch", train_loop="per_sample",
+    assert [r.config for r in rungs[:4]] == [colo] * 4
+    assert rungs[4].config == ScheduleConfig(mb_size=2, mode="separate", partition="batch", train_loop="per_sample",
                                              **common)
     gap = ScheduleConfig(mb_size=1, mode="digen", partition="gap", train_loop="per_sample", **common)
-    assert rungs[4].config == gap
+    assert rungs[5].config == gap
     # +TSP switches to the base's training loop (batched here; naive and +GAP use per_sample)
-    assert rungs[5].config == ScheduleConfig(mb_size=1, tsp_degree=2, **common)
-    assert rungs[6].config == ScheduleConfig(mb_size=1, tsp_degree=2, policy="bts", **common)
-    assert rungs[7].config == ScheduleConfig(mb_size=1, tsp_degree=2, policy="bts", staleness=0.25, **common)
+    assert rungs[6].config == ScheduleConfig(mb_size=1, tsp_degree=2, **common)
+    assert rungs[7].config == ScheduleConfig(mb_size=1, tsp_degree=2, policy="bts", **common)
+    assert rungs[8].config == ScheduleConfig(mb_size=1, tsp_degree=2, policy="bts", staleness=0.25, **common)
     per_sample = ablation_configs(ScheduleConfig(prompts=2, group_size=2, mb_size=2, train_loop="per_sample"), 1, 2)
-    assert per_sample[5].config.train_loop == "per_sample"
+    assert per_sample[6].config.train_loop == "per_sample"
     spread = ablation_configs(ScheduleConfig(prompts=2, group_size=4, mb_size=4), 2, 1, "adaptive:0.5", 0.0,
                               generators=4)
     # 8 samples over 4 generators: 2 per generator, GAP partition; no TCSS rung at staleness 0
-    assert spread[3].config == ScheduleConfig(prompts=2, group_size=4, mb_size=2, mode="separate",
+    assert spread[4].config == ScheduleConfig(prompts=2, group_size=4, mb_size=2, mode="separate",
                                               partition="gap", train_loop="per_sample")
-    assert [r.label for r in spread][-1] == "+TAG (adaptive:0.5)" and len(spread) == 7
+    assert [r.label for r in spread][-1] == "+TAG (adaptive:0.5)" and len(spread) == 8
 
 
 def test_run_ablation_defaults_and_spread_over_the_model_generators():
     results = run_ablation(CFG, MODEL, 1, 2)
     assert [r.label for r in results][-2:] == ["+TAG (bts)", "+TCSS (0.25)"]
     assert results[-1].config.staleness == 0.25 and results[-1].config.policy == "bts"
-    assert [r.baseline for r in results[:3]] == ["ideal", "native", "verl-omni"]
+    assert [r.baseline for r in results[:4]] == ["ideal", "native", "verl-omni", "verl-omni-bypass"]
     # naive spreads the 4 samples over the model's 2 generators: micro-batches of 2, GAP partition
-    assert results[3].config.partition == "gap" and results[3].config.mb_size == 2
-    assert results[4].config.mb_size == 1 and results[5].config.tsp_degree == 2
+    assert results[4].config.partition == "gap" and results[4].config.mb_size == 2
+    assert results[5].config.mb_size == 1 and results[6].config.tsp_degree == 2
 
 
 # --- the split search (split_search.py, ``digen plan``) ---------------------------------------------
@@ -219,7 +220,7 @@ def test_colocated_baselines_and_best_model():
     from verl_digen.schedule.split_search import PlanRow, best_model, colocated_baselines
 
     colo = colocated_baselines(MODEL, _plan_wl())
-    assert list(colo) == ["ideal", "native", "verl-omni"]
+    assert list(colo) == ["ideal", "native", "verl-omni", "verl-omni-bypass"]
     for b, r in colo.items():
         assert r.label == f"colocated:{b}" and r.baseline == b
         assert (r.config.steps, r.config.partition, r.config.mode, r.config.mb_size) == (2, "batch", "colocated", 2)

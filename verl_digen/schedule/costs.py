@@ -49,7 +49,10 @@ NATIVE = "native"  # flow_grpo / DanceGRPO scripts: sampling through the FSDP-sh
 # time, one backward per (sample, timestep), reward inline, no switching
 VERL_OMNI = "verl-omni"  # rollout engine with request batching, sleep/wake + weight resharding every step,
 # an old-log-prob recompute pass, per-timestep training
-BASELINES = (IDEAL, NATIVE, VERL_OMNI)
+VERL_OMNI_BYPASS = "verl-omni-bypass"  # verl-omni as its own examples ship it
+# (``algorithm.rollout_correction.bypass_mode=True``: the rollout's log-probs serve as the old ones, so no
+# recompute pass); otherwise the same engine, switches and per-timestep training as VERL_OMNI
+BASELINES = (IDEAL, NATIVE, VERL_OMNI, VERL_OMNI_BYPASS)
 
 
 def trained_steps(sampling_steps: int, fraction: float) -> int:
@@ -289,8 +292,10 @@ class CostModel:
                 GENERATE: per_gpu * max(one_sample(hw) for hw in hws),
                 UPDATE: max(m.train_time(batch, 1, w, hw, per_sample=True) for hw in hws),
             })
-        elif baseline == VERL_OMNI:
+        elif baseline in (VERL_OMNI, VERL_OMNI_BYPASS):
             def recompute(hw: Hardware) -> float:  # forward only: a share of the compute, one all-gather
+                if baseline == VERL_OMNI_BYPASS:  # bypass_mode: the rollout's log-probs are the old ones
+                    return 0.0
                 tp = hw.train_pass
                 return sum(max(b.recompute_share * (tp.fixed + tp.per_unit * r), tp.floor / 3)
                            for r in self._pass_rows(batch, 1, w))
