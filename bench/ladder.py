@@ -3,11 +3,15 @@ with the four colocated baselines for reference, simulated under each one's cost
 (docs/simulator.md).
 
 Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated
-(against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni}.
+(against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni,verl_omni_bypass}.
 The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung, and each
 recipe as shipped (its planned configuration) against colocated:verl-omni and the ceiling (the step's
 work over every GPU: colocated:ideal with its best TSP degree; ``ceiling_s``, ``of_ceiling``; null on
-mixed GPUs, where colocated:ideal bounds nothing).
+mixed GPUs, where colocated:ideal bounds nothing). The "as shipped" rows also carry ``vs_verl_omni``,
+``vs_verl_omni_bypass`` (verl-omni as its examples ship it, no old-log-prob recompute), ``vs_colocated_ideal``
+(this project's ``trainer=colocated`` on the same GPUs) and, for mixed pools, ``vs_best_subset`` (colocated:
+verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
+``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits).
 Usage: python bench/ladder.py [--json] [--steps N]
 """
 
@@ -23,7 +27,7 @@ from verl_digen.config import load
 from verl_digen.config.plan import cluster_costs, resource_plan
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import ScheduleConfig
-from verl_digen.schedule.costs import BASELINES, VERL_OMNI, CostModel
+from verl_digen.schedule.costs import BASELINES, IDEAL, VERL_OMNI, VERL_OMNI_BYPASS, CostModel
 from verl_digen.schedule.simulator import ablation_configs, simulate
 
 
@@ -70,9 +74,22 @@ def recipe_rows(steps: int) -> list[dict]:
         part.append({"source": "recipe", "preset": name, "rung": "as shipped", "step_s": t,
                      "speedup_vs_naive": naive / t, "speedup_vs_colocated": colo[VERL_OMNI] / t,
                      **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()},
-                     "ceiling_s": top, "of_ceiling": None if top is None else top / t})
+                     "ceiling_s": top, "of_ceiling": None if top is None else top / t,
+                     "vs_verl_omni": colo[VERL_OMNI] / t, "vs_verl_omni_bypass": colo[VERL_OMNI_BYPASS] / t,
+                     "vs_colocated_ideal": colo[IDEAL] / t, **(subset_fields(plan.best_subset, t)
+                                                              if plan.heterogeneous else {})})
         rows += part
     return rows
+
+
+def subset_fields(subsets: dict, t: float) -> dict:
+    """A mixed cluster's "as shipped" ratios against its best single-type subset (null where no pool fits)."""
+    def ratio(b: str) -> float | None:
+        return subsets[b].result.step_time / t if b in subsets else None
+
+    head = subsets.get(VERL_OMNI)
+    return {"vs_best_subset": ratio(VERL_OMNI), "vs_best_subset_bypass": ratio(VERL_OMNI_BYPASS),
+            "vs_best_subset_ideal": ratio(IDEAL), "best_subset_pool": None if head is None else head.pool}
 
 
 def main() -> None:
@@ -97,8 +114,11 @@ def main() -> None:
         if r["rung"] == "as shipped":
             top = ("no ceiling (mixed GPUs)" if r["ceiling_s"] is None
                    else f"{r['of_ceiling']:.0%} of the ceiling ({r['ceiling_s']:.1f} s/step)")
-            print(f"recipe {r['preset']} as shipped: {r['step_s']:.1f} s/step, {r['speedup_vs_colocated']:.2f}x "
-                  f"colocated:verl-omni, {top}")
+            subset = ("" if r.get("vs_best_subset") is None else
+                      f", {r['vs_best_subset']:.2f}x best-subset (verl-omni on the {r['best_subset_pool']} pool alone)")
+            print(f"recipe {r['preset']} as shipped: {r['step_s']:.1f} s/step, {r['vs_verl_omni']:.2f}x "
+                  f"colocated:verl-omni, {r['vs_verl_omni_bypass']:.2f}x colocated:verl-omni-bypass, "
+                  f"{r['vs_colocated_ideal']:.2f}x colocated:ideal{subset}, {top}")
     if args.json:
         print(json.dumps(rows))
 

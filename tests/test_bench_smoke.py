@@ -36,6 +36,13 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     assert all(r["step_s"] > 0 and r["speedup_vs_naive"] > 0 for r in ladder)
     vo = {(r["source"], r["preset"]): r["step_s"] for r in ladder if r["rung"] == "colocated:verl-omni"}
     assert all(r["speedup_vs_colocated"] == pytest.approx(vo[r["source"], r["preset"]] / r["step_s"]) for r in ladder)
+    shipped = {r["preset"]: r for r in ladder if r["rung"] == "as shipped"}
+    for name, r in shipped.items():
+        assert {"vs_verl_omni", "vs_verl_omni_bypass", "vs_colocated_ideal"} <= r.keys(), name
+        assert r["vs_verl_omni"] == r["speedup_vs_colocated"] and r["vs_verl_omni_bypass"] < r["vs_verl_omni"]
+        assert ("vs_best_subset" in r) == (name == "hunyuanvideo-13b-hetero"), name
+    assert shipped["hunyuanvideo-13b-hetero"]["best_subset_pool"] == "trainer"
+    assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_best_subset"] < shipped["hunyuanvideo-13b-hetero"]["vs_verl_omni"]
 
 
 def test_calibration_bench_emits_its_rows():

@@ -3,6 +3,7 @@ the simulator predicts. Printed by the dry run (``trainer.dry_run=true``) before
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass, field, replace
 
@@ -12,12 +13,26 @@ from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
 from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import simulate
-from verl_digen.schedule.split_search import ceiling
+from verl_digen.schedule.split_search import (
+    VERL_OMNI,
+    VERL_OMNI_BYPASS,
+    Subset,
+    SubsetFits,
+    best_subsets,
+    ceiling,
+)
 
 
 def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
     """(the run's cost model resized to its pools, whether its pools are fixed by their hardware), when
     ``digen.profile`` names one; a preset is re-derived for the run's sampling steps, trained steps and Ulysses size."""
+    found = cluster_spec(cfg)
+    return None if found is None else found[:2]
+
+
+def cluster_spec(cfg: RunConfig) -> tuple[CostModel, bool, presets.PresetSpec | None] | None:
+    """``cluster`` and the preset spec the model was derived from (None for a measured profile): what
+    re-derives the cluster on one pool's hardware alone (``split_search.pool_alone``)."""
     if not cfg.digen.profile:
         return None
     try:
@@ -25,10 +40,36 @@ def cluster(cfg: RunConfig) -> tuple[CostModel, bool] | None:
     except ValueError as err:
         raise ConfigError("digen.profile", cfg.digen.profile, "a profile file or a preset name") from err
     if spec is not None:
-        model = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps(),
-                           sequence_parallel=cfg.actor.ulysses_sequence_parallel_size).model
+        built = spec.build(sampling_steps=cfg.rollout.num_steps, trained_k=cfg.trained_steps(),
+                           sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
+        model, spec = built.model, built.spec
     model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
-    return model, bool(spec is not None and spec.heterogeneous)
+    return model, bool(spec is not None and spec.heterogeneous), spec
+
+
+def subset_fits(cfg: RunConfig) -> SubsetFits:
+    """Whether a colocated run of ``cfg``'s job on one pool's GPUs alone fits their memory, by the memory plan
+    (``config.memory``): ``trainer=colocated`` on that pool's GPU count, every GPU of that pool's memory, one
+    (sample x step) row per rank per pass (the least a colocated run can train with, so a False is certain;
+    the baseline is priced with its own passes, not capped). None when the model size or the memory is unknown."""
+    from verl_digen.config import memory
+
+    caps = memory.gpu_memory(cfg)
+
+    def fits(pool: str) -> bool | None:
+        gib = caps[pool][0]
+        n = getattr(cfg.resources, pool).workers
+        if gib is None or n < 2:
+            return None
+        variant = copy.deepcopy(cfg)
+        variant.trainer.mode = COLOCATED
+        variant.resources.generator.workers, variant.resources.trainer.workers = n // 2, n - n // 2
+        variant.resources.generator.gpu_memory_gb = variant.resources.trainer.gpu_memory_gb = gib
+        variant.digen.tag.policy, variant.digen.tcss.staleness = "never", 0.0
+        need = memory.memory_need(variant, rows_per_rank=1)
+        return None if need is None else need[COLOCATED].fits
+
+    return fits
 
 
 def cluster_costs(cfg: RunConfig) -> CostModel | None:
@@ -59,6 +100,9 @@ class ResourcePlan:
     ceiling_s: float | None = None  # the step's work over every GPU (schedule.split_search.ceiling)
     old_log_probs: str = ""  # whose log-probs the ratio is taken against, and why (actor.recompute_log_prob)
     mini_batches: int = 1  # optimizer steps per step (actor.ppo_mini_batch_size)
+    # mixed pools: per baseline, its fastest colocated run on one pool's GPUs alone (split_search.best_subsets)
+    best_subset: dict[str, Subset] = field(default_factory=dict)
+    subset_notes: list[str] = field(default_factory=list)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -90,6 +134,7 @@ class ResourcePlan:
                 lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
                              f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
             if self.heterogeneous:
+                lines += self._subset_lines()
                 lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
                              "in every phase)")
             elif self.ceiling_s is not None:
@@ -102,6 +147,32 @@ class ResourcePlan:
                 lines.append(f"  note       colocated:{best} would be faster on this cluster; "
                              "`digen plan` says why and searches other splits")
         return "\n".join(lines)
+
+
+    def _subset_lines(self) -> list[str]:
+        """The mixed cluster's single-type alternative: ``<s> s/step best-subset`` (colocated:verl-omni on its
+        fastest pool alone), then the bypass and ideal runs there."""
+        lines = []
+        head = self.best_subset.get(VERL_OMNI)
+        if head is not None:
+            t = head.result.step_time
+            pred = self.predicted_step_s
+            others = ", ".join(f"colocated:{b} {s.result.step_time:.2f} s/step ({s.result.step_time / pred:.2f}x)"
+                               for b, s in self.best_subset.items() if b != VERL_OMNI)
+            lines.append(f"             {t:.2f} s/step best-subset: colocated:{VERL_OMNI} on {head.describe()} "
+                         f"(this run: {t / self.predicted_step_s:.2f}x its throughput)")
+            if others:
+                lines.append(f"             best-subset also: {others}")
+        else:
+            lines.append("             best-subset: no single-type pool can run colocated on its own")
+        lines += [f"  note       {n}" for n in self.subset_notes]
+        return lines
+
+    @property
+    def strongest_subset(self) -> float | None:
+        """s/step of the fastest single-type run a user would make (verl-omni or its bypass), None if none."""
+        runs = [s.result.step_time for b, s in self.best_subset.items() if b in (VERL_OMNI, VERL_OMNI_BYPASS)]
+        return min(runs) if runs else None
 
 
 def resource_plan(cfg: RunConfig) -> ResourcePlan:
@@ -121,10 +192,10 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
-    predicted, colocated, hetero, top = None, {}, False, None
-    found = cluster(cfg)
+    predicted, colocated, hetero, top, subsets, notes = None, {}, False, None, {}, []
+    found = cluster_spec(cfg)
     if found is not None:
-        model, hetero = found
+        model, hetero, spec = found
         predicted = simulate(sched, model).step_time
         if cfg.trainer.mode == COLOCATED:
             colocated = {IDEAL: predicted}
@@ -132,6 +203,8 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
             colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
                            policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
             colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
+            if hetero:
+                subsets, notes = best_subsets(model, colo, spec, subset_fits(cfg))
         shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
                          tsp_degree=sched.tsp_degree, mini_batches=sched.mini_batches)
         top = ceiling(model, shape)
@@ -139,6 +212,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
         heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg), mini_batches=cfg.mini_batches(),
+        best_subset=subsets, subset_notes=notes,
     )
 
 

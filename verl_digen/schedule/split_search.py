@@ -21,8 +21,9 @@ from dataclasses import dataclass, field, replace
 
 from .bounds import step_bounds
 from .config import COLOCATED, DIGEN, ScheduleConfig, ScheduleConfigError, stale_budget
-from .costs import BASELINES, IDEAL, VERL_OMNI, CostModel
+from .costs import BASELINES, IDEAL, VERL_OMNI, VERL_OMNI_BYPASS, CostModel, Pool
 from .gap import default_gap_mb_size
+from .presets import PresetSpec
 from .profile_io import Workload
 from .rows import row_plan
 from .simulator import SimResult, simulate
@@ -232,12 +233,89 @@ def _rank(row: PlanRow) -> tuple:
             order.get(row.policy, len(order)), -row.tsp_degree)
 
 
+def baseline_config(workload: Workload) -> ScheduleConfig:
+    """The colocated baselines' schedule for ``workload``: the whole batch, per-timestep training."""
+    return ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
+                          steps=workload.steps, mode=COLOCATED, partition="batch",
+                          mini_batches=workload.mini_batches)
+
+
 def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimResult]:
     """Every colocated baseline (costs.BASELINES) on all the cluster's GPUs, per-timestep training."""
-    cfg = ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
-                         steps=workload.steps, mode=COLOCATED, partition="batch",
-                         mini_batches=workload.mini_batches)
+    cfg = baseline_config(workload)
     return {b: simulate(cfg, model, label=f"colocated:{b}", baseline=b) for b in BASELINES}
+
+
+# -- the best single-type subset of a mixed cluster -------------------------------------------------------
+
+#: the baselines priced on one pool alone: what a user of a mixed cluster would run instead of digen
+SUBSET_BASELINES = (VERL_OMNI, VERL_OMNI_BYPASS, IDEAL)
+POOLS = ("generator", "trainer")
+
+#: pool ("generator" | "trainer") -> whether a colocated run on that pool's GPUs alone fits their memory
+#: (None: not known, e.g. a bare preset without a run config)
+SubsetFits = Callable[[str], "bool | None"]
+
+
+@dataclass
+class Subset:
+    """A colocated baseline run on one pool's GPUs alone."""
+
+    pool: str  # "generator" or "trainer"
+    hardware: str
+    gpus: int
+    result: SimResult
+    memory_checked: bool  # False: nothing said whether it fits (no run config), so it was not ruled out
+
+    def describe(self) -> str:
+        return f"the {self.pool} pool's {self.gpus} GPUs alone ({self.hardware})"
+
+
+def pool_alone(model: CostModel, pool: str, spec: PresetSpec | None = None) -> CostModel | None:
+    """The cluster cut down to ``pool``'s GPUs (both halves of the model on that hardware, so a colocated
+    run shards and collects over those GPUs and their fabric only); None when the pool has one GPU (a
+    cost model needs two pools). A preset (``spec``) is re-derived on that testbed; a measured profile keeps
+    the pool's per-GPU costs as measured (they were measured on a pool of its own size)."""
+    if pool not in POOLS:
+        raise ValueError(f"pool must be one of {POOLS}, got {pool!r}")
+    p: Pool = getattr(model, pool)
+    n = p.workers
+    if n < 2:
+        return None
+    half = n // 2
+    if spec is not None:
+        bed = spec.gen if pool == "generator" else spec.train
+        return replace(spec, gen=bed, train=bed, gen_workers=half, train_workers=n - half).build().model
+    return replace(model, generator=Pool(p.hardware, half), trainer=Pool(p.hardware, n - half), resize=None)
+
+
+def best_subsets(model: CostModel, config: ScheduleConfig, spec: PresetSpec | None = None,
+                 fits: SubsetFits | None = None) -> tuple[dict[str, Subset], list[str]]:
+    """A mixed cluster's strongest colocated alternative: per baseline (:data:`SUBSET_BASELINES`), its
+    fastest run on one pool's GPUs alone (nobody runs verl-omni on all GPUs at the slower card's pace), among
+    the pools whose memory fits (``fits``; without it memory is not checked, and a note says so).
+    ``config``: the colocated schedule the baselines run (``baseline_config``). Returns (baseline -> subset,
+    notes on pools left out)."""
+    best: dict[str, Subset] = {}
+    notes: list[str] = []
+    for pool in POOLS:
+        alone = pool_alone(model, pool, spec)
+        hw = getattr(model, pool).hardware.name
+        if alone is None:
+            notes.append(f"the {pool} pool ({hw}) has one GPU: no colocated run on it alone")
+            continue
+        ok = fits(pool) if fits is not None else None
+        if ok is False:
+            notes.append(f"best-subset: colocated on the {pool} pool's {getattr(model, pool).workers} GPUs alone "
+                         f"({hw}) does not fit their memory")
+            continue
+        for b in SUBSET_BASELINES:
+            res = simulate(config, alone, label=f"best-subset:{b}", baseline=b)
+            if b not in best or res.step_time < best[b].result.step_time:
+                best[b] = Subset(pool, hw, alone.total_workers, res, ok is not None)
+    if fits is None:
+        notes.append("best-subset: memory not checked (no run config)")
+    return best, notes
 
 
 def ceiling(model: CostModel, workload: Workload) -> float:

@@ -1,0 +1,53 @@
+"""A mixed cluster's strongest colocated alternative: the baselines on one pool's GPUs alone
+(``split_search.pool_alone`` / ``best_subsets``), as the dry run and the ladder print them."""
+
+import pytest
+
+from verl_digen.schedule import presets
+from verl_digen.schedule.costs import Affine, CostModel, Hardware, Pool
+from verl_digen.schedule.profile_io import Workload
+from verl_digen.schedule.split_search import baseline_config, best_subsets, colocated_baselines, pool_alone
+
+SLOW = Hardware("slow", generate=Affine(1.0, 4.0), score=Affine(0.0, 0.1), train_pass=Affine(0.2, 2.0))
+FAST = Hardware("fast", generate=Affine(0.5, 1.0), score=Affine(0.0, 0.1), train_pass=Affine(0.1, 0.5))
+MIXED = CostModel(Pool(SLOW, 4), Pool(FAST, 4), steps_trained=2)
+WL = Workload(prompts=4, group_size=4, mb_size=4, steps=2)
+
+
+def test_pool_alone_keeps_one_hardware_and_the_pool_size():
+    alone = pool_alone(MIXED, "trainer")
+    assert (alone.generator.hardware, alone.trainer.hardware) == (FAST, FAST)
+    assert (alone.generator.workers, alone.trainer.workers) == (2, 2)
+    assert pool_alone(CostModel(Pool(SLOW, 1), Pool(FAST, 3)), "generator") is None  # one GPU: no colocated run
+    with pytest.raises(ValueError, match="pool must be one of"):
+        pool_alone(MIXED, "colocated")
+
+
+def test_best_subset_is_the_faster_pool_that_fits():
+    cfg = baseline_config(WL)
+    subsets, notes = best_subsets(MIXED, cfg)
+    assert {s.pool for s in subsets.values()} == {"trainer"}  # the fast pool wins every baseline
+    assert not subsets["verl-omni"].memory_checked and notes == ["best-subset: memory not checked (no run config)"]
+    # on the fast GPUs alone it beats all 8 GPUs paced by the slow ones
+    assert subsets["verl-omni"].result.step_time < colocated_baselines(MIXED, WL)["verl-omni"].step_time
+    # the fast pool does not fit: the slow one is what is left, and the note says why
+    left, notes = best_subsets(MIXED, cfg, fits=lambda pool: pool == "generator")
+    assert {s.pool for s in left.values()} == {"generator"} and left["ideal"].memory_checked
+    assert notes == ["best-subset: colocated on the trainer pool's 4 GPUs alone (fast) does not fit their memory"]
+    assert left["verl-omni"].result.step_time > subsets["verl-omni"].result.step_time
+    none, notes = best_subsets(MIXED, cfg, fits=lambda pool: False)
+    assert none == {} and len(notes) == 2
+
+
+def test_hetero_preset_subset_is_re_derived_on_the_stronger_testbed():
+    """The issue's figure: colocated:verl-omni on the 8 C cards alone, not all 16 at the A cards' pace."""
+    p = presets.get("hunyuanvideo-13b-hetero")
+    alone = pool_alone(p.model, "trainer", p.spec)
+    assert alone.generator.hardware == alone.trainer.hardware  # one testbed, sharded over these 8 GPUs
+    assert alone.generator.hardware.name == p.spec.train.gpu.name and alone.total_workers == 8
+    wl = Workload(prompts=32, group_size=16, mb_size=16, steps=3)
+    subsets, _ = best_subsets(p.model, baseline_config(wl), p.spec)
+    assert subsets["verl-omni"].pool == "trainer"
+    assert subsets["verl-omni"].result.step_time == pytest.approx(1750.6, abs=0.1)
+    assert subsets["ideal"].result.step_time < subsets["verl-omni-bypass"].result.step_time \
+        < subsets["verl-omni"].result.step_time
