@@ -225,9 +225,9 @@ def _free_port() -> int:
 @pytest.mark.parametrize("knows_group_id", [False, True])
 def test_a_stranger_on_the_sync_port_cannot_make_a_generator_load_its_tensors(knows_group_id):
     """The store takes anyone who can reach it, so a stranger can take the sender's place in the group.
-    Without the run's secret its transfer is refused: at the header (another run's group id), or, if it
-    copied the group id from the wire, at the MAC after the payload. Nothing is returned to install,
-    and the error says why (the run's failure line carries it)."""
+    Without the run's secret its transfer is refused at the handshake, before any tensor moves: for another
+    run's group id, or, if it copied the group id from the wire, for its challenge-response. Nothing is
+    returned to install, and the error says why (the run's failure line carries it)."""
     from verl_digen.workers.sync import SyncGroup, group_id, new_secret
 
     port, run_secret = _free_port(), new_secret()
@@ -245,13 +245,11 @@ def test_a_stranger_on_the_sync_port_cannot_make_a_generator_load_its_tensors(kn
     stranger = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=new_secret())
     if knows_group_id:
         stranger.group_id = group_id(run_secret)  # copied from the wire: headers are not secret
+    with pytest.raises(RuntimeError, match="refused by sync rank 1 .*nothing was sent"):
         stranger.send(1, 5, {"w": torch.full((3,), 7.0)})
-    else:
-        with pytest.raises(RuntimeError, match="refused by sync rank 1"):
-            stranger.send(1, 5, {"w": torch.full((3,), 7.0)})
     peer.join(60)
-    assert "w" not in got
-    why = "its MAC does not verify" if knows_group_id else "the sender is not of this run"
+    assert "w" not in got and stranger.counters["sent"] == 0
+    why = "its handshake does not verify" if knows_group_id else "the sender is not of this run"
     assert f"weight sync of version 5 refused: {why}" in got["error"] and "nothing was loaded" in got["error"]
 
 

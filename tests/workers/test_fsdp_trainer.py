@@ -4,12 +4,15 @@ not split over the ranks: their rows do), same parameters after one
 optimizer step, each rank as its own TAG slot == local generation, and weight sync from the sharded trainer
 (only adapter tensors move with LoRA)."""
 
+from dataclasses import replace
+
 import pytest
 import torch
 from workers_helpers import assert_state_equal, kill_group, local_batch, make_group, rows_of, tiny_cfg
 
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, lora_state_dict
+from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
 from verl_digen.workers.actor import HybridWorker
 from verl_digen.workers.generator import GeneratorWorker
@@ -113,3 +116,48 @@ def test_sync_from_sharded_trainer(setup, backend):
     n = sum(t.numel() for t in exported[0].values())
     print(f"\n{backend} sync from 2-rank FSDP2 trainer ({'LoRA' if cfg.policy.lora else 'full'}, "
           f"{len(exported[0])} tensors, {n} values): {seconds * 1e3:.1f} ms")
+
+
+def _switch_round_trip(trainer) -> tuple[list[dict], list[dict]]:
+    return [o["moved"] for o in trainer.switch_to_gen()], [o["moved"] for o in trainer.switch_to_train()]
+
+
+def _step(cfg, trainer) -> None:
+    """One update and optimizer step: a new version, so the next switch must gather it."""
+    local = P.build_policy(cfg)
+    P.load_policy_weights(local, trainer.export_weights()[0], cfg.policy.lora)
+    version = trainer.weights_version()[0]
+    traj = local_batch(local, cfg, 3, version, [0], 2)
+    trainer.update(traj, 1.0 / (len(traj) * cfg.sampler.selection.k))
+    trainer.optimizer_step()
+
+
+def test_a_resident_generation_copy_is_gathered_once_per_version_and_never_moved(setup):
+    """The TAG switch's ledger on a sharded rank: switching to generation gathers the other rank's shards into
+    the generation copy (together the two ranks receive the model once: full - own shard each); back to
+    training nothing of the copy moves (it stays on the device, no host round trip, nothing freed); with the
+    version unchanged the next switch gathers nothing."""
+    cfg, trainer, _ = setup
+    _step(cfg, trainer)
+    model_bytes = sum(t.numel() * t.element_size() for t in P.build_policy(cfg).transformer.state_dict().values())
+    to_gen, to_train = _switch_round_trip(trainer)
+    assert sum(m[ledger.GATHERED] for m in to_gen) == model_bytes  # (R - 1) x the model over R = 2 ranks
+    assert all(ledger.HOST_DEVICE not in m and ledger.FREED not in m for m in to_gen + to_train)
+    again, _ = _switch_round_trip(trainer)
+    assert all(ledger.GATHERED not in m for m in again)
+
+
+def test_a_generation_copy_that_may_not_stay_is_freed_and_gathered_again(ray_session):
+    """keep_generation_copy=False (the memory plan has no room beside the training state): the switch back
+    frees the whole copy on every rank, and the next switch gathers it exactly once again."""
+    cfg = replace(tiny_cfg(tsp_degree=1), keep_generation_copy=False)
+    trainer = make_group(HybridWorker, cfg, 2)
+    try:
+        model_bytes = sum(t.numel() * t.element_size() for t in P.build_policy(cfg).transformer.state_dict().values())
+        first, back = _switch_round_trip(trainer)
+        assert [m[ledger.FREED] for m in back] == [model_bytes, model_bytes]
+        second, _ = _switch_round_trip(trainer)
+        assert [m[ledger.GATHERED] for m in second] == [m[ledger.GATHERED] for m in first]
+        assert sum(m[ledger.GATHERED] for m in second) == model_bytes
+    finally:
+        kill_group(trainer)

@@ -89,8 +89,9 @@ def test_builtin_backends_issue_the_same_calls_as_before():
     ws.publish(4)
     assert [c[1] for c in log] == ["stage_weights", "stage_weights"]
     log.clear()
-    ws.pickup(1, 4)
-    assert log == [("trn0", "send_weights_to", (2, 4)), ("gen1", "recv_weights", (4,))]
+    ws.pickup(1, 4)  # every trainer rank sends its buckets; generator 1 is group rank 2 + 1
+    assert log == [("trn0", "send_weights_to", (3, 4)), ("trn1", "send_weights_to", (3, 4)),
+                   ("gen1", "recv_weights", (4, [0, 1]))]
     with pytest.raises(RuntimeError, match="asked for version 5, but the published one is 4"):
         ws.pickup(0, 5)
 

@@ -15,6 +15,7 @@ from workers_helpers import (
     tiny_cfg,
 )
 
+from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
 from verl_digen.workers.actor import HybridWorker
 from verl_digen.workers.generator import GeneratorWorker
@@ -78,6 +79,11 @@ def test_weight_sync_gives_generators_the_trainer_weights(pools, local_model, ba
     assert gens.weights_checksum() == [want, want]
     assert gens.weights_version() == [version, version]
     assert seconds > 0
+    if backend == "collective":  # the trainer sends the model once; generator 0 relays it to generator 1
+        model_bytes = sum(t.numel() * t.element_size() for t in local_model.transformer.state_dict().values())
+        assert trainer.sync_counters() == [{"sent": model_bytes, "received": 0}]
+        assert gens.sync_counters() == [{"sent": model_bytes, "received": model_bytes},
+                                        {"sent": 0, "received": model_bytes}]
     print(f"\n{backend} sync (full fine-tune, {sum(p.numel() for p in local_model.transformer.parameters())} "
           f"params, float64, 2 generators): {seconds * 1e3:.1f} ms")
 
@@ -114,17 +120,22 @@ def test_tag_between_micro_batch_updates_keeps_training_state(pools, local_model
     before = trainer.full_state()[0]
     assert before["grads"] and all(v for v in before["optim"].values())
 
-    out_s = trainer.switch_to_gen()[0]
+    out = trainer.switch_to_gen()[0]
     with pytest.raises(ray.exceptions.RayTaskError, match="switch_to_train"):
         trainer.update(traj.index([4, 5, 6, 7]), scale)
     rows, prompts = rows_of([2], 4)
     ray.get(trainer.workers[0].tag_generate.remote(2, version, rows, prompts))
-    in_s = trainer.switch_to_train()[0]
+    back = trainer.switch_to_train()[0]
     after = trainer.full_state()[0]
     assert_state_equal(before, after, exact=True)
-    assert out_s > 0 and in_s > 0
+    assert out["seconds"] > 0 and back["seconds"] > 0
+    # the ledger: a CPU rank copies its gradients and AdamW state into the stash and hands them back as they
+    # are; an unsharded rank generates with its own weights, so nothing is gathered, freed or sent to a device
+    state_bytes = sum(g.numel() * g.element_size() for g in before["grads"].values()) + sum(
+        v.numel() * v.element_size() for s in before["optim"].values() for v in s.values() if torch.is_tensor(v))
+    assert out["moved"] == {ledger.HOST_COPIES: state_bytes} and back["moved"] == {}
     print(f"\nTAG context switch (CPU stash, {len(before['grads'])} grads + AdamW state): "
-          f"out {out_s * 1e3:.2f} ms, back {in_s * 1e3:.2f} ms")
+          f"out {out['seconds'] * 1e3:.2f} ms, back {back['seconds'] * 1e3:.2f} ms")
 
     trainer.update(traj.index([4, 5, 6, 7]), scale)  # micro-batch 2 still accumulates onto micro-batch 1
     grads_2 = trainer.full_state()[0]["grads"]

@@ -222,7 +222,8 @@ class PoolMemory:
     KINDS = {"activations": ("activations", "generation activations"),
              "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "step weights", "reference"),
              "generation pipeline": ("generation copy", "text encoders", "VAE"),
-             "reward model": ("reward model",)}
+             "reward model": ("reward model",),
+             "weight sync": ("sync staging",)}
 
     @property
     def dominant(self) -> str:
@@ -370,6 +371,15 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
             "weights": n * model_b, "text encoders": encoders, "VAE": vae,
             "activations": gen_rows * gen_block, "reward model": reward}, {},
             *caps["generator"]))
+    if not colocated and cfg.digen.sync.backend == "collective":
+        # collective sync (workers/sync.py): a trainer rank keeps its 1/R share of the published version's
+        # buckets until the next publish; a generator stages what is in flight (two buckets, one per trainer
+        # rank when several send), or the whole payload until it verifies (digen.sync.verify_payload)
+        moved = trainable * model_b if lora else n * model_b
+        bucket = cfg.digen.sync.bucket_mb * 2 ** 20
+        trainer.parts["sync staging"] = moved / ranks
+        pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else \
+            min(moved, max(2, ranks) * bucket)
     if size.companions.startswith("unknown"):
         notes.append(f"text encoders and VAE of model.arch={m.arch}: sizes not known here, not counted")
     return MemoryPlan(size, pools, notes, master)
@@ -528,6 +538,23 @@ def _ulysses_suggestion(cfg: RunConfig, trainer_pool) -> list[str]:
             return [f"actor.ulysses_sequence_parallel_size={size} with digen.tsp.rows_per_pass=1: not even one row "
                     f"fits a GPU; each of {size} GPUs would hold 1/{size} of its tokens ({_fig(alt)})"]
     return []
+
+
+def generation_copy_resident(cfg: RunConfig, plan: MemoryPlan | None = None) -> bool:
+    """Whether a TAG trainer rank keeps its generation copy on its GPU between switches: when the memory
+    plan has room for it beside the whole training state (the copy is then allocated once and only
+    re-gathered). Otherwise the switch back to training frees it and the next switch allocates and gathers
+    it again; it is never parked in host memory, since every byte of it is overwritten at the next switch.
+    A CPU run keeps it (its "device" is the host: freeing saves nothing); so does a GPU run of unknown size
+    or capacity only when the plan says so, i.e. never."""
+    if cfg.trainer.device != "cuda":
+        return True
+    plan = plan if plan is not None else memory_plan(cfg)
+    if plan is None:
+        return False
+    pool = plan.pools[-1]  # the trainer (or colocated) pool
+    copy = pool.parts.get("generation copy", 0.0)
+    return pool.capacity_gb is not None and pool.train_total + copy <= pool.capacity_gb * GIB
 
 
 def check_fits(cfg: RunConfig) -> MemoryPlan | None:

@@ -164,6 +164,8 @@ class TcssConfig:
 @dataclass
 class SyncConfig:
     backend: str = "object_store"
+    bucket_mb: int = 2048  # collective: bucket size in MiB (verl's update_weights_bucket_megabytes default)
+    verify_payload: bool = False  # collective: SHA-256 over every pickup's payload on both ends (costly)
 
 
 @dataclass
@@ -284,6 +286,8 @@ class RunConfig:
             seed=self.trainer.seed,
             device=self.trainer.device,
             sync_backend=self.digen.sync.backend,
+            sync_bucket_mb=self.digen.sync.bucket_mb,
+            sync_verify_payload=self.digen.sync.verify_payload,
             rollout_backend=self.rollout.backend,
             vllm_pipeline=self.rollout.vllm_pipeline,
             vllm_max_batch=self.rollout.micro_batch_size,

@@ -30,6 +30,8 @@ from verl_digen.dtypes import PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
 
+MAX_BUCKET_MB = 65536  # a 64 GiB bucket: more than any model verl-digen runs, so larger is a typo
+
 
 def _positive(key: str, value: Any, allow_zero: bool = False) -> None:
     ok = isinstance(value, int) and not isinstance(value, bool) and (value >= 0 if allow_zero else value >= 1)
@@ -175,6 +177,12 @@ def validate(cfg: RunConfig) -> list[str]:
     from verl_digen.workers.sync import sync_backend_names  # the registered backends (imports ray, not Ray)
 
     _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
+    if not (isinstance(d.sync.bucket_mb, int) and not isinstance(d.sync.bucket_mb, bool)
+            and 1 <= d.sync.bucket_mb <= MAX_BUCKET_MB):
+        raise ConfigError("digen.sync.bucket_mb", d.sync.bucket_mb,
+                          f"an integer number of MiB in [1, {MAX_BUCKET_MB}] (the collective sync's bucket size)")
+    if not isinstance(d.sync.verify_payload, bool):
+        raise ConfigError("digen.sync.verify_payload", d.sync.verify_payload, "true or false")
     _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
     _choice("algorithm.std_estimator", cfg.algorithm.std_estimator, STD_ESTIMATORS)
     if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:

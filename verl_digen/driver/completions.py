@@ -15,12 +15,14 @@ from verl_digen.algo.tsp import TrainMetrics
 
 @dataclass(frozen=True)
 class Receipt:
-    """What every action reports: bytes fetched by the driver, retries and actor restarts it took.
-    Weight publishes, pickups and context switches report only this."""
+    """What every action reports: bytes fetched by the driver, retries and actor restarts it took, and the
+    bytes the action moved by kind (``schedule/ledger.py``; the timeline records keep them). Weight
+    publishes, pickups and context switches report only this."""
 
     driver_bytes: int = 0
     retries: int = 0
     restarts: int = 0
+    moved: tuple[tuple[str, int], ...] = ()
 
 
 @dataclass(frozen=True)

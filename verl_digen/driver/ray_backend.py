@@ -31,6 +31,7 @@ from verl.single_controller.ray.base import RayWorkerGroup
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.completions import Generated, Receipt, Scored, Stepped, Updated
 from verl_digen.driver.faults import FaultPolicy, GeneratorState, await_restarted, is_worker_death
+from verl_digen.schedule import ledger
 from verl_digen.schedule.actions import Action
 from verl_digen.schedule.costs import (
     GENERATE,
@@ -356,12 +357,21 @@ class RayBackend:
         elif a.kind == PUBLISH:
             # object store: rank 0's return value *is* the weights; the driver never fetches it (a
             # failure there surfaces at the first pickup)
-            fetch(call.refs[1:] if self.sync.publish_returns_weights else call.refs)
+            extra = {"moved": _moved(fetch(call.refs[1:] if self.sync.publish_returns_weights else call.refs))}
         elif a.kind == WEIGHT_SYNC:
-            fetch(call.refs)  # versions
+            extra = {"moved": _moved(fetch(call.refs))}  # every call's version and ledger
             self.gen_state.picked_up(self.gen_index[a.worker], self.base + a.version)
-        else:  # SWITCH_TO_GEN, SWITCH_TO_TRAIN: seconds
-            fetch(call.refs)
+        else:  # SWITCH_TO_GEN, SWITCH_TO_TRAIN: seconds and ledger per rank
+            extra = {"moved": _moved(fetch(call.refs))}
         return kind(driver_bytes=sum(len(pickle.dumps(o)) for o in fetched), retries=call.retries,
                     restarts=call.restarts, **extra)
 
+
+def _moved(results: list[Any]) -> tuple[tuple[str, int], ...]:
+    """The ledgers of an action's calls (each a dict with "moved", or a bare value that moved nothing
+    counted: a rank without a share, an older worker), as one timeline entry. A pickup's sender and
+    receiver count the same transfer: only the receivers' side is kept (the pickup's ledger is the
+    generator's), and a publish sums its ranks."""
+    ledgers = [r["moved"] for r in results if isinstance(r, dict) and "moved" in r]
+    receivers = [r["moved"] for r in results if isinstance(r, dict) and r.get("received")]
+    return ledger.as_pairs(ledger.merge(receivers or ledgers))

@@ -24,7 +24,7 @@ import signal
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +33,7 @@ from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.config import RunConfig, checks, validate
+from verl_digen.config.memory import generation_copy_resident
 from verl_digen.config.plan import prior_stage_costs
 from verl_digen.config.schema import log_format
 from verl_digen.data import PromptDataset
@@ -116,7 +117,7 @@ class DigenRuntime:
         self._partial: RunResult | None = None
         self._segments: list[tuple[int, Timeline]] = []  # (first step - start_step, timeline) per segment
         self.validator: validation.Validator | None = None
-        self.worker_cfg = cfg.worker_config()
+        self.worker_cfg = replace(cfg.worker_config(), keep_generation_copy=generation_copy_resident(cfg))
         self.k = cfg.trained_steps()
         self.dataset = (PromptDataset.from_file(cfg.data.train_files, cfg.data.prompt_key) if cfg.data.train_files
                         else PromptDataset.synthetic(cfg.data.synthetic_prompts))

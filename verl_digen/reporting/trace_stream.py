@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO
 
 from verl_digen.schedule.export import read_runs
-from verl_digen.schedule.timeline import Record, Timeline, record_dict
+from verl_digen.schedule.timeline import Record, Timeline, record_dict, record_of
 
 
 class RecordStream:
@@ -86,7 +86,7 @@ def restore_segments(path: str | Path, segments: list[tuple[int, Timeline]]) -> 
     and version numbering."""
     _, rows = read_stream(path)
     for offset, timeline in segments:
-        timeline.records[:] = [Record(**{**r, "step": r["step"] - offset, "version": r["version"] - offset})
+        timeline.records[:] = [record_of({**r, "step": r["step"] - offset, "version": r["version"] - offset})
                                for r in rows if offset <= r["step"] < offset + timeline.steps]
 
 

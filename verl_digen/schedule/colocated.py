@@ -85,10 +85,10 @@ class ColocatedScheduler:
         self._running = a
         return [a]
 
-    def on_complete(self, action: Action, end: float) -> None:
+    def on_complete(self, action: Action, end: float, moved: tuple[tuple[str, int], ...] = ()) -> None:
         if action is not self._running:
             raise ValueError(f"{action!r} is not the running phase")
         self._running = None
-        for w in action.workers:
+        for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     samples=len(action.samples)))
+                                     samples=len(action.samples), moved=moved if i == 0 else ()))

@@ -47,7 +47,7 @@ class Scheduler(Protocol):
 
     def next_actions(self, now: float) -> list[Action]: ...
 
-    def on_complete(self, action: Action, end: float) -> None: ...
+    def on_complete(self, action: Action, end: float, moved: tuple[tuple[str, int], ...] = ()) -> None: ...
 
 
 class Backend(Protocol):
@@ -70,7 +70,7 @@ def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], 
     while not sched.done:
         finished, now = backend.wait()
         for c in finished:
-            sched.on_complete(c.action, c.end)
+            sched.on_complete(c.action, c.end, getattr(c.result, "moved", ()))
             if on_complete is not None:
                 on_complete(c)
         for a in sched.next_actions(now):

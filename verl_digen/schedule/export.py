@@ -53,7 +53,7 @@ def chrome_trace(timeline: Timeline, title: str = "verl-digen") -> dict:
             "ts": r.start * 1e6,
             "dur": max(0.0, r.end - r.start) * 1e6,
             "args": {"kind": r.kind, "step": r.step, "mb": r.mb, "count": r.count, "version": r.version,
-                     "stale": r.stale},
+                     "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {})},
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
@@ -150,13 +150,13 @@ def save_gantt_png(timeline: Timeline, path: str | Path, title: str = "", max_st
 def timeline_from_file(path: str | Path) -> Timeline:
     """The ``Timeline`` a run wrote to ``<mode>_timeline.json`` (or streamed to ``<mode>_timeline.jsonl``);
     workers in the run's order when the file names them, else generators, trainer, TAG slots."""
-    from .timeline import Record
+    from .timeline import record_of
 
     if str(path).endswith(".jsonl"):  # the stream: a header line per run (a resumed run appends its own)
         data = _joined_runs(path)
     else:
         data = json.loads(Path(path).read_text())
-    recs = [Record(**r) for r in data.get("records", [])]
+    recs = [record_of(r) for r in data.get("records", [])]
     workers = data.get("workers") or sorted({r.worker for r in recs}, key=_worker_order)
     steps = len({r.step for r in recs})
     return Timeline(list(workers), 0, steps, data.get("mode", "digen"), recs,

@@ -172,15 +172,15 @@ class StepScheduler:
     def busy(self) -> dict[str, Action | None]:
         return dict(self._busy)
 
-    def on_complete(self, action: Action, end: float) -> None:
+    def on_complete(self, action: Action, end: float, moved: tuple[tuple[str, int], ...] = ()) -> None:
         """Consume a completion at ``end``: record it, profile it, advance the state machine."""
         if any(self._busy.get(w) is not action for w in action.workers):
             raise ValueError(f"{action!r} is not running on {action.workers}")
         self.profiler.observe(action.kind, max(0.0, end - action.start))
-        for w in action.workers:
+        for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self._busy[w] = None
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     action.stale, action.count, len(action.samples)))
+                                     action.stale, action.count, len(action.samples), moved if i == 0 else ()))
         kind, s = action.kind, action.step
         self._decided = False  # a new event: a TAG decision may be due again
         if kind in (GENERATE, TAG_GENERATE):

@@ -64,6 +64,9 @@ class Record:
     stale: bool = False
     count: int = 1  # micro-batches covered (an update of a whole release unit)
     samples: int = 0  # samples the action covered (0 for actions without data)
+    # bytes the action moved, by kind ((kind, bytes) pairs of ``ledger.KINDS``; empty where nothing moved):
+    # publishes, pickups and switches on the runtime, their priced moves on the simulator
+    moved: tuple[tuple[str, int], ...] = ()
 
     @property
     def duration(self) -> float:
@@ -121,8 +124,17 @@ RECORD_FIELDS = tuple(f.name for f in fields(Record))
 
 
 def record_dict(record: Record) -> dict:
-    """A record's fields as a plain dict (what the timeline files hold)."""
-    return {name: getattr(record, name) for name in RECORD_FIELDS}
+    """A record's fields as a plain dict (what the timeline files hold; ``moved`` as a {kind: bytes} map)."""
+    out = {name: getattr(record, name) for name in RECORD_FIELDS}
+    out["moved"] = dict(record.moved)
+    return out
+
+
+def record_of(d: dict) -> Record:
+    """A record read back from :func:`record_dict`'s form (``moved`` absent in files of earlier versions)."""
+    moved = d.get("moved") or {}
+    return Record(**{**d, "moved": tuple(sorted(moved.items()) if isinstance(moved, dict) else
+                                         (tuple(p) for p in moved))})
 
 
 class TimelineError(AssertionError):

@@ -23,9 +23,11 @@ from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, ulysses
 from verl_digen.rewards import build_reward
+from verl_digen.schedule import ledger
 from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
+from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
@@ -55,7 +57,8 @@ class TSPActorWorker(Worker):
         self.model = None
         self.version = 0
         self._sync: SyncGroup | None = None
-        self._staged: tuple[int, dict[str, torch.Tensor]] | None = None
+        # collective sync: the published version's plan and this rank's own buckets of it, on its device
+        self._staged: tuple[int, BucketPlan, dict[int, torch.Tensor]] | None = None
         self._mode = "train"
         self._nonfinite: str | None = None  # what went non-finite in this step's updates (NaN guard)
         # the step's starting weights, kept from its first mini-batch's optimizer step to its last for the
@@ -305,33 +308,61 @@ class TSPActorWorker(Worker):
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
-        """Trainer rank 0 joins the cross-pool weight-sync group as its rank 0 (the source), with the
-        run's secret (sync.new_secret)."""
-        if self.dist_rank != 0 or rank != 0:
-            raise ValueError("only trainer rank 0 joins the weight-sync group, as its rank 0")
-        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret)
+        """Every trainer rank joins the cross-pool weight-sync group, as its rank ``dist_rank`` (a pickup draws
+        from all of them), with the run's secret (sync.new_secret)."""
+        if rank != self.dist_rank:
+            raise ValueError(f"trainer rank {self.dist_rank} joins the weight-sync group as its rank {self.dist_rank}, "
+                             f"not {rank}")
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret, node=P.node_id())
+
+    def _export_state(self) -> dict[str, torch.Tensor]:
+        """What weight sync moves, as this rank's own (possibly sharded) tensors under the names the
+        generators hold them by: the transformer state, or its adapters (peft's names) with LoRA."""
+        state = self.model.transformer.state_dict()
+        return P.lora_from_full_state(self.model, state) if self.cfg.policy.lora else state
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def stage_weights(self, version: int) -> int:
-        """Collective backend, publish: every rank gathers; rank 0 keeps ``version`` for pickups."""
+    def stage_weights(self, version: int) -> dict[str, Any]:
+        """Collective backend, publish: every rank gathers the new version tensor by tensor (a collective per
+        sharded tensor) and keeps, on its device, only the buckets it owns; returns the version and the ledger."""
         self._require(mode="any")
         check_version(self.version, version, "trainer (stage_weights)")
-        state = self._gather_weights()
-        if state is not None:
-            self._staged = (version, state)
-        return version
+        state = self._export_state()
+        plan = BucketPlan.of(layout_of(state), self.cfg.sync_bucket_mb << 20)
+        moved: dict[str, int] = {}
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def send_weights_to(self, dst: int, version: int) -> int:
-        """Collective backend, pickup: send the staged ``version`` to sync rank ``dst`` (rank 0 only;
-        runs on the actor's second thread, alongside training)."""
+        def tensors():
+            for name, _, _ in plan.layout:
+                t = state[name]
+                full = fsdp.full_on_device(t, self.device)
+                if self.sharded:
+                    ledger.add(moved, ledger.GATHERED, full.numel() * full.element_size() - fsdp.local_bytes([t]))
+                yield name, full
+
+        self._staged = None  # the old version's buckets go before the new ones are packed
+        owned = plan.owned(self.dist_rank, self.dist_world)
+        buckets = pack_owned(plan, owned, tensors(), self.device)
+        self._staged = (version, plan, buckets)
+        ledger.add(moved, ledger.STAGING_PEAK, sum(b.numel() for b in buckets.values()))
+        return {"version": version, "moved": moved}
+
+    def send_weights_to(self, dst: int, version: int) -> dict[str, Any]:
+        """Collective backend, pickup: send this rank's staged buckets of ``version`` to sync rank ``dst`` (on
+        the actor's second thread, alongside training). Returns the version and the ledger."""
         if self._sync is None:
-            raise RuntimeError("join_sync_group must be called on trainer rank 0 before send_weights_to")
+            raise RuntimeError("join_sync_group must be called before send_weights_to")
         staged = self._staged
         if staged is None or staged[0] != version:
             raise RuntimeError(f"version {version} is not staged (staged: {None if staged is None else staged[0]})")
-        self._sync.send(dst, version, staged[1])
-        return version
+        _, plan, buckets = staged
+        moved = self._sync.serve(dst, version, plan, lambda k, slot: buckets[k], source=self.dist_rank,
+                                 sources=self.dist_world, verify_payload=self.cfg.sync_verify_payload)
+        return {"version": version, "moved": moved}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def sync_counters(self) -> dict[str, int]:
+        """Bytes this rank sent and received through the collective sync group so far (benchmarks)."""
+        return dict(self._sync.counters) if self._sync is not None else {"sent": 0, "received": 0}
 
     # -- exact state (tests) -----------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -457,14 +488,15 @@ class HybridWorker(TSPActorWorker):
     def _weights_replaced(self) -> None:
         self._gen_version = None  # re-gathered from the current tensors at the next switch
 
-    def _materialize(self) -> None:
-        """Full weights of the current version on this rank (collective over the trainer ranks)."""
+    def _materialize(self, moved: dict[str, int]) -> None:
+        """Full weights of the current version on this rank (collective over the trainer ranks), gathered
+        into the generation copy on the device, which is allocated only if it was not kept resident."""
         if not self.sharded or self._gen_version == self.version:
             return
         if self._gen_model is None:
             self._gen_model = P.freeze(P.build_policy(self.cfg, self.device))
-        self._gen_model.transformer.to(self.device)
         fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
+        ledger.add(moved, ledger.GATHERED, fsdp.gathered_bytes(self.model.transformer))
         self._gen_version = self.version
 
     def _generation_model(self):
@@ -474,36 +506,45 @@ class HybridWorker(TSPActorWorker):
             raise RuntimeError("a sharded trainer rank generates only after switch_to_gen()")
         return self._gen_model
 
-    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def switch_to_gen(self) -> float:
-        """Move accumulated grads and optimizer state out of the way (GPU: offloaded to CPU; CPU:
-        moved into a stash of detached copies, live tensors freed), then materialize the full
-        generation weights on every rank; returns seconds taken."""
-        self._require(mode="any")
-        t0 = time.perf_counter()
-        if self._mode == "gen":
-            return 0.0
-        switch.stash(self.named_params, self.optimizer, self.device, self._stash)
-        self._materialize()
-        self._mode = "gen"
-        return time.perf_counter() - t0
+    def _state_moved(self, moved: dict[str, int], nbytes: int) -> None:
+        """Training state moved by a switch: across PCIe on a GPU, into host copies on a CPU rank."""
+        ledger.add(moved, ledger.HOST_DEVICE if self.device.type != "cpu" else ledger.HOST_COPIES, nbytes)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def switch_to_train(self) -> float:
-        """Bring grads and optimizer state back, bit-identical (GPU: the generation copy goes to
-        host memory first); returns seconds taken."""
+    def switch_to_gen(self) -> dict[str, Any]:
+        """Move accumulated grads and optimizer state out of the way (GPU: offloaded to CPU; CPU: moved into a
+        stash of detached copies, live tensors freed), then materialize the full generation weights on every
+        rank. Returns the seconds taken and the byte ledger."""
         self._require(mode="any")
         t0 = time.perf_counter()
+        moved: dict[str, int] = {}
+        if self._mode == "gen":
+            return {"seconds": 0.0, "moved": moved}
+        self._state_moved(moved, switch.stash(self.named_params, self.optimizer, self.device, self._stash))
+        self._materialize(moved)
+        self._mode = "gen"
+        return {"seconds": time.perf_counter() - t0, "moved": moved}
+
+    @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    def switch_to_train(self) -> dict[str, Any]:
+        """Bring grads and optimizer state back, bit-identical. The generation copy stays on the device when
+        the memory plan has room for it beside the training state (``keep_generation_copy``), else it is
+        freed; it never goes to host memory (the next switch overwrites every byte of it). Returns the seconds
+        taken and the byte ledger."""
+        self._require(mode="any")
+        t0 = time.perf_counter()
+        moved: dict[str, int] = {}
         if self._mode == "train":
-            return 0.0
-        on_gpu = self.device.type != "cpu"
-        if on_gpu and self._gen_model is not None:
-            self._gen_model.transformer.to("cpu")
-            self._gen_version = None  # reloaded (and re-gathered) at the next switch
-        switch.restore(self.named_params, self.optimizer, self.device, self._stash,
-                       optimizer_on_host=self.cfg.memory.optimizer_offload)  # offloaded: host until the step
+            return {"seconds": 0.0, "moved": moved}
+        if self._gen_model is not None and not self.cfg.keep_generation_copy:
+            ledger.add(moved, ledger.FREED, fsdp.local_bytes(self._gen_model.transformer.state_dict().values()))
+            self._gen_model, self._gen_version = None, None  # allocated and gathered again at the next switch
+            if self.device.type != "cpu":
+                torch.cuda.empty_cache()
+        self._state_moved(moved, switch.restore(self.named_params, self.optimizer, self.device, self._stash,
+                                                optimizer_on_host=self.cfg.memory.optimizer_offload))
         self._mode = "train"
-        return time.perf_counter() - t0
+        return {"seconds": time.perf_counter() - t0, "moved": moved}
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)  # per-rank arguments: a colocated step's shares
     def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:

@@ -103,6 +103,11 @@ class WorkerConfig:
     seed: int = 0  # sampling seed (placement-invariant streams)
     device: str = "cpu"  # "cuda" on GPU pools
     sync_backend: str = "object_store"  # or "collective"
+    sync_bucket_mb: int = 2048  # collective sync: bucket size (digen.sync.bucket_mb; workers/buckets.py)
+    sync_verify_payload: bool = False  # collective sync: SHA-256 over the payload on both ends (opt-in)
+    # TAG: keep the generation copy on the trainer GPU between switches (the memory plan has room for it
+    # beside the training state), instead of freeing it at the switch back and allocating it again
+    keep_generation_copy: bool = True
     rollout_backend: str = "diffusers"  # generator rollout: "diffusers" (any device) or "vllm" (vLLM-Omni, GPU)
     vllm_pipeline: str | None = None  # rollout_backend="vllm": the RL pipeline class; None = verl-digen's own
     vllm_max_batch: int = 1  # rollout_backend="vllm": requests per engine batch (the micro-batch size)

@@ -104,6 +104,16 @@ def full_tensor(t: torch.Tensor) -> torch.Tensor:
     return t.detach().to("cpu", copy=True)
 
 
+def full_on_device(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """A detached full tensor on ``device`` (an all-gather for a sharded DTensor: every rank must call it),
+    with no host round trip on a GPU rank: what a collective weight publish packs into its buckets."""
+    if isinstance(t, DTensor):
+        if t.device.type != t.device_mesh.device_type:  # an offloaded shard: gather on the mesh's device
+            t = t.to(t.device_mesh.device_type)
+        t = t.full_tensor()
+    return t.detach().to(device)
+
+
 @torch.no_grad()
 def like(full: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """``full`` laid out like ``ref``: this rank's shard when ``ref`` is sharded (no communication:
@@ -146,6 +156,16 @@ def copy_full_state(src: nn.Module, dst: nn.Module) -> None:
         raise ValueError("generation copy and trainer model have different parameters")
     for k, v in src.state_dict().items():
         target[k].copy_(v.full_tensor() if isinstance(v, DTensor) else v)
+
+
+def gathered_bytes(module: nn.Module) -> int:
+    """Bytes a rank receives from the others to materialize ``module``'s full state: the full tensors'
+    bytes less this rank's own shards (0 for an unsharded module)."""
+    total = 0
+    for v in module.state_dict().values():
+        if isinstance(v, DTensor):
+            total += v.numel() * v.element_size() - local_bytes([v])
+    return total
 
 
 def clip_grad_norm(params: list[torch.Tensor], max_norm: float, device: torch.device) -> float:

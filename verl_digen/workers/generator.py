@@ -7,6 +7,7 @@ alike (``init_model``, weight and version queries) goes through the worker group
 
 from __future__ import annotations
 
+import threading
 from typing import Any
 
 import torch
@@ -15,9 +16,11 @@ from verl.single_controller.base.decorator import Dispatch, register
 
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.rewards import build_reward
+from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
+from verl_digen.workers.buckets import BucketPlan, layout_of
 from verl_digen.workers.config import WorkerConfig
-from verl_digen.workers.sync import SyncGroup
+from verl_digen.workers.sync import Packer, SyncGroup, SyncRefused
 
 
 class VersionMismatchError(RuntimeError):
@@ -49,10 +52,20 @@ class GeneratorWorker(Worker):
         self.reward = None
         self.version = 0
         self._sync: SyncGroup | None = None
+        # a collective pickup writes into the live weights bucket by bucket: one that failed half-way leaves
+        # them torn, and this worker then generates nothing until a pickup completes (the version it failed at)
+        self._torn: int | None = None
+        self._weights_lock = threading.Lock()  # a relay reads the weights while no pickup writes them
 
     def _require_model(self) -> None:
         if self.model is None and self.backend is None:
             raise RuntimeError("GeneratorWorker.init_model() must be called first")
+
+    def _require_weights(self) -> None:
+        self._require_model()
+        if self._torn is not None:
+            raise RuntimeError(f"generator rank {self.rank}: its pickup of version {self._torn} failed half-way, so "
+                               "its weights are torn; it generates nothing until a weight pickup completes")
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     def init_model(self) -> None:
@@ -71,7 +84,7 @@ class GeneratorWorker(Worker):
 
     def generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
         """Trajectories for (prompt_id, sample_id) ``rows`` (``prompts[i]`` is row i's text), CPU tensors."""
-        self._require_model()
+        self._require_weights()
         check_version(self.version, version, f"generator rank {self.rank}")
         if self.backend is not None:
             prompt_ids, sample_ids = P.check_rows(rows, prompts)
@@ -98,7 +111,7 @@ class GeneratorWorker(Worker):
     def validate(self, version: int, rows: list[tuple[int, int]], prompts: list[str], keep_images: int) -> dict:
         """This worker's share of a validation pass (``policy.validation_rows``) with the weights it
         holds, which must be ``version``."""
-        self._require_model()
+        self._require_weights()
         check_version(self.version, version, f"generator rank {self.rank} (validation)")
         if self.backend is not None:
             raise NotImplementedError("validation runs on the diffusers rollout; rollout.backend=vllm refuses "
@@ -106,17 +119,24 @@ class GeneratorWorker(Worker):
         return P.validation_rows(self.model, self.reward, self.cfg, version, rows, prompts, keep_images)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> int:
-        """Install the trainer's weights of ``version`` (object-store backend); returns the version."""
-        self._require_model()
+    def load_weights(self, version: int, state: dict[str, torch.Tensor]) -> dict[str, Any]:
+        """Install the trainer's weights of ``version`` (object-store backend); returns the version and the
+        byte ledger (the object Ray deserialized into host memory, and its copy onto the device)."""
+        if self.model is None and self.backend is None:
+            raise RuntimeError("GeneratorWorker.init_model() must be called first")
         if version < self.version:
             raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
-        if self.backend is not None:
-            self.backend.load_weights(version, state)
-        else:
-            P.load_policy_weights(self.model, state, self.cfg.policy.lora)
-        self.version = int(version)
-        return self.version
+        with self._weights_lock:
+            if self.backend is not None:
+                self.backend.load_weights(version, state)
+            else:
+                P.load_policy_weights(self.model, state, self.cfg.policy.lora)
+            self.version, self._torn = int(version), None
+        nbytes = sum(t.numel() * t.element_size() for t in state.values())
+        moved = {ledger.SERIALIZED: nbytes, ledger.HOST_COPIES: nbytes}
+        if self.device.type != "cpu":
+            moved[ledger.HOST_DEVICE] = nbytes
+        return {"version": self.version, "moved": moved, "received": True}
 
     def _weights(self) -> dict[str, torch.Tensor]:
         """What weight sync moves, as this worker holds it (with vLLM-Omni: what it installed last)."""
@@ -141,16 +161,56 @@ class GeneratorWorker(Worker):
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
-        """Join the cross-pool weight-sync group as ``rank`` (1..G; trainer rank 0 is rank 0), with the
-        run's secret (sync.new_secret): a transfer without its MAC is never installed."""
-        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret)
+        """Join the cross-pool weight-sync group as ``rank`` (after the trainer ranks), with the run's secret
+        (sync.new_secret): nothing is sent to or installed from a member that cannot prove it holds it."""
+        self._sync = SyncGroup(host, port, world, rank, backend, timeout_s, secret=secret,
+                               node=P.node_id())
+
+    def _sync_group(self) -> SyncGroup:
+        if self._sync is None:
+            raise RuntimeError("join_sync_group must be called before a collective weight pickup")
+        if self.backend is not None:
+            raise RuntimeError("the collective sync needs the diffusers rollout (rollout.backend=vllm holds its "
+                               "weights in the engine; config/validate.py refuses the pair)")
+        return self._sync
+
+    def recv_weights(self, version: int, sources: list[int]) -> dict[str, Any]:
+        """Collective pickup: receive ``version`` from the group ranks ``sources`` (every trainer rank, or one
+        generator relaying it) straight into the live weights, bucket by bucket; this worker is between
+        trajectories. Returns the version and the byte ledger."""
+        if self.model is None:
+            raise RuntimeError("GeneratorWorker.init_model() must be called first")
+        group = self._sync_group()
+        if version < self.version:
+            raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
+        with self._weights_lock:
+            live = P.live_weights(self.model, self.cfg.policy.lora)
+            plan = BucketPlan.of(layout_of(live), self.cfg.sync_bucket_mb << 20)
+            try:
+                moved = group.receive(version, plan, live, sources, self.cfg.sync_verify_payload)
+            except SyncRefused:
+                raise  # refused before any byte was written: the weights are still the version held
+            except BaseException:
+                self._torn = version  # some buckets may have landed: refuse to generate until a pickup completes
+                raise
+            self.version, self._torn = int(version), None
+        return {"version": self.version, "moved": moved, "received": True}
+
+    def send_weights_to(self, dst: int, version: int) -> dict[str, Any]:
+        """Relay: send the ``version`` this generator holds to sync rank ``dst`` (on the actor's second thread,
+        beside generation, which only reads the weights). Returns the byte ledger."""
+        group = self._sync_group()
+        with self._weights_lock:
+            check_version(self.version, version, f"generator rank {self.rank} (relay)")
+            if self._torn is not None:
+                raise RuntimeError(f"generator rank {self.rank} cannot relay: its weights are torn")
+            packer = Packer(P.live_weights(self.model, self.cfg.policy.lora), self.cfg.sync_bucket_mb << 20,
+                            group.device)
+            moved = group.serve(dst, version, packer.plan, packer.bucket, verify_payload=self.cfg.sync_verify_payload)
+            ledger.add(moved, ledger.STAGING_PEAK, packer.staging_bytes)
+        return {"version": version, "moved": moved}
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
-    def recv_weights(self, version: int) -> int:
-        """Receive ``version`` from trainer rank 0 (concurrently with its ``send_weights_to``) into a
-        staging copy, then swap it in: this worker is between trajectories."""
-        self._require_model()
-        if self._sync is None:
-            raise RuntimeError("join_sync_group must be called before recv_weights")
-        state = self._sync.recv(version, self._weights())
-        return self.load_weights(version, state)
+    def sync_counters(self) -> dict[str, int]:
+        """Bytes this worker sent and received through the collective sync group so far (benchmarks)."""
+        return dict(self._sync.counters) if self._sync is not None else {"sent": 0, "received": 0}

@@ -19,7 +19,6 @@ from verl_digen.models import (
     build_model,
     has_lora,
     load_lora_state_dict,
-    lora_state_dict,
     parse_dtype,
 )
 from verl_digen.models.base import DiffusionModel
@@ -47,6 +46,13 @@ def runtime_info() -> dict[str, object]:
         "torch_threads": torch.get_num_threads(),
         "env": {k: os.environ.get(k) for k in keys},
     }
+
+
+def node_id() -> str | None:
+    """The Ray node this worker runs on (None outside Ray): peers on one node count as intra-node."""
+    import ray
+
+    return ray.get_runtime_context().get_node_id() if ray.is_initialized() else None
 
 
 def worker_device(cfg: WorkerConfig) -> torch.device:
@@ -92,14 +98,22 @@ def lora_from_full_state(model: DiffusionModel, state: dict[str, torch.Tensor]) 
     return dict(get_peft_model_state_dict(model.transformer, state_dict=state, adapter_name=ADAPTER_NAME))
 
 
-def policy_weights(model: DiffusionModel, lora: bool) -> dict[str, torch.Tensor]:
-    """What weight sync moves, as detached CPU copies: the adapters only with LoRA, else the whole
-    transformer state dict. (Unsharded models; a sharded trainer gathers first, see ``actor``.)"""
+def live_weights(model: DiffusionModel, lora: bool) -> dict[str, torch.Tensor]:
+    """What weight sync moves, as the model's own tensors (no copy: a collective pickup writes into them,
+    a relay reads them): the adapters only with LoRA (peft's names), else the transformer state dict."""
     if lora:
-        state = lora_state_dict(model)
-    else:
-        state = model.transformer.state_dict()
-    return {k: v.detach().to("cpu", copy=True) for k, v in state.items()}
+        if not has_lora(model):
+            raise ValueError("LoRA weights asked for but the model has no adapters")
+        from peft import get_peft_model_state_dict
+
+        return dict(get_peft_model_state_dict(model.transformer, adapter_name=ADAPTER_NAME))
+    return model.transformer.state_dict()
+
+
+def policy_weights(model: DiffusionModel, lora: bool) -> dict[str, torch.Tensor]:
+    """What weight sync moves, as detached CPU copies (see :func:`live_weights`). (Unsharded models; a
+    sharded trainer gathers first, see ``actor``.)"""
+    return {k: v.detach().to("cpu", copy=True) for k, v in live_weights(model, lora).items()}
 
 
 @torch.no_grad()

@@ -1,36 +1,40 @@
 """Versioned trainer -> generator weight sync: publish once, every generator picks up on its own.
 
-After the optimizer step the trainer *publishes* the new version once (every rank takes part in
-gathering the possibly sharded weights; rank 0 keeps them). Each generator then *picks it up* at its
-own next trajectory boundary; nobody waits for anybody to drain, and the trainer goes on training.
+After the optimizer step the trainer *publishes* the new version once; each generator then *picks it up*
+at its own next trajectory boundary. Nobody waits for anybody to drain, and the trainer goes on training.
 Two backends move the same thing (the whole transformer state, or only the LoRA adapters):
 
-- ``object_store``: publishing puts trainer rank 0's gathered weights in Ray's object store (the
-  return value of ``export_weights``); a pickup is ``load_weights(version, ref)`` on that generator,
-  which fetches the one object (Ray ships it between nodes; the driver never materializes it).
-- ``collective``: verl gives every worker group its own MASTER_ADDR/PORT, so no process group spans
-  two pools. ``SyncGroup`` builds one explicitly (``TCPStore`` + ``ProcessGroupGloo``, or
-  ``ProcessGroupNCCL`` on GPU) over trainer rank 0 (group rank 0) and every generator (ranks 1..G).
-  Publishing stages the gathered weights on trainer rank 0; a pickup is a point-to-point transfer to
-  that one generator (a checked header, an acknowledgement, then each tensor in sorted-name order).
-  The store has no authentication of its own, so the driver makes a per-run secret and hands it only
-  to the group's members, through their Ray actors: the header carries the run's group id, and the
-  transfer ends with a MAC (HMAC-SHA256 with that secret over the version, the layout and a SHA-256
-  of the payload). A generator installs nothing whose MAC does not verify, and says so.
-  Trainer rank 0 serves it from a second actor thread (the trainer actors get ``max_concurrency=2``),
-  so training is not interrupted. gloo runs send/recv from any thread; NCCL point-to-point calls run
-  on the communicator's own stream and are serialized per peer pair (one pickup at a time per
-  generator, which the scheduler guarantees). Receiving straight into the generator's live weights
-  is not done: the generator receives into a staging dict and swaps when the transfer is complete.
+- ``object_store``: publishing puts trainer rank 0's gathered weights in Ray's object store (the return
+  value of ``export_weights``); a pickup is ``load_weights(version, ref)`` on that generator. Simple and
+  restartable (a restarted generator reloads from the object), for small models and LoRA: the weights are
+  gathered into host memory and serialized.
+- ``collective``: weights move device to device in fixed-size buckets (``workers/buckets.py``,
+  ``digen.sync.bucket_mb``) over an explicit process group of every trainer rank and every generator
+  (:class:`SyncGroup`: gloo, or NCCL on GPU; verl gives each worker group its own MASTER_ADDR/PORT, so the
+  group is built with its own ``TCPStore``). Publishing: every trainer rank gathers the new version tensor
+  by tensor and keeps, on its device, only the buckets it owns (round-robin: its 1/R share). A pickup
+  draws from every trainer rank at once, each sending its own buckets, or, once another generator holds
+  the version, from that generator (a relay), so no single link carries G x the model. The generator
+  receives bucket by bucket straight into its live weights (it is between trajectories), its staging
+  bounded by two buckets (one per source when several send). Trainer ranks and relaying generators serve
+  from a second actor thread, so training and generation go on.
 
-``WeightSync`` is the driver-side helper: ``setup`` once; ``publish(version)`` and
-``pickup(index, version)`` return the refs of the calls taking part (the runtime's event loop waits
-on them); ``sync(version)`` is publish + every pickup, blocking (resume, tests). It delegates to the
-:class:`SyncBackend` registered under ``digen.sync.backend``: backends register with
-:func:`register_sync_backend` (as verl's ``core_algos`` registers advantage estimators), so a new
-backend is one file (a ``SyncBackend`` subclass under the decorator), accepted by the config once that
-file is imported. What the rest of the runtime needs to know about a backend is on its class
-(``restartable``, ``publish_returns_weights``, ``trainer_threads``), not in checks of its name.
+The store has no authentication of its own, so the driver makes a per-run secret and hands it only to the
+group's members, through their Ray actors. Every transfer starts with a mutual challenge-response over
+fresh nonces (HMAC-SHA256 of the group id, the version, the layout and the source's place): a member
+without the secret can neither send nor receive, and a recorded transfer cannot be replayed. The channel is
+authenticated, not the payload: hashing 40 GB on a CPU would cost more than moving it. An integrity check of
+the bytes is opt-in (``digen.sync.verify_payload``: SHA-256 over the payload on both ends, the buckets staged
+until it verifies). Every call returns a byte ledger (``schedule/ledger.py``): what it moved, by kind.
+
+``WeightSync`` is the driver-side helper: ``setup`` once; ``publish(version)`` and ``pickup(index, version)``
+return the refs of the calls taking part (the runtime's event loop waits on them); ``sync(version)`` is
+publish + every pickup, blocking (resume, tests), in waves so that generators relay to each other. It
+delegates to the :class:`SyncBackend` registered under ``digen.sync.backend``: backends register with
+:func:`register_sync_backend` (as verl's ``core_algos`` registers advantage estimators), so a new backend is
+one file (a ``SyncBackend`` subclass under the decorator), accepted by the config once that file is imported.
+What the rest of the runtime needs to know about a backend is on its class (``restartable``,
+``publish_returns_weights``, ``trainer_threads``, ``generator_threads``), not in checks of its name.
 """
 
 from __future__ import annotations
@@ -40,6 +44,7 @@ import hmac
 import secrets
 import socket
 import struct
+import threading
 import time
 from collections.abc import Callable
 from datetime import timedelta
@@ -50,6 +55,16 @@ import torch
 import torch.distributed as dist
 
 from verl_digen.registry import Registry
+from verl_digen.schedule import ledger
+from verl_digen.workers.buckets import (
+    DEFAULT_BUCKET_MB,
+    BucketPlan,
+    layout_hash,
+    layout_of,
+    new_bucket,
+    pack,
+    unpack,
+)
 
 #: ``digen.sync.backend`` name -> backend class (a :class:`verl_digen.registry.Registry`)
 SYNC_BACKENDS: Registry[type[SyncBackend]] = Registry("sync backend")
@@ -84,42 +99,53 @@ def sync_backend(name: str) -> type[SyncBackend]:
     return SYNC_BACKENDS.lookup(name)
 
 
-def layout_hash(state: dict[str, torch.Tensor]) -> int:
-    """A 63-bit hash of the (name, dtype, shape) layout: both ends must agree before any bytes move."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name]
-        h.update(f"{name}|{t.dtype}|{tuple(t.shape)};".encode())
-    return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
-
-
 def new_secret() -> str:
     """A run's weight-sync secret (hex), made by the driver and sent only to the group's members."""
     return secrets.token_hex(32)
 
 
 def group_id(secret: str) -> int:
-    """The run's group id (in every header; not secret): a transfer from another run is refused early."""
+    """The run's group id (in every handshake; not secret): a transfer from another run is refused early."""
     return int.from_bytes(hashlib.sha256(b"digen-sync|" + bytes.fromhex(secret)).digest()[:8], "little") >> 1
 
 
-def payload_digest(state: dict[str, torch.Tensor]) -> bytes:
-    """SHA-256 over every tensor's bytes in sorted-name order (the MAC's message)."""
-    h = hashlib.sha256()
-    for name in sorted(state):
-        t = state[name].detach().to("cpu").contiguous().reshape(-1)
-        h.update(name.encode() + b"\0")
-        h.update(t.view(torch.uint8).numpy())
-    return h.digest()
+class SyncRefused(RuntimeError):
+    """A weight transfer refused before any of its tensors was installed (handshake or payload check)."""
+
+
+def _nonce() -> bytes:
+    return secrets.token_bytes(NONCE_BYTES)
+
+
+def _words(b: bytes) -> list[int]:
+    """Bytes (a multiple of 8) as signed int64 words, the handshake tensors' element type."""
+    return list(struct.unpack(f"<{len(b) // 8}q", b))
+
+
+def _bytes(words: list[int]) -> bytes:
+    return struct.pack(f"<{len(words)}q", *words)
+
+
+NONCE_BYTES = 32
+DEFAULT_BUCKET_BYTES = DEFAULT_BUCKET_MB << 20
+_MAC_WORDS = 4  # HMAC-SHA256 as int64 words
+_HEAD = 5  # group id, version, layout hash, sources, source index
 
 
 class SyncGroup:
-    """One member of the explicit cross-pool process group (rank 0 = trainer rank 0 = the source).
-    ``secret`` (hex, from :func:`new_secret`) is the run's: only a sender holding it gets a transfer
-    installed."""
+    """One member of the explicit cross-pool process group for weight sync.
+
+    Ranks ``0 .. sources-1`` are the trainer ranks, the rest the generators; any member holding a
+    version can be a pickup's source (trainer ranks send their own buckets; a generator relays the whole
+    version it holds). ``secret`` (hex, from :func:`new_secret`) is the run's; every transfer starts with a
+    mutual challenge-response over fresh nonces (HMAC-SHA256 of the group id, the version, the layout and
+    the source's place), so a member without the secret can neither send nor receive, and a recorded
+    handshake cannot be replayed. Tensors then move as buckets (``workers/buckets.py``) on ``self.device``;
+    no pass over the payload is made unless ``verify_payload`` asks for one. ``counters`` accumulates the
+    bytes this member sent and received (the benchmark's and the ledger's source)."""
 
     def __init__(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
-                 timeout_s: float = 300.0, *, secret: str) -> None:
+                 timeout_s: float = 300.0, *, secret: str, node: str | None = None) -> None:
         if not 0 <= rank < world:
             raise ValueError(f"sync-group rank {rank} out of range for world {world}")
         if len(secret) < 32:
@@ -146,67 +172,226 @@ class SyncGroup:
             self.device = torch.device("cuda", torch.cuda.current_device())
         else:
             raise ValueError(f"unknown sync backend {backend!r}; expected 'gloo' or 'nccl'")
+        # where every member runs: a peer on this node is counted intra-node, any other inter-node
+        self.node = node or socket.gethostname()
+        self.store.set(f"digen/node/{rank}", self.node)
+        self._nodes: dict[int, str] = {rank: self.node}
+        self.counters = {"sent": 0, "received": 0}
 
-    def _header(self, version: int, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        return torch.tensor([self.group_id, version, len(state), layout_hash(state)], dtype=torch.int64,
-                            device=self.device)
-
-    def _mac(self, version: int, state: dict[str, torch.Tensor]) -> torch.Tensor:
-        msg = struct.pack("<qqq", self.group_id, version, layout_hash(state)) + payload_digest(state)
-        mac = hmac.new(self._key, msg, hashlib.sha256).digest()
-        return torch.frombuffer(bytearray(mac), dtype=torch.int64).to(self.device)
-
+    # -- transport ------------------------------------------------------------------------------------
     def _send(self, t: torch.Tensor, peer: int) -> None:
         self.pg.send([t], peer, 0).wait()
 
     def _recv(self, t: torch.Tensor, peer: int) -> None:
         self.pg.recv([t], peer, 0).wait()
 
-    def send(self, dst: int, version: int, state: dict[str, torch.Tensor]) -> None:
-        """Send ``state`` to group rank ``dst`` (rank 0 only) once the receiver accepted the header."""
-        if self.rank != 0:
-            raise RuntimeError("only sync-group rank 0 (trainer rank 0) sends weights")
-        if not 0 < dst < self.world:
-            raise ValueError(f"weight-sync destination {dst} out of range 1..{self.world - 1}")
-        self._send(self._header(version, state), dst)
-        ack = torch.zeros(1, dtype=torch.int64, device=self.device)
-        self._recv(ack, dst)
-        if not int(ack.item()):
-            raise RuntimeError(f"weight sync of version {version} refused by sync rank {dst} "
-                               "(layout or version mismatch)")
-        for name in sorted(state):
-            self._send(state[name].detach().to(self.device).contiguous(), dst)
-        self._send(self._mac(version, state), dst)
+    def _words_tensor(self, words: list[int]) -> torch.Tensor:
+        return torch.tensor(words, dtype=torch.int64, device=self.device)
 
-    def recv(self, version: int, template: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Receive the tensors named and shaped like ``template`` (this worker's own weights) into a
-        staging dict (the caller swaps them in)."""
-        if self.rank == 0:
-            raise RuntimeError("sync-group rank 0 is the sender")
-        header = self._header(-1, {})
-        self._recv(header, 0)
-        ok = bool(torch.equal(header, self._header(version, template)))
-        self._send(torch.tensor([1 if ok else 0], dtype=torch.int64, device=self.device), 0)
+    def _where(self, peer: int) -> str:
+        if peer not in self._nodes:
+            self._nodes[peer] = self.store.get(f"digen/node/{peer}").decode()
+        return ledger.INTRA_NODE if self._nodes[peer] == self.node else ledger.INTER_NODE
+
+    def _count(self, out: dict[str, int], peer: int, nbytes: int, direction: str) -> None:
+        ledger.add(out, ledger.DEVICE_TO_DEVICE, nbytes)
+        ledger.add(out, self._where(peer), nbytes)
+        self.counters[direction] += nbytes
+
+    def _mac(self, label: bytes, head: list[int], *nonces: bytes) -> list[int]:
+        msg = label + _bytes(head) + b"".join(nonces)
+        return _words(hmac.new(self._key, msg, hashlib.sha256).digest())
+
+    # -- the source's side ------------------------------------------------------------------------------
+    def serve(self, dst: int, version: int, plan: BucketPlan, bucket: Callable[[int, int], torch.Tensor],
+              source: int = 0, sources: int = 1, verify_payload: bool = False) -> dict[str, int]:
+        """Send this member's buckets of ``version`` (``plan.owned(source, sources)``) to ``dst`` once the
+        handshake passed. ``bucket(k, slot)`` returns bucket ``k`` on ``self.device``: a staged one, or one
+        packed into the caller's scratch buffer ``slot`` (0 or 1: two sends are in flight at most, so two
+        scratch buffers bound a relay's staging). Returns the ledger."""
+        if not 0 <= dst < self.world or dst == self.rank:
+            raise ValueError(f"weight-sync destination {dst} out of range (world {self.world}, this rank {self.rank})")
+        head = [self.group_id, version, layout_hash(plan.layout), sources, source]
+        challenge = torch.zeros(_HEAD + NONCE_BYTES // 8, dtype=torch.int64, device=self.device)
+        self._recv(challenge, dst)
+        nonce_r = _bytes(challenge.tolist()[_HEAD:])
+        nonce_s = _nonce()
+        self._send(self._words_tensor(head + _words(nonce_s) + self._mac(b"digen-send", head, nonce_r, nonce_s)), dst)
+        answer = torch.zeros(1 + _MAC_WORDS, dtype=torch.int64, device=self.device)
+        self._recv(answer, dst)
+        ok, *mac_r = answer.tolist()
         if not ok:
-            gid, v, n, lh = header.tolist()
-            if gid != self.group_id:
-                raise RuntimeError(f"weight sync of version {version} refused: the sender is not of this run "
-                                   f"(group id {gid:x}, expected {self.group_id:x}); nothing was loaded")
-            raise RuntimeError(
-                f"weight sync mismatch: trainer sends version {v} ({n} tensors, layout {lh:x}); this generator "
-                f"expects version {version} ({len(template)} tensors, layout {layout_hash(template):x})")
-        out = {}
-        for name in sorted(template):
-            ref = template[name]
-            buf = torch.empty(ref.shape, dtype=ref.dtype, device=self.device)
-            self._recv(buf, 0)
-            out[name] = buf.to("cpu")
-        mac = torch.zeros(4, dtype=torch.int64, device=self.device)
-        self._recv(mac, 0)
-        if not hmac.compare_digest(mac.cpu().numpy().tobytes(), self._mac(version, out).cpu().numpy().tobytes()):
-            raise RuntimeError(f"weight sync of version {version} refused: its MAC does not verify (the sender "
-                               "does not hold this run's secret, or the payload changed); nothing was loaded")
+            raise SyncRefused(f"weight sync of version {version} refused by sync rank {dst} (another run, or the "
+                              "layout or version differs); nothing was sent")
+        if not hmac.compare_digest(_bytes(mac_r), _bytes(self._mac(b"digen-recv", head, nonce_s, nonce_r))):
+            raise SyncRefused(f"weight sync of version {version}: sync rank {dst} does not hold this run's secret; "
+                              "nothing was sent")
+        out: dict[str, int] = {}
+        digest = hashlib.sha256() if verify_payload else None
+        inflight: list[Any] = [None, None]
+        for i, k in enumerate(plan.owned(source, sources)):
+            slot = i % 2
+            if inflight[slot] is not None:
+                inflight[slot].wait()  # the send that used this slot's buffer is done with it
+            buf = bucket(k, slot)
+            if digest is not None:
+                _hash_into(digest, buf, out)
+            inflight[slot] = self.pg.send([buf], dst, 0)
+            self._count(out, dst, buf.numel(), "sent")
+        for work in inflight:
+            if work is not None:
+                work.wait()
+        if digest is not None:
+            self._send(self._words_tensor(self._mac(b"digen-payload", head, nonce_r, digest.digest())), dst)
         return out
+
+    def send(self, dst: int, version: int, state: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+             verify_payload: bool = False) -> dict[str, int]:
+        """Send a whole ``state`` (this member is the pickup's only source), packing buckets as it goes."""
+        packer = Packer(state, bucket_bytes, self.device)
+        return self.serve(dst, version, packer.plan, packer.bucket, verify_payload=verify_payload)
+
+    # -- the receiver's side ----------------------------------------------------------------------------
+    def receive(self, version: int, plan: BucketPlan, into: dict[str, torch.Tensor], sources: list[int],
+                verify_payload: bool = False) -> dict[str, int]:
+        """Receive ``version`` from ``sources`` (group ranks; source ``i`` sends ``plan.owned(i, len)``) into
+        ``into`` (tensors on ``self.device`` laid out as ``plan.layout``: the live weights, written bucket by
+        bucket). Each source is handled on its own thread: its handshake, then its buckets (at most two in
+        flight from a lone source, one per source otherwise), so a source busy serving another generator never
+        holds up the others and no order among concurrent pickups can deadlock. A source's bytes are written
+        only after its own handshake passed; with ``verify_payload`` every bucket is staged and written only
+        after every source's payload MAC verified. Raises :class:`SyncRefused` when refused before any byte was
+        written, a plain ``RuntimeError`` when other sources' buckets had landed (the weights are then torn).
+        Returns the ledger."""
+        if not sources:
+            raise ValueError("a weight pickup needs at least one source")
+        out: dict[str, int] = {}
+        staged: dict[int, torch.Tensor] = {}
+        window = 2 if len(sources) == 1 else 1
+        ledger.add(out, ledger.STAGING_PEAK, min(len(plan), window * len(sources)) * min(plan.bucket_bytes,
+                                                                                         plan.total_bytes))
+        errors: list[BaseException] = []
+        landed = [0]
+
+        def stream(i: int, src: int) -> None:
+            try:
+                head = [self.group_id, version, layout_hash(plan.layout), len(sources), i]
+                nonce = self._handshake(src, version, head, plan)  # 1. the source proves it holds the secret
+                free: list[torch.Tensor] = []  # landed buffers, reused (the last bucket is a prefix of one)
+                pending: list[tuple[int, torch.Tensor, Any]] = []
+                for k in plan.owned(i, len(sources)):  # 2. its buckets, in order
+                    buf = free.pop()[:plan.sizes[k]] if free else new_bucket(plan, k, self.device)
+                    pending.append((k, buf, self.pg.recv([buf], src, 0)))
+                    if len(pending) == window:
+                        free.extend(self._land(pending.pop(0), plan, into, staged, verify_payload, landed))
+                while pending:
+                    self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
+                if verify_payload:  # 3. its payload MAC over what arrived
+                    mac = torch.zeros(_MAC_WORDS, dtype=torch.int64, device=self.device)
+                    self._recv(mac, src)
+                    digest = hashlib.sha256()
+                    for k in plan.owned(i, len(sources)):
+                        _hash_into(digest, staged[k], out)
+                    if not hmac.compare_digest(_bytes(mac.tolist()), _bytes(self._mac(b"digen-payload", head, nonce,
+                                                                                      digest.digest()))):
+                        raise SyncRefused(f"weight sync of version {version} refused: the payload from sync rank "
+                                          f"{src} does not match its MAC (it changed on the way); nothing was loaded")
+            except BaseException as err:  # noqa: BLE001 - re-raised by the caller
+                errors.append(err)
+
+        threads = [threading.Thread(target=stream, args=(i, src), daemon=True) for i, src in enumerate(sources)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if errors:
+            if landed[0] and isinstance(errors[0], SyncRefused):
+                raise RuntimeError(f"{errors[0]} (but {landed[0]} bucket(s) of other sources had landed: this "
+                                   "member's weights are torn until a pickup completes)") from errors[0]
+            raise errors[0]
+        for i, src in enumerate(sources):
+            self._count(out, src, sum(plan.sizes[k] for k in plan.owned(i, len(sources))), "received")
+        if verify_payload:
+            ledger.add(out, ledger.STAGING_PEAK, sum(b.numel() for b in staged.values()))
+            for k, buf in staged.items():
+                unpack(plan, k, buf, into)
+        return out
+
+    def _handshake(self, src: int, version: int, head: list[int], plan: BucketPlan) -> bytes:
+        nonce_r = _nonce()
+        self._send(self._words_tensor(head + _words(nonce_r)), src)
+        reply = torch.zeros(_HEAD + NONCE_BYTES // 8 + _MAC_WORDS, dtype=torch.int64, device=self.device)
+        self._recv(reply, src)
+        words = reply.tolist()
+        got, nonce_s, mac_s = words[:_HEAD], _bytes(words[_HEAD:_HEAD + NONCE_BYTES // 8]), words[-_MAC_WORDS:]
+        ok = got == head and hmac.compare_digest(_bytes(mac_s), _bytes(self._mac(b"digen-send", head, nonce_r,
+                                                                                 nonce_s)))
+        answer = [1, *self._mac(b"digen-recv", head, nonce_s, nonce_r)] if ok else [0] * (1 + _MAC_WORDS)
+        self._send(self._words_tensor(answer), src)
+        if ok:
+            return nonce_r
+        gid, v, lh, n, i = got
+        if gid != self.group_id:
+            raise SyncRefused(f"weight sync of version {version} refused: the sender is not of this run "
+                              f"(group id {gid:x}, expected {self.group_id:x}); nothing was loaded")
+        if got != head:
+            raise SyncRefused(
+                f"weight sync mismatch: sync rank {src} sends version {v} (layout {lh:x}, source {i} of {n}); this "
+                f"generator expects version {version} ({len(plan.layout)} tensors, layout {head[2]:x}, source "
+                f"{head[4]} of {head[3]}); nothing was loaded")
+        raise SyncRefused(f"weight sync of version {version} refused: its handshake does not verify (the sender "
+                          "does not hold this run's secret, or replays an old transfer); nothing was loaded")
+
+    def _land(self, item: tuple[int, torch.Tensor, Any], plan: BucketPlan, into: dict[str, torch.Tensor],
+              staged: dict[int, torch.Tensor], verify_payload: bool, landed: list[int]) -> list[torch.Tensor]:
+        """Wait for one bucket and install it (or stage it until the payload verifies); returns the buffer
+        when it may be reused."""
+        k, buf, work = item
+        work.wait()
+        if verify_payload:
+            staged[k] = buf
+            return []
+        unpack(plan, k, buf, into)
+        landed[0] += 1
+        return [buf]
+
+    def recv(self, version: int, template: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
+             verify_payload: bool = False, source: int = 0) -> dict[str, torch.Tensor]:
+        """Receive a whole state shaped like ``template`` from one source into new tensors (tests, tools)."""
+        out = {k: torch.empty(v.shape, dtype=v.dtype, device=self.device) for k, v in template.items()}
+        self.receive(version, BucketPlan.of(layout_of(template), bucket_bytes), out, [source], verify_payload)
+        return out
+
+
+class Packer:
+    """Buckets packed on demand from a whole state (a relaying generator's live weights, a lone sender's
+    state) into two reusable scratch buffers: :meth:`SyncGroup.serve`'s ``bucket`` for a source that staged
+    nothing."""
+
+    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, device: torch.device) -> None:
+        self.plan = BucketPlan.of(layout_of(state), bucket_bytes)
+        self.tensors = {k: v.detach().to(device).contiguous() for k, v in state.items()}
+        self.device = device
+        self._scratch: list[torch.Tensor | None] = [None, None]
+
+    def bucket(self, k: int, slot: int) -> torch.Tensor:
+        if self._scratch[slot] is None:
+            self._scratch[slot] = new_bucket(self.plan, 0, self.device)  # bucket 0 is a full-size one
+        return pack(self.plan, k, self.tensors, self._scratch[slot][:self.plan.sizes[k]])
+
+    @property
+    def staging_bytes(self) -> int:
+        return sum(b.numel() for b in self._scratch if b is not None)
+
+
+def _hash_into(digest: Any, buf: torch.Tensor, out: dict[str, int]) -> None:
+    """Feed a bucket to the payload digest (host bytes: a GPU bucket is copied out first, and counted)."""
+    host = buf
+    if buf.device.type != "cpu":
+        host = buf.to("cpu")
+        ledger.add(out, ledger.HOST_DEVICE, buf.numel())
+    digest.update(host.numpy())
+    ledger.add(out, ledger.HASHED, buf.numel())
 
 
 def bind_listener(host: str, port: int) -> socket.socket:
@@ -252,7 +437,8 @@ class SyncBackend:
     publishing ``version`` (the refs of the calls; the first is trainer rank 0's); ``pickup`` starts
     one generator's install of it (``published`` is that first publish ref). Worker-side methods it
     may call: trainers ``export_weights`` / ``stage_weights`` / ``send_weights_to`` /
-    ``join_sync_group``, generators ``load_weights`` / ``recv_weights`` / ``join_sync_group``.
+    ``join_sync_group``, generators ``load_weights`` / ``recv_weights`` / ``send_weights_to`` /
+    ``join_sync_group``.
     """
 
     name: str = ""
@@ -262,8 +448,10 @@ class SyncBackend:
     # publish's first ref is the weights themselves: the driver never fetches it, and a restarted
     # generator's restore may reload from it
     publish_returns_weights: bool = False
-    # concurrent calls each trainer actor serves (2: rank 0 answers pickups while it trains)
+    # concurrent calls each trainer actor serves (2: a rank serves pickups while it trains)
     trainer_threads: int = 1
+    # concurrent calls each generator actor serves (2: a generator relays a version while it generates)
+    generator_threads: int = 1
 
     def __init__(self, timeout_s: float = 300.0) -> None:
         self.timeout_s = timeout_s
@@ -277,6 +465,11 @@ class SyncBackend:
     def pickup(self, trainers: list, generator: Any, index: int, version: int,
                published: ray.ObjectRef) -> list[ray.ObjectRef]:
         raise NotImplementedError
+
+    def sources_free(self, version: int) -> int | None:
+        """How many pickups of ``version`` may start now without queueing on a busy source (``sync``'s
+        wave size); None: any number."""
+        return None
 
 
 @register_sync_backend("object_store")
@@ -297,39 +490,79 @@ class ObjectStoreSync(SyncBackend):
 
 @register_sync_backend("collective")
 class CollectiveSync(SyncBackend):
-    """Point-to-point over an explicit trainer-rank-0 + generators group (:class:`SyncGroup`: gloo,
-    or nccl when ``device == 'cuda'``), store hosted on trainer rank 0's node. Rank 0 serves pickups
-    from a second actor thread; a restarted generator cannot rejoin the group."""
+    """Bucketed, device-to-device transfers over one group of every trainer rank (group ranks 0..R-1)
+    and every generator (R..R+G-1) (:class:`SyncGroup`: gloo, or NCCL when ``device == 'cuda'``), its
+    store on trainer rank 0's node. A pickup draws from every trainer rank, or relays from a generator
+    that already holds the version and is not serving anyone (its own pickup finished). A restarted
+    generator cannot rejoin the group."""
 
     trainer_threads = 2
+    generator_threads = 2
+
+    def __init__(self, timeout_s: float = 300.0) -> None:
+        super().__init__(timeout_s)
+        self.generators: list = []
+        self._held: dict[int, list[ray.ObjectRef]] = {}  # generator -> refs of its pickup of the published version
+        self._serving: dict[int, list[ray.ObjectRef]] = {}  # generator -> refs of the relay it serves
+        self._version: int | None = None
 
     def setup(self, trainers: list, generators: list, device: str = "cpu") -> None:
         host, port = ray.get(trainers[0].get_available_master_addr_port.remote())
-        world = 1 + len(generators)
+        self.generators = list(generators)
+        world = len(trainers) + len(generators)
         backend = "nccl" if device == "cuda" else "gloo"
         secret = new_secret()  # this run's: only through the members' Ray actors (token-authenticated)
-        calls = [trainers[0].join_sync_group.remote(host, int(port), world, 0, backend, self.timeout_s, secret)]
-        calls += [
-            g.join_sync_group.remote(host, int(port), world, i + 1, backend, self.timeout_s, secret)
-            for i, g in enumerate(generators)
-        ]
-        ray.get(calls, timeout=self.timeout_s)
+        members = [*trainers, *generators]
+        ray.get([m.join_sync_group.remote(host, int(port), world, rank, backend, self.timeout_s, secret)
+                 for rank, m in enumerate(members)], timeout=self.timeout_s)
 
     def publish(self, trainers: list, version: int) -> list[ray.ObjectRef]:
+        self._version, self._held, self._serving = version, {}, {}
         return [w.stage_weights.remote(version) for w in trainers]
+
+    def _relay_source(self) -> int | None:
+        """A generator that holds the published version and serves nobody now (lowest index first)."""
+        for g, refs in sorted(self._held.items()):
+            if g in self._serving and _ready(self._serving[g]):
+                del self._serving[g]
+            if g not in self._serving and _ready(refs):
+                return g
+        return None
 
     def pickup(self, trainers: list, generator: Any, index: int, version: int,
                published: ray.ObjectRef) -> list[ray.ObjectRef]:
-        return [trainers[0].send_weights_to.remote(index + 1, version), generator.recv_weights.remote(version)]
+        ranks = len(trainers)  # group ranks: the trainer ranks first, then the generators
+        dst = ranks + index
+        source = self._relay_source() if version == self._version else None
+        if source is None:
+            refs = [t.send_weights_to.remote(dst, version) for t in trainers]
+            refs.append(generator.recv_weights.remote(version, list(range(ranks))))
+        else:
+            refs = [self.generators[source].send_weights_to.remote(dst, version),
+                    generator.recv_weights.remote(version, [ranks + source])]
+            self._serving[source] = refs
+        if version == self._version:
+            self._held[index] = refs
+        return refs
+
+    def sources_free(self, version: int) -> int | None:
+        if version != self._version:
+            return 1
+        return max(1, sum(1 for g, refs in self._held.items() if _ready(refs) and (
+            g not in self._serving or _ready(self._serving[g]))))
+
+
+def _ready(refs: list[ray.ObjectRef]) -> bool:
+    done, _ = ray.wait(list(refs), num_returns=len(refs), timeout=0)
+    return len(done) == len(refs)
 
 
 class WeightSync:
     """Driver-side trainer -> generator weight sync; ``sync`` returns seconds taken.
 
     ``trainer_wg`` / ``generator_wg`` are verl ``RayWorkerGroup``s (or lists of actor handles) of
-    ``TSPActorWorker``/``HybridWorker`` and ``GeneratorWorker``. Every trainer rank takes part in
-    gathering the (possibly sharded) weights; only trainer rank 0 sends. ``backend`` names a
-    registered :class:`SyncBackend`.
+    ``TSPActorWorker``/``HybridWorker`` and ``GeneratorWorker``. ``backend`` names a registered
+    :class:`SyncBackend`.
     """
 
     def __init__(self, backend: str = "object_store", timeout_s: float = 300.0) -> None:
@@ -360,8 +593,8 @@ class WeightSync:
         self.impl.setup(self.trainers, self.generators, device)
 
     def publish(self, version: int) -> list[ray.ObjectRef]:
-        """Every trainer rank gathers ``version``; rank 0 keeps it (object store: as its return value,
-        remembered as ``self.published``; collective: staged on the worker)."""
+        """Every trainer rank gathers ``version``; the backend keeps it (object store: rank 0's return
+        value, remembered as ``self.published``; collective: each rank's buckets, staged on it)."""
         if not self.trainers:
             raise RuntimeError("WeightSync.setup must be called before publish")
         refs = self.impl.publish(self.trainers, version)
@@ -376,11 +609,15 @@ class WeightSync:
         return self.impl.pickup(self.trainers, self.generators[index], index, version, self.published[1])
 
     def sync(self, version: int) -> float:
-        """Publish ``version`` and install it on every generator; returns wall seconds."""
+        """Publish ``version`` and install it on every generator; returns wall seconds. Pickups go in waves
+        as wide as the backend has free sources, so generators that hold the version relay it."""
         t0 = time.perf_counter()
         ray.get(self.publish(version), timeout=self.timeout_s)
-        refs = [r for i in range(len(self.generators)) for r in self.pickup(i, version)]
-        ray.get(refs, timeout=self.timeout_s)
+        waiting = list(range(len(self.generators)))
+        while waiting:
+            width = self.impl.sources_free(version) or len(waiting)
+            wave, waiting = waiting[:width], waiting[width:]
+            ray.get([r for i in wave for r in self.pickup(i, version)], timeout=self.timeout_s)
         seconds = time.perf_counter() - t0
         self.history.append(seconds)
         return seconds

@@ -1,0 +1,148 @@
+"""Weights as a byte stream cut into fixed-size buckets: the unit the collective weight sync moves.
+
+Every tensor of a state, in sorted-name order, is laid end to end as raw bytes; bucket ``k`` is bytes
+``[k B, (k+1) B)`` of that stream (``B`` = ``digen.sync.bucket_mb``), so a tensor may span buckets and no
+bucket exceeds ``B``: staging memory is bounded by the bucket size whatever the largest tensor is (verl's
+checkpoint engine cuts tensors into chunks of its bucket size likewise). Sender and receiver derive the same
+:class:`BucketPlan` from the layout alone (names, dtypes, shapes), which the handshake has them agree on
+first, so no per-bucket header is sent. Buckets are owned round-robin by the sources of a pickup (each trainer
+rank packs and sends only its own), and packing / unpacking are device-local copies (``torch.Tensor.copy_`` on
+``uint8`` views): nothing crosses to host memory.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+
+import torch
+
+#: ``digen.sync.bucket_mb``'s default: verl's ``update_weights_bucket_megabytes`` (its checkpoint engine)
+DEFAULT_BUCKET_MB = 2048
+
+Layout = tuple[tuple[str, torch.dtype, tuple[int, ...]], ...]
+
+
+def layout_of(state: Mapping[str, torch.Tensor]) -> Layout:
+    """(name, dtype, shape) of every tensor in sorted-name order (a DTensor gives its global shape)."""
+    return tuple((name, state[name].dtype, tuple(state[name].shape)) for name in sorted(state))
+
+
+def layout_hash(layout: Layout) -> int:
+    """A 63-bit hash of a layout: both ends of a transfer must agree before any bytes move."""
+    h = hashlib.sha256()
+    for name, dtype, shape in layout:
+        h.update(f"{name}|{dtype}|{shape};".encode())
+    return int.from_bytes(h.digest()[:8], "little") & ((1 << 63) - 1)
+
+
+@dataclass(frozen=True)
+class Piece:
+    """Bytes ``[start, start + length)`` of tensor ``name``, at ``offset`` in its bucket."""
+
+    name: str
+    start: int
+    length: int
+    offset: int
+
+
+@dataclass(frozen=True)
+class BucketPlan:
+    """The byte-stream cut of one layout into buckets of at most ``bucket_bytes``."""
+
+    layout: Layout
+    bucket_bytes: int
+    sizes: tuple[int, ...]  # bytes of each bucket (all ``bucket_bytes`` but the last)
+    pieces: tuple[tuple[Piece, ...], ...]  # per bucket, the tensor pieces it holds in stream order
+
+    @classmethod
+    def of(cls, layout: Layout, bucket_bytes: int) -> BucketPlan:
+        if bucket_bytes < 1:
+            raise ValueError(f"bucket size must be at least one byte, got {bucket_bytes}")
+        pieces: list[list[Piece]] = []
+        sizes: list[int] = []
+        for name, dtype, shape in layout:
+            nbytes = _nbytes(dtype, shape)
+            done = 0
+            while done < nbytes:
+                if not sizes or sizes[-1] == bucket_bytes:
+                    pieces.append([])
+                    sizes.append(0)
+                length = min(nbytes - done, bucket_bytes - sizes[-1])
+                pieces[-1].append(Piece(name, done, length, sizes[-1]))
+                sizes[-1] += length
+                done += length
+        return cls(layout, bucket_bytes, tuple(sizes), tuple(tuple(p) for p in pieces))
+
+    @property
+    def total_bytes(self) -> int:
+        return sum(self.sizes)
+
+    def __len__(self) -> int:
+        return len(self.sizes)
+
+    def owned(self, source: int, sources: int) -> list[int]:
+        """The buckets source ``source`` of ``sources`` sends (round-robin: equal shares within a bucket)."""
+        if not 0 <= source < sources:
+            raise ValueError(f"source {source} out of range for {sources} sources")
+        return list(range(source, len(self), sources))
+
+    def owner(self, bucket: int, sources: int) -> int:
+        return bucket % sources
+
+
+def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n * torch.empty((), dtype=dtype).element_size()
+
+
+def byte_view(t: torch.Tensor) -> torch.Tensor:
+    """A flat ``uint8`` view of a contiguous tensor's storage (no copy)."""
+    if not t.is_contiguous():
+        raise ValueError("bucket packing needs contiguous tensors")
+    return t.reshape(-1).view(torch.uint8) if t.numel() else torch.empty(0, dtype=torch.uint8, device=t.device)
+
+
+def new_bucket(plan: BucketPlan, index: int, device: torch.device | str) -> torch.Tensor:
+    return torch.empty(plan.sizes[index], dtype=torch.uint8, device=device)
+
+
+@torch.no_grad()
+def pack(plan: BucketPlan, index: int, tensors: Mapping[str, torch.Tensor], out: torch.Tensor) -> torch.Tensor:
+    """Bucket ``index`` filled from ``tensors`` (full tensors on ``out``'s device) into ``out``."""
+    for p in plan.pieces[index]:
+        out[p.offset:p.offset + p.length].copy_(byte_view(tensors[p.name])[p.start:p.start + p.length])
+    return out
+
+
+@torch.no_grad()
+def unpack(plan: BucketPlan, index: int, bucket: torch.Tensor, tensors: Mapping[str, torch.Tensor]) -> None:
+    """Bucket ``index``'s bytes written into ``tensors`` (the live weights, or a staging copy), in place."""
+    for p in plan.pieces[index]:
+        byte_view(tensors[p.name])[p.start:p.start + p.length].copy_(bucket[p.offset:p.offset + p.length])
+
+
+@torch.no_grad()
+def pack_owned(plan: BucketPlan, owned: list[int], full_tensors: Iterator[tuple[str, torch.Tensor]],
+               device: torch.device | str) -> dict[int, torch.Tensor]:
+    """The ``owned`` buckets packed from a stream of (name, full tensor) in layout order, one tensor at a
+    time: a sharded trainer rank gathers each tensor (a collective every rank runs) and keeps only the bytes
+    of its own buckets, so its staging is its share of the model, never the whole of it."""
+    mine = set(owned)
+    by_name: dict[str, list[tuple[int, Piece]]] = {}
+    for b in owned:
+        for p in plan.pieces[b]:
+            by_name.setdefault(p.name, []).append((b, p))
+    out = {b: new_bucket(plan, b, device) for b in owned}
+    names = [name for name, _, _ in plan.layout]
+    for (name, full), want in zip(full_tensors, names, strict=True):
+        if name != want:
+            raise ValueError(f"tensor stream out of layout order: got {name!r}, expected {want!r}")
+        for b, p in by_name.get(name, ()):
+            if b in mine:
+                src = byte_view(full.contiguous())
+                out[b][p.offset:p.offset + p.length].copy_(src[p.start:p.start + p.length])
+    return out
