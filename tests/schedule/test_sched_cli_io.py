@@ -89,11 +89,11 @@ def test_cli_simulate_plan_and_errors(tmp_path, capsys):
                  "--dump-profile", str(prof), "--json"]) == 0
     out = capsys.readouterr().out
     rows = json.loads(out.strip().splitlines()[-1])
-    assert [r["label"] for r in rows][:4] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
-                                              "naive (separate)"]
-    assert [r["rung"] for r in rows][4:7] == ["+GAP", "+TSP", "+TAG (bts)"] and {r["preset"] for r in rows} == {
+    assert [r["label"] for r in rows][:5] == ["colocated:ideal", "colocated:native", "colocated:verl-omni",
+                                              "colocated:verl-omni-bypass", "naive (separate)"]
+    assert [r["rung"] for r in rows][5:8] == ["+GAP", "+TSP", "+TAG (bts)"] and {r["preset"] for r in rows} == {
         "flux-12b-16"}
-    naive, vo = rows[3]["step_s"], rows[2]["step_s"]
+    naive, vo = rows[4]["step_s"], rows[2]["step_s"]
     assert all(r["speedup_vs_naive"] == pytest.approx(naive / r["step_s"]) for r in rows)
     assert all(r["speedup_vs_colocated"] == pytest.approx(vo / r["step_s"]) for r in rows)  # default verl-omni
     assert all(r["speedup_vs_colocated_native"] == pytest.approx(rows[1]["step_s"] / r["step_s"]) for r in rows)
