@@ -17,7 +17,7 @@ from verl_digen.driver import runtime
 from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting.metric_names import step_names
 from verl_digen.reporting.progress import Recent, forget_read
-from verl_digen.schedule import TimelineError, check_timeline
+from verl_digen.schedule import TimelineError, check_timeline, ledger
 from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
 from verl_digen.schedule.timeline import Record
@@ -174,14 +174,24 @@ def test_lora_digen_run_with_collective_sync(ray_session, tmp_path, backend):
     def inspect(t):
         held = t.gen_wg.weights_version()  # picked up during the run, each generator on its own
         t.sync.sync(2)  # the final version is never published by the run: nobody generates with it
-        return held, t.gen_wg.weights_checksum()[0], t.trn_wg.weights_checksum()[0]
+        adapters = ray.get(t.trn_wg.workers[0].export_weights.remote())
+        return held, t.gen_wg.weights_checksum()[0], t.trn_wg.weights_checksum()[0], adapters
 
-    result, (held, gen_sum, trn_sum) = _run(cfg, inspect)
+    result, (held, gen_sum, trn_sum, adapters) = _run(cfg, inspect)
     check_timeline(result.timeline)
     assert held == [1]
     pickups = [r for r in result.timeline.records if r.kind == "weight_sync"]
     assert pickups and all(r.worker.startswith("gen") and r.version == 1 for r in pickups)
     assert gen_sum == trn_sum
+    # the byte ledger: each pickup moved the adapters once, device to device on this node, hashing nothing,
+    # exactly what the cost model prices a collective pickup with; the publish staged them; the trace says so
+    nbytes = sum(v.numel() * v.element_size() for v in adapters.values())
+    priced = ledger.pickup_ledger(nbytes, "collective", inter_node=False, on_gpu=False)
+    assert [dict(r.moved) for r in pickups] == [{**priced, ledger.STAGING_PEAK: nbytes}] * len(pickups)  # 1 bucket
+    publishes = [r for r in result.timeline.records if r.kind == "publish"]
+    assert publishes and all(dict(r.moved) == {ledger.STAGING_PEAK: nbytes} for r in publishes)
+    events = json.loads(Path(result.trace_path).read_text())["traceEvents"]
+    assert [e["args"]["bytes"] for e in events if e.get("cat") == "weight_sync"] == [dict(r.moved) for r in pickups]
     assert all(torch.isfinite(torch.tensor(r.metrics["actor/loss"])) for r in result.reports)
     for r in result.reports:  # the old log-probs are the trainer's own: ratio 1, the rollout's gap reported
         m = r.metrics

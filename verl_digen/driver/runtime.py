@@ -176,11 +176,12 @@ class DigenRuntime:
         else:
             # the probe's TAG cycle needs the hybrid trainer even when the policy never switches
             tag = self.cfg.schedule_config().policy != "never" or self.probe
+            backend = sync_backend(self.cfg.digen.sync.backend)  # collective: a second thread serves pickups/relays
             self.gen_wg = self._group(GeneratorWorker, res.generator.workers, "generator",
-                                      res.generator.node_resource, restarts=fault_policy(self.cfg).max_restarts)
-            threads = sync_backend(self.cfg.digen.sync.backend).trainer_threads  # collective: 2 (rank 0 serves pickups)
+                                      res.generator.node_resource, backend.generator_threads,
+                                      restarts=fault_policy(self.cfg).max_restarts)
             self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
-                                      res.trainer.node_resource, threads)
+                                      res.trainer.node_resource, backend.trainer_threads)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
             self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
         if self.resume_path:
