@@ -95,6 +95,40 @@ def step_bounds(costs: StageCosts, micro_batches: int, gen_workers: int, steps: 
     return Bounds(area, bottleneck, critical)
 
 
+def tag_wave_area(costs: StageCosts, micro_batches: int, gen_workers: int, steps: int = 1, update_size: int = 1,
+                  trainer_ranks: int = 1, synchronous: bool = False, mini_batches: int = 1,
+                  tag: bool = True) -> float:
+    """A per-step area bound that counts TAG in whole waves, for the planner (``step_bounds``'s ``area`` lets
+    TAG take any fraction of a micro-batch, which is far below what a run of large micro-batches can do).
+
+    TAG generates whole micro-batches, each on one of the R trainer ranks for ``tag_generate``, only inside
+    the trainer's generation mode, which it enters by ``switch_to_gen`` and leaves by ``switch_to_train``
+    and in which it trains nothing. So X TAG micro-batches over the run keep the trainer out of training
+    for at least ``ceil(X / R) * tag_generate`` plus one pair of switches (when X > 0); the generator pool
+    does the rest of the generation and all the scoring, as in ``step_bounds``. ``tag=False`` (policy
+    ``never``): X = 0. Minimized over X; the result is a lower bound on any schedule of the configuration."""
+    M, G, S, R = micro_batches, gen_workers, steps, trainer_ranks
+    g, gt, c, u, opt = costs.generate, costs.tag_generate, costs.score, costs.update, costs.optimizer_step
+    trainer_work = S * ((M // update_size) * u + mini_batches * opt) + costs.publish * (S - 1)
+    tail = u + opt
+    idle = S * tail + (S - 1) * costs.publish if synchronous else tail
+
+    def area(waves: int) -> float:
+        x = min(waves * R, S * M)
+        gen = ((S * M - x) * g + S * M * c) / G + idle
+        trn = trainer_work + (waves * gt + costs.switch_to_gen + costs.switch_to_train if waves else 0.0)
+        return max(gen, trn)
+
+    most = math.ceil(S * M / R) if tag else 0
+    # for waves >= 1 the generator side falls and the trainer side rises linearly (until X caps at S * M), so
+    # the best whole number of waves is next to where they cross: check both sides of it, 0 and the most
+    slope = R * g / G + gt
+    gap = (S * M) * (g + c) / G + idle - trainer_work - costs.switch_to_gen - costs.switch_to_train
+    cross = 0.0 if slope <= 0 else gap / slope
+    picks = {0, most} | {min(most, max(0, w)) for w in (math.floor(cross), math.ceil(cross))}
+    return min(area(w) for w in picks) / S
+
+
 def step_stage_costs(records: list[Record], fallback: StageCosts, reduce=None) -> StageCosts:
     """Measured duration of each action kind among ``records`` (their mean, or ``reduce`` of the list);
     ``fallback`` for kinds that did not run."""

@@ -143,6 +143,12 @@ class ScheduleConfig:
     def make_partition(self, workers: int) -> Partition:
         return partition(self.prompts, self.group_size, self.mb_size, workers, self.partition)
 
+    @property
+    def unit_size(self) -> int:
+        """Micro-batches per release unit (``make_partition(G).unit_size`` for any G): computed, not built,
+        because the planner asks it for every candidate and a partition of a large batch is not free."""
+        return max(1, self.group_size // self.mb_size)
+
     def update_size(self, unit_size: int) -> int:
         """Micro-batches per update action, given the partition's release unit size."""
         if self.mode == SEPARATE:
@@ -154,19 +160,19 @@ class ScheduleConfig:
         unit times ``update_units`` (the whole batch in ``separate`` mode)."""
         if self.mode == SEPARATE:
             return self.micro_batches
-        return self.make_partition(generators).unit_size * self.update_units
+        return self.unit_size * self.update_units
 
     def check_update_units(self, generators: int) -> None:
         """Raise unless a step's release units on ``generators`` workers divide into whole updates."""
-        part = self.make_partition(generators)
-        units = part.count // part.unit_size
+        count, unit_size = self.micro_batches, self.unit_size
+        units = count // unit_size
         if units % self.update_units:
             raise ScheduleConfigError(
                 "update_units", self.update_units, f"a divisor of the step's {units} release unit(s)",
                 f"update_units = {self.update_units} does not divide the step's {units} release units "
-                f"({part.count} micro-batches in units of {part.unit_size} on {generators} generator(s)): "
+                f"({count} micro-batches in units of {unit_size} on {generators} generator(s)): "
                 "every update must train whole units")
-        update = self.update_size(part.unit_size)
+        update = self.update_size(unit_size)
         if self.mini_batch_mbs % update:
             raise ScheduleConfigError(
                 "mini_batches", self.mini_batches,
@@ -184,7 +190,7 @@ class ScheduleConfig:
         """``model``'s per-action costs for this batch shape on ``generators`` generator workers: the
         one place that turns a cluster cost model into the scheduler's costs (the simulator, the
         runtime's prior and the planner all ask here)."""
-        unit = self.make_partition(generators).unit_size
+        unit = self.unit_size
         costs = model.stage_costs(self.mb_size, self.tsp_degree, self.mb_size * self.update_size(unit),
                                   per_sample=self.train_loop == PER_SAMPLE, rows_per_pass=self.rows_per_pass)
         return self.with_behaviour_forward(costs, model)

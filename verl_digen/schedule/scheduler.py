@@ -138,6 +138,8 @@ class StepScheduler:
                                  mini_batches=config.mini_batches)
         self.decisions: list[Decision] = []
         self._busy: dict[str, Action | None] = {w: None for w in self.timeline.workers}
+        self._slot_names = frozenset(self.slots)
+        self._slots_busy = 0  # TAG slots with an action: kept with ``_busy`` so no check scans all R slots
         # per-step state, made when a step is first touched and dropped at its optimizer step (``_step``), so
         # the scheduler holds two steps' state however long the run
         self._live: dict[int, _Step] = {}
@@ -179,6 +181,8 @@ class StepScheduler:
         self.profiler.observe(action.kind, max(0.0, end - action.start))
         for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self._busy[w] = None
+            if w in self._slot_names:
+                self._slots_busy -= 1
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
                                      action.stale, action.count, len(action.samples), moved if i == 0 else ()))
         kind, s = action.kind, action.step
@@ -248,6 +252,8 @@ class StepScheduler:
     def _launch(self, a: Action, now: float) -> Action:
         a.start = now
         for w in a.workers:
+            if w in self._slot_names and self._busy[w] is None:
+                self._slots_busy += 1
             self._busy[w] = a
         return a
 
@@ -285,13 +291,13 @@ class StepScheduler:
 
     def _may_generate_ahead(self) -> bool:
         """TCSS work never starts while TAG output is on its way (it needs a free generator to score)."""
-        return not self._reserved and all(self._busy[w] is None for w in self.slots)
+        return not self._reserved and self._slots_busy == 0
 
     def free_slots(self) -> int:
         """TAG slots a decision may use now: every rank in training mode, the idle ones in generation mode."""
         if self.trainer_mode == TRAIN_MODE:
             return self.R
-        return sum(1 for w in self.slots if self._busy[w] is None)
+        return self.R - self._slots_busy
 
     def _trainer_tasks(self, now: float) -> list[Action]:
         ts = self.train_step
@@ -313,7 +319,7 @@ class StepScheduler:
             return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]  # its end moves train_step on
         if not ready:
             return self._bubble(now)
-        if any(self._busy[w] is not None for w in self.slots):
+        if self._slots_busy:
             return []  # drain the TAG slots first
         # every slot is free with training work waiting: go on generating (a decision) or switch back
         return self._bubble(now) or [Action(SWITCH_TO_TRAIN, (TRAINER,), ts, ts)]

@@ -3,7 +3,8 @@
 
 Durations come from the *true* cost model, optionally with multiplicative log-normal noise; the
 scheduler only sees them through its profiler, exactly as it would at run time. Every simulated
-timeline is checked against the scheduling invariants.
+timeline is checked against the scheduling invariants (the planner skips the check while it searches and
+checks the rows it returns).
 """
 
 from __future__ import annotations
@@ -82,16 +83,19 @@ def simulate(
     warmup: int = 1,
     policy=None,
     baseline: str = IDEAL,
+    check: bool = True,
 ) -> SimResult:
-    """Simulate ``config`` on the cluster ``model`` (any mode; ``baseline`` picks the colocated one)."""
+    """Simulate ``config`` on the cluster ``model`` (any mode; ``baseline`` picks the colocated one).
+    ``check=False`` skips ``check_timeline`` (half a large run's cost): for the planner, which checks the
+    rows it returns."""
     if config.mode == COLOCATED:
-        return simulate_colocated(config, model, label, baseline)
+        return simulate_colocated(config, model, label, baseline, check)
     G = model.generator.workers
     costs = config.stage_costs(model, G)
     pol = parse_policy(policy if policy is not None else config.policy)
     R = model.trainer.workers
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
-    tl = execute(sched, costs, noise, seed)
+    tl = execute(sched, costs, noise, seed, check)
     span = tl.makespan
     bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R,
                          synchronous=sched.stale_budget == 0, mini_batches=config.mini_batches)
@@ -112,12 +116,12 @@ def simulate(
 
 
 def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | None = None,
-                       baseline: str = IDEAL) -> SimResult:
+                       baseline: str = IDEAL, check: bool = True) -> SimResult:
     """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
     costs = config.with_behaviour_forward(
         colocated_costs(model, config.batch, config.tsp_degree, baseline, config.mini_batches), model)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
-    tl = run(ColocatedScheduler(config, workers), SimBackend(costs))
+    tl = run(ColocatedScheduler(config, workers), SimBackend(costs), check=check)
     span = tl.makespan
     return SimResult(
         label=label or f"colocated:{baseline}",

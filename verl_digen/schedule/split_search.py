@@ -2,10 +2,12 @@
 
 A configuration is a split (generator + trainer GPUs), a micro-batch size, a TSP degree, the rows per
 trainer rank per pass (bounded by memory), the update granularity (release units per update), a TCSS
-staleness and a TAG policy. Every candidate is priced first by its lower bounds (``bounds.step_bounds``,
-which no schedule of it can beat, any policy and staleness included); candidates are simulated
+staleness and a TAG policy. Every candidate is priced first by its lower bounds (``bounds.step_bounds``
+and ``bounds.tag_wave_area``, which no schedule of it can beat, any policy and staleness included); candidates
+are simulated
 cheapest bound first, and the search stops once the next bound is no better than the ``keep``-th best
-simulated step, so the rows it returns are exactly the best ``keep`` of the whole space.
+simulated step, so the rows it returns are exactly the best ``keep`` of the whole space (beyond
+``EXACT_SPLITS`` GPUs the splits are a refined grid, ``split_grid``, and no longer exhaustive).
 
 Memory enters through ``row_cap``: the caller (``trainer.planning``, which has the run config and its
 memory plan) says how many rows per rank per pass fit for a trainer pool size, micro-batch size and
@@ -19,7 +21,7 @@ import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
-from .bounds import step_bounds
+from .bounds import step_bounds, tag_wave_area
 from .config import COLOCATED, DIGEN, ScheduleConfig, ScheduleConfigError, stale_budget
 from .costs import BASELINES, IDEAL, VERL_OMNI, VERL_OMNI_BYPASS, CostModel, Pool
 from .gap import default_gap_mb_size
@@ -27,9 +29,17 @@ from .presets import PresetSpec
 from .profile_io import Workload
 from .rows import row_plan
 from .simulator import SimResult, simulate
+from .timeline import check_timeline
 
 DEFAULT_POLICIES = ("never", "adaptive", "bts")
 MAX_UPDATE_UNITS = 8  # beyond this the first update of a step waits for most of the batch
+# Splits on a large budget: every split up to EXACT_SPLITS GPUs (1,024 GPUs: 344,784 candidates priced in ~10 s,
+# ~370 simulated); beyond, a grid (every split within FINE_EDGE GPUs of either end, geometric steps of SPLIT_RATIO
+# between) refined around the best splits found, which is no longer exact (it found the exact plan at 1,024).
+EXACT_SPLITS = 1024
+FINE_EDGE = 8
+SPLIT_RATIO = 1.25
+REFINE_SPLITS = 3
 
 #: (trainer GPUs, micro-batch size, TAG on) -> the most (sample x step) rows per trainer rank per pass that
 #: fit in memory; 0: this trainer pool or micro-batch size does not fit at all; None: not known (no limit)
@@ -108,14 +118,13 @@ def tsp_degrees_for(workload: Workload, trained_steps: int) -> list[int]:
 
 def update_units_for(config: ScheduleConfig, generators: int, limit: int = MAX_UPDATE_UNITS) -> list[int]:
     """Release units per update that divide a mini-batch's units (a step's, with one), up to ``limit``."""
-    part = config.make_partition(generators)
-    units = part.count // part.unit_size // config.mini_batches
+    units = config.micro_batches // config.unit_size // config.mini_batches
     return [u for u in range(1, min(units, limit) + 1) if units % u == 0]
 
 
 def _rows_per_pass(model: CostModel, config: ScheduleConfig, generators: int, cap: int) -> int:
     """The rows per rank per pass a memory ``cap`` leaves: what the TSP degree gives, at most ``cap``."""
-    samples = config.mb_size * config.update_size(config.make_partition(generators).unit_size)
+    samples = config.mb_size * config.update_size(config.unit_size)
     kept = max(1, math.ceil(samples * model.keep_fraction - 1e-9))
     natural = row_plan(kept, model.steps_trained, model.data_parallel(model.trainer.workers), config.tsp_degree).cap
     return min(natural, cap)
@@ -154,75 +163,162 @@ def search(
     if stalenesses is None:
         stalenesses = tuple(sorted({0.0, workload.staleness}))
     say = progress or (lambda _msg: None)
-    n, K = workload.group_size, model.steps_trained
-    splits = [model.generator.workers] if fixed_split else range(1, total - min_trainers + 1)
-    models: dict[int, CostModel] = {}
-    cands: list[tuple[float, int, int, ScheduleConfig]] = []
     plan = Plan(rows=[])
-    tsps = sorted(set(tsp_degrees) if tsp_degrees is not None else tsp_degrees_for(workload, K), reverse=True)
-    tags = sorted({p != "never" for p in policies})
-    for g in splits:
-        m = models[g] = model if fixed_split else model.with_workers(g, total - g)
-        r = m.trainer.workers
-        if r % m.sequence_parallel:
-            continue  # the trainer pool must split into whole Ulysses groups
-        for mb in (sorted(set(mb_sizes)) if mb_sizes is not None else mb_sizes_for(workload, g)):
-            try:
-                shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
-                                       mode=DIGEN, mini_batches=workload.mini_batches, recompute=workload.recompute)
-                shape.check_update_units(g)  # a mini-batch of whole release units
-            except ScheduleConfigError:
-                continue  # a layout this batch cannot have
-            unit = shape.make_partition(g).unit_size
-            units = update_units_for(shape, g)
-            if update_units is not None:
-                units = [u for u in units if u in set(update_units)]
-            for tag in tags:
-                cap = row_cap(r, mb, tag) if row_cap else None
-                mine = [p for p in policies if (p != "never") == tag]
-                if cap == 0:
-                    plan.unfit += len(units) * len(tsps) * len(stalenesses) * len(mine)
-                    continue
-                for u in units:
-                    seen: set[int] = set()  # TSP degrees that give the same rows per pass cost the same
-                    for tsp in tsps:
-                        cfg = replace(shape, tsp_degree=min(tsp, K), update_units=u)
-                        if cap is not None:
-                            cfg = replace(cfg, rows_per_pass=_rows_per_pass(m, cfg, g, cap))
-                        costs = cfg.stage_costs(m, g)
-                        if costs.update in seen:
-                            continue
-                        seen.add(costs.update)
-                        for st in stalenesses:
-                            sync = stale_budget(st, cfg.micro_batches) == 0
-                            bound = step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
-                                                cfg.update_size(unit), r, synchronous=sync,
-                                                mini_batches=cfg.mini_batches).ideal
-                            for pol in mine:
-                                cands.append((bound, len(cands), g, replace(cfg, staleness=st, policy=pol)))
-    plan.candidates = len(cands)
+    space = _Space(model, workload, total, policies, stalenesses, fixed_split, mb_sizes, tsp_degrees,
+                   update_units, row_cap)
+    coarse = not fixed_split and total > EXACT_SPLITS
+    grid = [model.generator.workers] if fixed_split else split_grid(total, min_trainers, coarse)
+    cands = space.price(grid, plan)
+    say(f"{len(cands)} configurations priced by their lower bounds" + (f" on {len(grid)} of the "
+        f"{total - min_trainers} splits" if coarse else "") + "; simulating from the cheapest")
+    best: list[float] = []  # max-heap (negated) of the keep best step times
+    _simulate_cheapest(cands, space, plan, best, keep, say)
+    if coarse:  # every split between the grid points around each kept row's split, then the same search
+        near = sorted({g for top in _best_splits(plan.rows, keep) for g in _between(grid, top)} - set(grid))
+        more = space.price(near, plan)
+        say(f"refining {len(near)} splits near the best: {len(more)} more configurations")
+        _simulate_cheapest(more, space, plan, best, keep, say)
+        plan.notes.append(f"{total} GPUs: splits searched on a grid of {len(grid)} and refined over {len(near)} "
+                          "splits around the best (every split up to "
+                          f"{EXACT_SPLITS} GPUs)")
+    plan.candidates = len(cands) + (len(more) if coarse else 0)
     if plan.unfit:
         plan.notes.append(f"{plan.unfit} configuration(s) do not fit the GPUs' memory")
+    plan.rows.sort(key=_rank)
+    if keep is not None:
+        plan.rows = plan.rows[:keep]
+    for row in plan.rows:  # the search simulates unchecked; what it returns holds every invariant
+        check_timeline(row.result.timeline, row.staleness)
+    say(f"simulated {plan.simulated} of {plan.candidates}; the rest cannot beat the best {keep or plan.candidates}")
+    return plan
+
+
+def split_grid(total: int, min_trainers: int = 1, coarse: bool = False) -> list[int]:
+    """Generator counts to search on ``total`` GPUs: every split, or (``coarse``) every split within
+    ``FINE_EDGE`` GPUs of either end and geometric steps of ``SPLIT_RATIO`` in between (the step time varies
+    slowly with the split there, and the search refines around the best, ``_between``)."""
+    top = total - min_trainers
+    if not coarse:
+        return list(range(1, top + 1))
+    out: set[int] = set()
+    x = 1.0
+    while x <= total:  # generators and trainers alike: fine near each end, coarse in the middle
+        k = int(round(x))
+        out.update((k, total - k))
+        x = x + 1 if x < FINE_EDGE else x * SPLIT_RATIO
+    return sorted(g for g in out if 1 <= g <= top)
+
+
+def _between(grid: list[int], g: int) -> range:
+    """The splits strictly between ``g``'s neighbours on ``grid`` (``g`` on it)."""
+    i = grid.index(g) if g in grid else max(0, min(len(grid) - 1, sum(x < g for x in grid)))
+    lo = grid[i - 1] if i > 0 else grid[0]
+    hi = grid[i + 1] if i + 1 < len(grid) else grid[-1]
+    return range(lo + 1, hi)
+
+
+def _best_splits(rows: list[PlanRow], keep: int | None) -> list[int]:
+    """The generator counts of the best rows so far: at least ``REFINE_SPLITS`` distinct ones (the step time
+    over the split is not unimodal, so the best grid point need not neighbour the best split), and every
+    split of the best ``keep`` rows."""
+    out: list[int] = []
+    for i, row in enumerate(sorted(rows, key=_rank)):
+        if len(out) >= REFINE_SPLITS and (keep is None or i >= keep):
+            break
+        if row.generators not in out:
+            out.append(row.generators)
+    return out
+
+
+def _simulate_cheapest(cands: list[tuple[float, int, int, ScheduleConfig]], space: _Space, plan: Plan,
+                       best: list[float], keep: int | None, say: Callable[[str], object]) -> None:
+    """Simulate ``cands`` cheapest bound first into ``plan.rows`` until no remaining bound can enter the best
+    ``keep`` (``best``: the max-heap, negated, of the best step times so far, shared across calls)."""
     cands.sort()
-    say(f"{len(cands)} configurations priced by their lower bounds; simulating from the cheapest")
-    best: list[float] = []  # max-heap (negated) of the keep best step times
     for bound, _, g, cfg in cands:
         if keep is not None and len(best) >= keep and bound >= -best[0] * (1 - 1e-12):
             break  # no remaining configuration can enter the best ``keep``
-        res = simulate(cfg, models[g])
+        res = simulate(cfg, space.models[g], check=False)
         plan.simulated += 1
-        plan.rows.append(PlanRow(g, total - g, cfg.mb_size, cfg.policy, cfg.staleness, res, cfg.tsp_degree,
+        plan.rows.append(PlanRow(g, space.total - g, cfg.mb_size, cfg.policy, cfg.staleness, res, cfg.tsp_degree,
                                  cfg.update_units, cfg.rows_per_pass))
         heapq.heappush(best, -res.step_time)
         if keep is not None and len(best) > keep:
             heapq.heappop(best)
         if plan.simulated % 50 == 0:
             say(f"simulated {plan.simulated} (best {-max(best):.2f} s/step, next bound {bound:.2f} s)")
-    plan.rows.sort(key=_rank)
-    if keep is not None:
-        plan.rows = plan.rows[:keep]
-    say(f"simulated {plan.simulated} of {len(cands)}; the rest cannot beat the best {keep or len(cands)}")
-    return plan
+
+
+@dataclass
+class _Space:
+    """The search space of one ``search`` call: prices a list of splits' configurations by their bounds."""
+
+    model: CostModel
+    workload: Workload
+    total: int
+    policies: tuple[str, ...]
+    stalenesses: tuple[float, ...]
+    fixed_split: bool
+    mb_sizes: Iterable[int] | None
+    tsp_degrees: Iterable[int] | None
+    update_units: Iterable[int] | None
+    row_cap: RowCap | None
+    models: dict[int, CostModel] = field(default_factory=dict)
+    _seq: int = 0
+
+    def price(self, splits: Iterable[int], plan: Plan) -> list[tuple[float, int, int, ScheduleConfig]]:
+        """(lower bound, tie-break, generators, configuration) of every configuration on ``splits``."""
+        model, workload, total, K = self.model, self.workload, self.total, self.model.steps_trained
+        n, policies, stalenesses, row_cap = workload.group_size, self.policies, self.stalenesses, self.row_cap
+        tsps = sorted(set(self.tsp_degrees) if self.tsp_degrees is not None else tsp_degrees_for(workload, K),
+                      reverse=True)
+        tags = sorted({p != "never" for p in policies})
+        cands: list[tuple[float, int, int, ScheduleConfig]] = []
+        for g in splits:
+            m = self.models[g] = model if self.fixed_split else model.with_workers(g, total - g)
+            r = m.trainer.workers
+            if r % m.sequence_parallel:
+                continue  # the trainer pool must split into whole Ulysses groups
+            for mb in (sorted(set(self.mb_sizes)) if self.mb_sizes is not None else mb_sizes_for(workload, g)):
+                try:
+                    shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
+                                           mode=DIGEN, mini_batches=workload.mini_batches,
+                                           recompute=workload.recompute)
+                    shape.check_update_units(g)  # a mini-batch of whole release units
+                except ScheduleConfigError:
+                    continue  # a layout this batch cannot have
+                unit = shape.unit_size
+                units = update_units_for(shape, g)
+                if self.update_units is not None:
+                    units = [u for u in units if u in set(self.update_units)]
+                for tag in tags:
+                    cap = row_cap(r, mb, tag) if row_cap else None
+                    mine = [p for p in policies if (p != "never") == tag]
+                    if cap == 0:
+                        plan.unfit += len(units) * len(tsps) * len(stalenesses) * len(mine)
+                        continue
+                    for u in units:
+                        seen: set[float] = set()  # TSP degrees that give the same rows per pass cost the same
+                        for tsp in tsps:
+                            cfg = replace(shape, tsp_degree=min(tsp, K), update_units=u)
+                            if cap is not None:
+                                cfg = replace(cfg, rows_per_pass=_rows_per_pass(m, cfg, g, cap))
+                            costs = cfg.stage_costs(m, g)
+                            if costs.update in seen:
+                                continue
+                            seen.add(costs.update)
+                            for st in stalenesses:
+                                sync = stale_budget(st, cfg.micro_batches) == 0
+                                bound = max(step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
+                                                        cfg.update_size(unit), r, synchronous=sync,
+                                                        mini_batches=cfg.mini_batches).ideal,
+                                            tag_wave_area(costs, cfg.micro_batches, g, cfg.steps,
+                                                          cfg.update_size(unit), r, synchronous=sync,
+                                                          mini_batches=cfg.mini_batches, tag=tag))
+                                for pol in mine:
+                                    self._seq += 1
+                                    cands.append((bound, self._seq, g, replace(cfg, staleness=st, policy=pol)))
+        return cands
 
 
 def _rank(row: PlanRow) -> tuple:
