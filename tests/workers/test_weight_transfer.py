@@ -17,7 +17,16 @@ from workers_helpers import rows_of, tiny_cfg
 from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
 from verl_digen.workers import sync as S
-from verl_digen.workers.buckets import BucketPlan, byte_view, layout_of, new_bucket, pack, pack_owned, unpack
+from verl_digen.workers.buckets import (
+    BucketPlan,
+    byte_view,
+    layout_of,
+    new_bucket,
+    pack,
+    pack_owned,
+    plan_for,
+    unpack,
+)
 from verl_digen.workers.sync import Packer, SyncGroup, SyncRefused, group_id, new_secret
 
 pytestmark = pytest.mark.slow  # real process groups on loopback
@@ -100,7 +109,7 @@ def test_a_pickup_from_two_sources_then_a_relay_arrive_bit_identical_and_counted
     The receivers' ledgers count the model once over the transport, nothing hashed; staging stays within two
     buckets; each source sent exactly its share."""
     state, port, secret, bucket = _state(), _port(), new_secret(), 64
-    plan = BucketPlan.of(layout_of(state), bucket)
+    plan = plan_for(layout_of(state), bucket, 2)  # two senders: buckets of half the size
     total = plan.total_bytes
     zeros = {k: torch.zeros_like(v) for k, v in state.items()}
     got_a, got_b = dict(zeros), {k: v.clone() for k, v in zeros.items()}
@@ -122,7 +131,7 @@ def test_a_pickup_from_two_sources_then_a_relay_arrive_bit_identical_and_counted
 
     def generator_b():
         g = SyncGroup("127.0.0.1", port, 4, 3, timeout_s=60, secret=secret)
-        return g.receive(7, plan, got_b, [2])
+        return g.receive(7, plan_for(layout_of(state), bucket, 1), got_b, [2])
 
     src0, src1, (moved_a, relay_staging), moved_b = _run(source(0), source(1), generator_a, generator_b)
     sent0, sent1 = src0.counters, src1.counters

@@ -373,13 +373,12 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
             *caps["generator"]))
     if not colocated and cfg.digen.sync.backend == "collective":
         # collective sync (workers/sync.py): a trainer rank keeps its 1/R share of the published version's
-        # buckets until the next publish; a generator stages what is in flight (two buckets, one per trainer
-        # rank when several send), or the whole payload until it verifies (digen.sync.verify_payload)
+        # buckets until the next publish; a generator stages what is in flight (two buckets: R senders send
+        # buckets of 1/R the size), or the whole payload until it verifies (digen.sync.verify_payload)
         moved = trainable * model_b if lora else n * model_b
         bucket = cfg.digen.sync.bucket_mb * 2 ** 20
         trainer.parts["sync staging"] = moved / ranks
-        pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else \
-            min(moved, max(2, ranks) * bucket)
+        pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else min(moved, 2 * bucket)
     if size.companions.startswith("unknown"):
         notes.append(f"text encoders and VAE of model.arch={m.arch}: sizes not known here, not counted")
     return MemoryPlan(size, pools, notes, master)

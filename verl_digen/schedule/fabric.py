@@ -63,7 +63,8 @@ class Fabric:
             return 0.0
         return nbytes * (ranks - 1) / ranks / (self.link_gbs(ranks) * 1e9)
 
-    def _shard_group(self, ranks: int) -> int:
+    def shard_group(self, ranks: int) -> int:
+        """The ranks one FSDP shard group spans: all of them, or one node's with HSDP."""
         return min(ranks, self.gpus_per_node) if self.sharding == HYBRID else ranks
 
     def fsdp_pass(self, params: float, ranks: int, trainable: float | None = None) -> float:
@@ -71,7 +72,7 @@ class Fabric:
         reduce-scatter of the ``trainable`` parameters' gradients (all by default; ~0 for LoRA); HSDP
         adds the cross-node all-reduce of the gradient shards."""
         grads = params if trainable is None else trainable
-        group = self._shard_group(ranks)
+        group = self.shard_group(ranks)
         comm = 2 * self.ring(params * self.param_bytes, group) + self.ring(grads * self.reduce_bytes, group)
         if group < ranks:
             n = self.nodes(ranks)
@@ -81,7 +82,7 @@ class Fabric:
     def gather_full(self, params: float, ranks: int) -> float:
         """Materialize the full weights on every rank of a sharded pool (TAG's switch, a rollout
         engine's resharding, one forward of sampling through FSDP shards)."""
-        return self.ring(params * self.param_bytes, self._shard_group(ranks))
+        return self.ring(params * self.param_bytes, self.shard_group(ranks))
 
     def all_to_all(self, nbytes: float, ranks: int) -> float:
         """Seconds of one all-to-all in which each of ``ranks`` GPUs holds ``nbytes`` and keeps 1/ranks of

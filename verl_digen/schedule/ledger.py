@@ -83,6 +83,7 @@ class Links:
     gather_gbs: float = 150.0
     hash_gbs: float = 1.0  # SHA-256 on one core (0.5-2 GB/s)
     serialize_gbs: float = 5.0  # pickling into the object store: one memcpy-class pass per end
+    memcpy_gbs: float = 20.0  # a copy into a new host buffer (one core's memcpy)
 
     def __post_init__(self) -> None:
         for name, v in vars(self).items():
@@ -95,7 +96,7 @@ def price(ledger: Mapping[str, int], links: Links) -> float:
     them inside one action). Device-to-device bytes are priced once, by where they went (intra/inter)."""
     terms = ((INTRA_NODE, links.intra_gbs), (INTER_NODE, links.inter_gbs), (HOST_DEVICE, links.host_gbs),
              (GATHERED, links.gather_gbs), (HASHED, links.hash_gbs), (SERIALIZED, links.serialize_gbs),
-             (HOST_COPIES, links.host_gbs * 4))  # a host memcpy: several times PCIe
+             (HOST_COPIES, links.memcpy_gbs))
     return sum(ledger.get(kind, 0) / (gbs * 1e9) for kind, gbs in terms)
 
 
@@ -145,13 +146,14 @@ def publish_ledger(model_bytes: float, ranks: int, backend: str, on_gpu: bool) -
 def switch_ledger(model_bytes: float, state_bytes: float, ranks: int, to_gen: bool, resident: bool,
                   on_gpu: bool) -> dict[str, int]:
     """What one trainer rank's TAG switch moves. ``to_gen``: the rank's training state (``state_bytes``:
-    its share of gradients and optimizer state) goes to host memory on a GPU, and a sharded rank
+    its share of gradients and optimizer state) goes to host memory on a GPU (into a stash of host copies on a
+    CPU rank), and a sharded rank
     all-gathers the full generation weights (``model_bytes``) into its generation copy (the copy's own
     allocation too unless it stayed ``resident``). Back to training: the state returns; a copy that may not
     stay resident is freed (never moved to the host: it is re-gathered next time anyway)."""
     out: dict[str, int] = {}
-    if on_gpu and state_bytes:
-        out[HOST_DEVICE] = int(state_bytes)
+    if state_bytes and (on_gpu or to_gen):  # a CPU rank copies its state into a stash and hands it back as is
+        out[HOST_DEVICE if on_gpu else HOST_COPIES] = int(state_bytes)
     if ranks > 1:
         if to_gen:
             out[GATHERED] = int(model_bytes) * (ranks - 1) // ranks

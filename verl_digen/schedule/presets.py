@@ -13,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from . import ledger
 from .costs import Affine, BaselineCosts, CostModel, Hardware, Pool, trained_steps
 from .fabric import Fabric
 from .profile_io import Workload, load
@@ -106,7 +107,9 @@ SCORE_DECODE_S = 0.1  # a short generated answer from the VLM scorer
 PASS_LAUNCH_S = 0.05  # per training pass: optimizer hooks, launches, data movement
 ALL_TO_ALLS = 4  # per attention with Ulysses: q, k and v to heads-sharded, the output back to tokens-sharded
 STATE_BYTES = 12  # fp32 master weights + Adam moments per parameter
-SYNC_PROTOCOL = 1.5  # weight pickup: transfer x this for serialization and install
+# the weight-sync backend the presets price: the one built for 12-20B weights (device to device, in buckets,
+# relayed; workers/sync.py), which the recipes ship
+SYNC_BACKEND = "collective"
 # A rollout engine's wake / sleep beyond moving its weights (memory pools, graph capture, cache
 # set-up): software time no transfer predicts. Fit to verl-omni's hybrid-lending switch and reclaim
 # (:func:`.calibration.fit_engine_switch`, one 5B point), assumed the same for every model size; it is
@@ -167,20 +170,30 @@ def derive(model: DiT, s: Setting, gen: Testbed, train: Testbed, gen_workers: in
     colo = _slower(gen.fabric, train.fabric)  # a ring over both pools crosses the slower network
     fab_t = train.fabric if fsdp_ranks is None else colo
     fab_g = gen.fabric if fsdp_ranks is None else colo
-    offload = (0.0 if s.lora else STATE_BYTES * n) / shard / (train.gpu.host_gbs * 1e9)
-    gather = fab_t.gather_full(n, shard)  # every rank materializes the full bf16 weights (TAG, rollout)
     engine_weights = fab_t.param_bytes * n / (train.gpu.host_gbs * 1e9)
+    # publish, pickup and TAG switch are priced from the bytes the runtime's code moves (schedule/ledger.py,
+    # the same formulas the workers' ledgers are tested against), over this cluster's links
+    slower = _slower(gen.fabric, train.fabric)
+    group = fab_t.shard_group(shard)
+    links = ledger.Links(intra_gbs=slower.intra_gbs, inter_gbs=slower.nic_gbs, host_gbs=train.gpu.host_gbs,
+                         gather_gbs=fab_t.link_gbs(group))
+    weights = fab_t.param_bytes * n
+    state = 0.0 if s.lora else STATE_BYTES * n / shard
+
+    def switch(to_gen: bool) -> float:
+        return ledger.price(ledger.switch_ledger(weights, state, group, to_gen, resident=True, on_gpu=True), links)
     return CostModel(
         generator=Pool(hardware(model, s, gen, fsdp_ranks or gen_workers, fab_g), gen_workers),
         trainer=Pool(hardware(model, s, train, shard, fab_t), train_workers),
         steps_trained=s.trained(),
         keep_fraction=s.keep_fraction,
         sequence_parallel=s.sequence_parallel,
-        switch_to_gen=offload + gather,
-        switch_to_train=offload,
+        switch_to_gen=switch(True),
+        switch_to_train=switch(False),
         optimizer_step=0.2 + 16 * n / shard / 1e12,  # sharded Adam at ~1 TB/s memory traffic
-        weight_sync=SYNC_PROTOCOL * _slower(gen.fabric, train.fabric).send(fab_t.param_bytes * n),
-        publish=gather + engine_weights,  # gather once, copy to host for the store
+        # a generator on another node than the trainer ranks: the model once over the network
+        weight_sync=ledger.price(ledger.pickup_ledger(weights, SYNC_BACKEND, inter_node=True, on_gpu=True), links),
+        publish=ledger.price(ledger.publish_ledger(weights, group, SYNC_BACKEND, on_gpu=True), links),
         baselines=BaselineCosts(
             shard_gather=colo.gather_full(n, w),
             sampling_forwards=s.sampling_steps * model.cfg_passes,

@@ -27,7 +27,7 @@ from verl_digen.schedule import ledger
 from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
-from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned
+from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned, plan_for
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
@@ -328,7 +328,7 @@ class TSPActorWorker(Worker):
         self._require(mode="any")
         check_version(self.version, version, "trainer (stage_weights)")
         state = self._export_state()
-        plan = BucketPlan.of(layout_of(state), self.cfg.sync_bucket_mb << 20)
+        plan = plan_for(layout_of(state), self.cfg.sync_bucket_mb << 20, self.dist_world)
         moved: dict[str, int] = {}
 
         def tensors():

@@ -4,10 +4,11 @@ Every tensor of a state, in sorted-name order, is laid end to end as raw bytes; 
 ``[k B, (k+1) B)`` of that stream (``B`` = ``digen.sync.bucket_mb``), so a tensor may span buckets and no
 bucket exceeds ``B``: staging memory is bounded by the bucket size whatever the largest tensor is (verl's
 checkpoint engine cuts tensors into chunks of its bucket size likewise). Sender and receiver derive the same
-:class:`BucketPlan` from the layout alone (names, dtypes, shapes), which the handshake has them agree on
-first, so no per-bucket header is sent. Buckets are owned round-robin by the sources of a pickup (each trainer
-rank packs and sends only its own), and packing / unpacking are device-local copies (``torch.Tensor.copy_`` on
-``uint8`` views): nothing crosses to host memory.
+:class:`BucketPlan` from the layout alone (names, dtypes, shapes) and the number of sources (:func:`plan_for`:
+``S`` senders move buckets of ``B / S``), which the handshake has them agree on first, so no per-bucket header
+is sent. Buckets are owned round-robin by the sources of a pickup (each trainer rank packs and sends only its
+own), and packing / unpacking are device-local copies (``torch.Tensor.copy_`` on ``uint8`` views): nothing
+crosses to host memory.
 """
 
 from __future__ import annotations
@@ -90,6 +91,13 @@ class BucketPlan:
 
     def owner(self, bucket: int, sources: int) -> int:
         return bucket % sources
+
+
+def plan_for(layout: Layout, bucket_bytes: int, sources: int) -> BucketPlan:
+    """The plan of a pickup from ``sources`` senders: buckets of ``bucket_bytes / sources``, so that the
+    receiver, which keeps two buckets in flight per source, stages at most two buckets of ``bucket_bytes``
+    however many trainer ranks send (a relay, one source, moves full-size buckets)."""
+    return BucketPlan.of(layout, max(1, bucket_bytes // max(1, sources)))
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:

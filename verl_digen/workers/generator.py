@@ -18,7 +18,7 @@ from verl_digen.algo.trajectory import Trajectories
 from verl_digen.rewards import build_reward
 from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
-from verl_digen.workers.buckets import BucketPlan, layout_of
+from verl_digen.workers.buckets import layout_of, plan_for
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.sync import Packer, SyncGroup, SyncRefused
 
@@ -56,6 +56,7 @@ class GeneratorWorker(Worker):
         # them torn, and this worker then generates nothing until a pickup completes (the version it failed at)
         self._torn: int | None = None
         self._weights_lock = threading.Lock()  # a relay reads the weights while no pickup writes them
+        self._relay_scratch: list[torch.Tensor] = []
 
     def _require_model(self) -> None:
         if self.model is None and self.backend is None:
@@ -185,7 +186,7 @@ class GeneratorWorker(Worker):
             raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
         with self._weights_lock:
             live = P.live_weights(self.model, self.cfg.policy.lora)
-            plan = BucketPlan.of(layout_of(live), self.cfg.sync_bucket_mb << 20)
+            plan = plan_for(layout_of(live), self.cfg.sync_bucket_mb << 20, len(sources))
             try:
                 moved = group.receive(version, plan, live, sources, self.cfg.sync_verify_payload)
             except SyncRefused:
@@ -205,7 +206,8 @@ class GeneratorWorker(Worker):
             if self._torn is not None:
                 raise RuntimeError(f"generator rank {self.rank} cannot relay: its weights are torn")
             packer = Packer(P.live_weights(self.model, self.cfg.policy.lora), self.cfg.sync_bucket_mb << 20,
-                            group.device)
+                            group.device, self._relay_scratch)
+            self._relay_scratch = packer.scratch  # kept for the next relay: no new allocation
             moved = group.serve(dst, version, packer.plan, packer.bucket, verify_payload=self.cfg.sync_verify_payload)
             ledger.add(moved, ledger.STAGING_PEAK, packer.staging_bytes)
         return {"version": version, "moved": moved}

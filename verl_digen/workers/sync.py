@@ -16,7 +16,7 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   draws from every trainer rank at once, each sending its own buckets, or, once another generator holds
   the version, from that generator (a relay), so no single link carries G x the model. The generator
   receives bucket by bucket straight into its live weights (it is between trajectories), its staging
-  bounded by two buckets (one per source when several send). Trainer ranks and relaying generators serve
+  bounded by two buckets (S senders send buckets of 1/S the size). Trainer ranks and relaying generators serve
   from a second actor thread, so training and generation go on.
 
 The store has no authentication of its own, so the driver makes a per-run secret and hands it only to the
@@ -177,6 +177,7 @@ class SyncGroup:
         self.store.set(f"digen/node/{rank}", self.node)
         self._nodes: dict[int, str] = {rank: self.node}
         self.counters = {"sent": 0, "received": 0}
+        self._pool: list[torch.Tensor] = []  # the last pickup's staging buffers (two buckets), reused by the next
 
     # -- transport ------------------------------------------------------------------------------------
     def _send(self, t: torch.Tensor, peer: int) -> None:
@@ -256,9 +257,10 @@ class SyncGroup:
                 verify_payload: bool = False) -> dict[str, int]:
         """Receive ``version`` from ``sources`` (group ranks; source ``i`` sends ``plan.owned(i, len)``) into
         ``into`` (tensors on ``self.device`` laid out as ``plan.layout``: the live weights, written bucket by
-        bucket). Each source is handled on its own thread: its handshake, then its buckets (at most two in
-        flight from a lone source, one per source otherwise), so a source busy serving another generator never
-        holds up the others and no order among concurrent pickups can deadlock. A source's bytes are written
+        bucket). Each source is handled on its own thread: its handshake, then its buckets, two in flight (with
+        ``buckets.plan_for``'s buckets of 1/S the size, S sources stage two full buckets in all), so a source
+        busy serving another generator never holds up the others and no order among concurrent pickups can
+        deadlock. A source's bytes are written
         only after its own handshake passed; with ``verify_payload`` every bucket is staged and written only
         after every source's payload MAC verified. Raises :class:`SyncRefused` when refused before any byte was
         written, a plain ``RuntimeError`` when other sources' buckets had landed (the weights are then torn).
@@ -267,23 +269,29 @@ class SyncGroup:
             raise ValueError("a weight pickup needs at least one source")
         out: dict[str, int] = {}
         staged: dict[int, torch.Tensor] = {}
-        window = 2 if len(sources) == 1 else 1
-        ledger.add(out, ledger.STAGING_PEAK, min(len(plan), window * len(sources)) * min(plan.bucket_bytes,
-                                                                                         plan.total_bytes))
+        window = 2
         errors: list[BaseException] = []
-        landed = [0]
+        landed = [0]  # buckets written into ``into``
+        # two staging buffers per source, reused bucket after bucket and kept for the next pickup (no fresh
+        # allocation, no first-touch page faults in steady state); with verify_payload every bucket is staged
+        size = max(plan.sizes, default=0)
+        bases = [] if verify_payload else [[self._staging(size) for _ in range(window)] for _ in sources]
+        self._pool = [b for per_source in bases for b in per_source]
+        ledger.add(out, ledger.STAGING_PEAK, sum(b.numel() for b in self._pool))
 
         def stream(i: int, src: int) -> None:
             try:
                 head = [self.group_id, version, layout_hash(plan.layout), len(sources), i]
                 nonce = self._handshake(src, version, head, plan)  # 1. the source proves it holds the secret
-                free: list[torch.Tensor] = []  # landed buffers, reused (the last bucket is a prefix of one)
                 pending: list[tuple[int, torch.Tensor, Any]] = []
-                for k in plan.owned(i, len(sources)):  # 2. its buckets, in order
-                    buf = free.pop()[:plan.sizes[k]] if free else new_bucket(plan, k, self.device)
+                for j, k in enumerate(plan.owned(i, len(sources))):  # 2. its buckets, in order
+                    if verify_payload:
+                        buf = new_bucket(plan, k, self.device)
+                    else:
+                        buf = bases[i][j % window][:plan.sizes[k]]  # free: its previous bucket has landed
                     pending.append((k, buf, self.pg.recv([buf], src, 0)))
                     if len(pending) == window:
-                        free.extend(self._land(pending.pop(0), plan, into, staged, verify_payload, landed))
+                        self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
                 while pending:
                     self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
                 if verify_payload:  # 3. its payload MAC over what arrived
@@ -342,18 +350,23 @@ class SyncGroup:
         raise SyncRefused(f"weight sync of version {version} refused: its handshake does not verify (the sender "
                           "does not hold this run's secret, or replays an old transfer); nothing was loaded")
 
+    def _staging(self, nbytes: int) -> torch.Tensor:
+        """A staging buffer of at least ``nbytes`` from the previous pickup's, else a new one."""
+        for i, buf in enumerate(self._pool):
+            if nbytes <= buf.numel() <= 2 * nbytes:
+                return self._pool.pop(i)
+        return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
+
     def _land(self, item: tuple[int, torch.Tensor, Any], plan: BucketPlan, into: dict[str, torch.Tensor],
-              staged: dict[int, torch.Tensor], verify_payload: bool, landed: list[int]) -> list[torch.Tensor]:
-        """Wait for one bucket and install it (or stage it until the payload verifies); returns the buffer
-        when it may be reused."""
+              staged: dict[int, torch.Tensor], verify_payload: bool, landed: list[int]) -> None:
+        """Wait for one bucket and install it (or stage it until the payload verifies)."""
         k, buf, work = item
         work.wait()
         if verify_payload:
             staged[k] = buf
-            return []
+            return
         unpack(plan, k, buf, into)
         landed[0] += 1
-        return [buf]
 
     def recv(self, version: int, template: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
              verify_payload: bool = False, source: int = 0) -> dict[str, torch.Tensor]:
@@ -365,23 +378,23 @@ class SyncGroup:
 
 class Packer:
     """Buckets packed on demand from a whole state (a relaying generator's live weights, a lone sender's
-    state) into two reusable scratch buffers: :meth:`SyncGroup.serve`'s ``bucket`` for a source that staged
-    nothing."""
+    state) into two scratch buffers: :meth:`SyncGroup.serve`'s ``bucket`` for a source that staged nothing.
+    ``scratch``: buffers to reuse (a member keeps its relay's two between relays)."""
 
-    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, device: torch.device) -> None:
+    def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, device: torch.device,
+                 scratch: list[torch.Tensor] | None = None) -> None:
         self.plan = BucketPlan.of(layout_of(state), bucket_bytes)
         self.tensors = {k: v.detach().to(device).contiguous() for k, v in state.items()}
-        self.device = device
-        self._scratch: list[torch.Tensor | None] = [None, None]
+        size = max(self.plan.sizes, default=0)
+        old = [b for b in scratch or [] if size <= b.numel() <= 2 * size][:2]
+        self.scratch = old + [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 - len(old))]
 
     def bucket(self, k: int, slot: int) -> torch.Tensor:
-        if self._scratch[slot] is None:
-            self._scratch[slot] = new_bucket(self.plan, 0, self.device)  # bucket 0 is a full-size one
-        return pack(self.plan, k, self.tensors, self._scratch[slot][:self.plan.sizes[k]])
+        return pack(self.plan, k, self.tensors, self.scratch[slot][:self.plan.sizes[k]])
 
     @property
     def staging_bytes(self) -> int:
-        return sum(b.numel() for b in self._scratch if b is not None)
+        return sum(b.numel() for b in self.scratch)
 
 
 def _hash_into(digest: Any, buf: torch.Tensor, out: dict[str, int]) -> None:
