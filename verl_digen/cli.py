@@ -233,14 +233,15 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
         if found is not None:
             _check_prices(prices, found[0])
         cp = planning.plan_config(cfg, gpus=args.gpus, policies=policies, stalenesses=stal,
-                                  min_trainers=args.min_trainers, keep=args.top, progress=progress)
+                                  min_trainers=args.min_trainers, keep=args.top, progress=progress,
+                                  colocated=args.colocated)
         return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
                 cp.ceiling, cfg)
     name, model, wl, fixed = _load_source(args)
     _check_prices(prices, model)
     total = args.gpus or model.total_workers
     plan = search(model, wl, total, policies=policies, stalenesses=stal, min_trainers=args.min_trainers,
-                  fixed_split=fixed, progress=progress, keep=args.top)
+                  fixed_split=fixed, progress=progress, keep=args.top, colocated=args.colocated)
     plan.notes.append("memory not checked: a preset or profile has no run config (plan one with --recipe <name> "
                       "or Hydra overrides to bound the rows per pass by its memory plan)")
     cluster = on_budget(model, total)
@@ -281,13 +282,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
     for row in plan.rows:
         r = row.result
         line = (f"{row.generators:4d} {row.trainers:5d} {row.mb_size:3d} {row.tsp_degree:3d} "
-                f"{_fmt(row.rows_per_pass, '4d')} {row.update_units:5d} {row.policy:>12s} {row.staleness:5.2f} "
+                f"{_fmt(row.rows_per_pass, '4d')} {row.update_units:5d} "
+                f"{'colocated' if row.mode == COLOCATED else row.policy:>12s} {row.staleness:5.2f} "
                 f"{r.step_time:9.2f} {colo.step_time / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
         if per_hour:
             line += f" {wl.prompts * wl.group_size / (r.step_time / 3600 * per_hour(row)):10.1f}"
         print(line)
     print(f"* vs colocated:{args.baseline}; rows: (sample x step) rows per trainer rank per pass (- : what the "
-          "TSP degree gives); units: release units per update")
+          "TSP degree gives); units: release units per update; colocated: trainer=colocated on every GPU")
     print(ceiling_line(best.result.step_time, ceiling_s, colos, total, heterogeneous=fixed))
     if per_hour:
         price = per_hour(best)
@@ -300,7 +302,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         from verl_digen.config import planning
 
         launch = (f"recipes/launch/{args.recipe}.sh" if args.recipe else "python -m verl_digen.main")
-        print("launch: " + " ".join([launch, *args.overrides, *planning.overrides(best)]))
+        print("launch: " + " ".join([launch, *args.overrides, *planning.overrides(best, cfg)]))
     if args.json:
         print(json.dumps([{**row.as_dict(), **{f"speedup_vs_colocated_{b.replace('-', '_')}":
                                                c.step_time / row.result.step_time for b, c in colos.items()},
@@ -370,6 +372,9 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--stalenesses", help="comma list (default: 0 and the workload's)")
     plan.add_argument("--min-trainers", dest="min_trainers", type=int, default=1)
     plan.add_argument("--top", type=int, default=10)
+    plan.add_argument("--no-colocated", dest="colocated", action="store_false",
+                      help="search disaggregated splits only (by default trainer=colocated on every GPU is a "
+                      "candidate too)")
     plan.set_defaults(func=cmd_plan)
 
     exp = sub.add_parser("export", help="a deployable export of a checkpoint: diffusers transformer or PEFT adapter")

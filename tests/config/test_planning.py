@@ -134,3 +134,31 @@ def test_dry_run_with_plan_auto_prints_the_planned_run(tmp_path):
     mb = int(planned.split("micro-batch ")[1].split(",")[0])
     assert f"micro_batch_size: {mb}" in out.stdout and "plan: null" in out.stdout
     assert "ceiling    none from colocated:ideal" in out.stdout
+
+
+@pytest.mark.slow
+def test_a_colocated_winner_is_recommended_and_launches_as_printed():
+    """wan2.1-14b-32 at its 512 samples: the runtime's own colocated mode on all 32 GPUs is the fastest layout
+    (issue 41); the planner says so, and its overrides compose to a config the runtime accepts, fits memory
+    and the dry run predicts at the planner's figure."""
+    from verl_digen.config.plan import resource_plan
+
+    cfg = _recipe("wan2.1-14b-32")
+    planned = planning.plan_config(cfg, keep=2)
+    best = planned.best
+    assert (best.mode, best.generators, best.trainers) == ("colocated", 0, 32)
+    assert all(best.result.step_time < r.result.step_time for r in planned.plan.rows if r.mode == "digen")
+    run = planning.apply(cfg, best)
+    validate(run)
+    assert run.trainer.mode == "colocated" and run.total_workers == 32
+    for pool in memory.memory_need(run).values():
+        assert pool.gib <= planning.MEMORY_USABLE * pool.capacity_gib + 1e-9
+    over = planning.overrides(best, cfg)
+    assert over[0] == "trainer=colocated"
+    again = _recipe("wan2.1-14b-32", *over)
+    assert again.schedule_config() == run.schedule_config()
+    assert resource_plan(again).predicted_step_s == pytest.approx(best.result.step_time, rel=1e-9)
+    assert "trainer=colocated on all 32 GPUs" in planning.describe(best, planned)
+    # without the colocated layout the best disaggregated split is slower
+    split = planning.plan_config(cfg, keep=1, colocated=False).best
+    assert split.mode == "digen" and split.result.step_time > best.result.step_time

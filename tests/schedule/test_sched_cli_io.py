@@ -133,14 +133,17 @@ def test_plan_keeps_a_heterogeneous_cluster_and_says_when_colocated_wins(capsys)
     assert "pools fixed by the hardware" in out
     assert main(["plan", "--preset", "hunyuanvideo-13b-hetero", "--gpus", "12"]) == 2
     assert "fixed by its hardware" in capsys.readouterr().err
-    # one NIC per node: FSDP over the whole cluster crosses the thin network, digen wins ...
+    # this runtime's own colocated mode (TSP, no engine, no recompute) is the fastest layout of this small batch
     assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0"]) == 0
+    assert "recommendation: trainer=colocated on all 32 GPUs" in capsys.readouterr().out
+    # among disaggregated splits: one NIC per node, FSDP over the whole cluster crosses the thin network ...
+    assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0", "--no-colocated"]) == 0
     thin = capsys.readouterr().out
     assert "recommendation: digen" in thin
     # ... eight NICs per node: colocated training loses little by spanning every GPU; digen's edge shrinks
     # to what verl-omni pays beyond the ideal, and the plan says an idealized colocated run would win
     assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0",
-                 "--nics-per-node", "8"]) == 0
+                 "--nics-per-node", "8", "--no-colocated"]) == 0
     fat = capsys.readouterr().out
 
     def edge(out: str) -> float:

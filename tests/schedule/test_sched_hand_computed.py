@@ -144,7 +144,8 @@ def test_search_enumerates_splits_sizes_units_policies_and_stalenesses():
         want = simulate(cfg, MODEL.with_workers(r.generators, r.trainers))
         assert r.result.step_time == want.step_time
         d = r.as_dict()
-        assert d == {"generators": r.generators, "trainers": r.trainers, "mb_size": r.mb_size, "policy": "never",
+        assert d == {"mode": "digen", "generators": r.generators, "trainers": r.trainers, "mb_size": r.mb_size,
+                     "policy": "never",
                      "staleness": r.staleness, "tsp_degree": 1, "update_units": r.update_units, "rows_per_pass": None,
                      "step_time": r.result.step_time, "throughput": r.result.throughput,
                      "fraction_of_ideal": r.result.fraction_of_ideal}
@@ -186,11 +187,21 @@ def test_search_bounds_rows_per_pass_by_the_memory_cap():
             return 0  # one trainer GPU holds nothing
         return 1 if tag else None  # TAG's generation copy leaves room for one row per pass
 
+    plan = search(MODEL, wl, 4, policies=("never", "bts"), row_cap=cap, keep=None, colocated_cap=2)
+    # (0, 4): trainer=colocated on all 4 GPUs, its rows per pass capped too (16 samples x 2 steps over 4 ranks
+    # would be 8 rows per pass at TSP 2)
+    assert {(r.generators, r.trainers) for r in plan.rows} == {(0, 4), (1, 3), (2, 2)}
+    (colo,) = [r for r in plan.rows if r.mode == "colocated"]  # TSP 1 and 2 run the same 2-row passes: one row
+    assert (colo.tsp_degree, colo.rows_per_pass, colo.policy, colo.result.config.mode) == (2, 2, "never", "colocated")
+    uncapped = [r for r in search(MODEL, wl, 4, policies=("never",), keep=None).rows if r.mode == "colocated"]
+    assert min(r.result.step_time for r in uncapped) < colo.result.step_time  # the cap costs passes
+    assert any(n.endswith("do not fit the GPUs' memory") for n in plan.notes)
     plan = search(MODEL, wl, 4, policies=("never", "bts"), row_cap=cap, keep=None)
-    assert {(r.generators, r.trainers) for r in plan.rows} == {(1, 3), (2, 2)}
-    assert plan.unfit > 0 and "do not fit" in plan.notes[0]
     assert {t for t, _, _ in asked} == {1, 2, 3} and {tag for _, _, tag in asked} == {False, True}
     for r in plan.rows:
+        if r.mode == "colocated":  # no memory cap known for it: the passes the TSP degree gives
+            assert r.rows_per_pass is None and r.result.config.rows_per_pass is None
+            continue
         assert r.rows_per_pass == (1 if r.policy == "bts" else None)
         assert r.result.config.rows_per_pass == r.rows_per_pass
 
@@ -199,9 +210,13 @@ def test_search_options_min_trainers_fixed_split_and_default_policies():
     from verl_digen.schedule.split_search import search
 
     wl = _plan_wl()
-    assert {(r.generators, r.trainers) for r in search(MODEL, wl, 2, policies=("never",), keep=None).rows} == {(1, 1)}
+    # (0, n): trainer=colocated on all n GPUs, searched wherever the batch splits evenly over them
+    assert {(r.generators, r.trainers) for r in search(MODEL, wl, 2, policies=("never",), keep=None).rows} == {
+        (0, 2), (1, 1)}
+    assert {(r.generators, r.trainers) for r in search(MODEL, wl, 2, policies=("never",), keep=None,
+                                                       colocated=False).rows} == {(1, 1)}
     rows = search(MODEL, wl, 4, policies=("never",), stalenesses=(0.0,), min_trainers=2, keep=None).rows
-    assert {(r.generators, r.trainers) for r in rows} == {(1, 3), (2, 2)}
+    assert {(r.generators, r.trainers) for r in rows} == {(0, 4), (1, 3), (2, 2)}
     with pytest.raises(ValueError, match="at least 2 GPUs, got 1"):
         search(MODEL, wl, 1)
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from verl_digen.config import memory
 from verl_digen.config.plan import cluster
-from verl_digen.config.schema import ConfigError, RunConfig, recompute_log_prob
-from verl_digen.schedule.config import DIGEN
+from verl_digen.config.schema import MODE_DEFAULTS, ConfigError, RunConfig, get_key, recompute_log_prob
+from verl_digen.schedule.config import COLOCATED, DIGEN
 from verl_digen.schedule.costs import CostModel
 from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import SimResult
@@ -94,10 +94,45 @@ def row_cap(cfg: RunConfig, total: int) -> RowCap | None:
     return cap
 
 
+def colocated_cap(cfg: RunConfig, total: int) -> int | None:
+    """The most rows per rank per pass a colocated run of ``cfg``'s job on ``total`` GPUs holds by the memory
+    plan (within ``MEMORY_USABLE``): 0 when not even one row does, None when the size or memory is unknown."""
+    size = memory.model_size(cfg)
+    if size is None or memory.gpu_memory(cfg)["trainer"][0] is None:
+        return None
+    variant = as_colocated(cfg, total)
+    return memory.max_rows_per_rank(variant, size=size, usable=MEMORY_USABLE)
+
+
+def colocated_split(cfg: RunConfig, total: int) -> tuple[int, int]:
+    """The two pools' sizes a colocated run on ``total`` GPUs keeps (the runtime uses their sum): the config's
+    own split when it has ``total`` GPUs (its node placement stays), else half and half."""
+    if cfg.total_workers == total:
+        return cfg.resources.generator.workers, cfg.resources.trainer.workers
+    return max(1, total // 2), total - max(1, total // 2)
+
+
+def as_colocated(cfg: RunConfig, total: int, tsp_degree: int | None = None,
+                 rows_per_pass: int | None = None) -> RunConfig:
+    """A copy of ``cfg`` as ``trainer=colocated`` on ``total`` GPUs: the mode's defaults (``MODE_DEFAULTS``),
+    on-policy, one release unit per update, activation checkpointing on (the cost model prices it)."""
+    out = copy.deepcopy(cfg)
+    out.trainer.mode = COLOCATED
+    for dotted, value in MODE_DEFAULTS[COLOCATED].items():
+        parent, _, leaf = dotted.rpartition(".")
+        setattr(get_key(out, parent), leaf, value)
+    out.resources.generator.workers, out.resources.trainer.workers = colocated_split(cfg, total)
+    out.digen.tsp.degree, out.digen.tsp.rows_per_pass = tsp_degree or 1, rows_per_pass
+    out.digen.update_units, out.digen.tcss.staleness = 1, 0.0
+    out.actor.activation_checkpointing = True
+    return out
+
+
 def plan_config(cfg: RunConfig, *, gpus: int | None = None, policies: tuple[str, ...] = DEFAULT_POLICIES,
                 stalenesses: tuple[float, ...] | None = None, min_trainers: int = 1, keep: int = 10,
-                progress: Callable[[str], object] | None = None) -> ConfigPlan:
-    """The best configurations of ``cfg``'s job on its cluster (``gpus`` in all, default the config's)."""
+                progress: Callable[[str], object] | None = None, colocated: bool = True) -> ConfigPlan:
+    """The best configurations of ``cfg``'s job on its cluster (``gpus`` in all, default the config's), the
+    colocated layout among them unless ``colocated`` is False."""
     found = cluster(cfg)
     if found is None:
         raise ConfigError("digen.profile", None, "a profile file or a preset name: the planner prices "
@@ -109,15 +144,30 @@ def plan_config(cfg: RunConfig, *, gpus: int | None = None, policies: tuple[str,
     cap = row_cap(cfg, total)
     wl = workload(cfg)
     plan = search(model, wl, total, policies=policies, stalenesses=stalenesses,
-                  min_trainers=min_trainers, fixed_split=fixed, progress=progress, row_cap=cap, keep=keep)
+                  min_trainers=min_trainers, fixed_split=fixed, progress=progress, row_cap=cap, keep=keep,
+                  colocated=colocated, colocated_cap=colocated_cap(cfg, total) if colocated else None)
     if cap is None:
         plan.notes.append("memory not checked (model size or GPU memory unknown): rows per pass are unbounded")
     return ConfigPlan(cfg, plan, colocated_baselines(model, wl), model, fixed, cap is not None, ceiling(model, wl))
 
 
-def overrides(row: PlanRow) -> list[str]:
-    """The Hydra overrides that launch ``row`` (on top of the config it was planned for)."""
+def overrides(row: PlanRow, cfg: RunConfig | None = None) -> list[str]:
+    """The Hydra overrides that launch ``row`` (on top of ``cfg``, the config it was planned for: a colocated row
+    keeps its pool sizes when they add up, else splits the GPUs in half)."""
     rpp = "null" if row.rows_per_pass is None else str(row.rows_per_pass)
+    if row.mode == COLOCATED:
+        total = row.generators + row.trainers
+        gen, trn = colocated_split(cfg, total) if cfg is not None else (max(1, total // 2), total - max(1, total // 2))
+        return [
+            "trainer=colocated",
+            f"resources.generator.workers={gen}",
+            f"resources.trainer.workers={trn}",
+            f"digen.tsp.degree={row.tsp_degree}",
+            f"digen.tsp.rows_per_pass={rpp}",
+            "digen.update_units=1",
+            "digen.tcss.staleness=0",
+            "actor.activation_checkpointing=true",
+        ]
     return [
         "trainer=digen",
         f"resources.generator.workers={row.generators}",
@@ -133,7 +183,11 @@ def overrides(row: PlanRow) -> list[str]:
 
 
 def apply(cfg: RunConfig, row: PlanRow) -> RunConfig:
-    """``cfg`` with ``row``'s configuration in place (what ``overrides(row)`` gives on the command line)."""
+    """``cfg`` with ``row``'s configuration in place (what ``overrides(row, cfg)`` gives on the command line)."""
+    if row.mode == COLOCATED:
+        out = as_colocated(cfg, row.generators + row.trainers, row.tsp_degree, row.rows_per_pass)
+        out.digen.plan = None
+        return out
     out = with_pools(cfg, row.generators, row.trainers, row.mb_size)
     d = out.digen
     d.tsp.degree, d.tsp.rows_per_pass, d.update_units = row.tsp_degree, row.rows_per_pass, row.update_units
@@ -160,7 +214,7 @@ def resolve_auto(cfg: RunConfig, log: Callable[[str], object] = print) -> RunCon
     planned = plan_config(cfg, keep=1, progress=lambda m: log(f"  {m}"))
     row = planned.best
     log(describe(row, planned))
-    log("  launch it without the planner: " + " ".join(overrides(row)))
+    log("  launch it without the planner: " + " ".join(overrides(row, cfg)))
     return apply(cfg, row)
 
 
@@ -171,6 +225,9 @@ def describe(row: PlanRow, planned: ConfigPlan) -> str:
     rpp = "" if row.rows_per_pass is None else f", {row.rows_per_pass} rows/rank/pass"
     where = ("mixed GPUs: no ceiling" if planned.fixed_split else
              f"{planned.ceiling / t:.0%} of the {planned.ceiling:.2f} s/step ceiling")
+    if row.mode == COLOCATED:
+        return (f"planned: trainer=colocated on all {row.trainers} GPUs, TSP {row.tsp_degree}{rpp}: {t:.2f} s/step "
+                f"predicted ({omni / t:.2f}x colocated:verl-omni, {where}); no disaggregated split is faster")
     return (f"planned: {row.generators} generate + {row.trainers} train, micro-batch {row.mb_size}, TSP "
             f"{row.tsp_degree}{rpp}, {row.update_units} unit(s)/update, {row.policy}, staleness {row.staleness:g}: "
             f"{t:.2f} s/step predicted ({omni / t:.2f}x colocated:verl-omni, {where})")

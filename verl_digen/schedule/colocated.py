@@ -36,10 +36,10 @@ def step_phases(mini_batches: int = 1) -> list[tuple[str, int | None]]:
 
 
 def colocated_costs(model: CostModel, batch: int, tsp_degree: int = 1, baseline: str = IDEAL,
-                    mini_batches: int = 1) -> StageCosts:
+                    mini_batches: int = 1, rows_per_pass: int | None = None) -> StageCosts:
     """Each colocated phase's duration as StageCosts (one 'micro-batch' = the whole batch; an update
-    trains one of ``mini_batches``)."""
-    ph = model.colocated_phases(batch, tsp_degree, baseline)
+    trains one of ``mini_batches``; ``rows_per_pass``: the colocated run's memory cap on a pass)."""
+    ph = model.colocated_phases(batch, tsp_degree, baseline, rows_per_pass)
     return StageCosts(generate=ph[GENERATE], tag_generate=0.0, score=ph[SCORE], update=ph[UPDATE] / mini_batches,
                       switch_to_gen=ph[SWITCH_TO_GEN], switch_to_train=ph[SWITCH_TO_TRAIN],
                       optimizer_step=ph[OPTIMIZER_STEP])

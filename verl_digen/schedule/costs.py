@@ -260,12 +260,15 @@ class CostModel:
             return self
         return self.resize(self.generator.workers, self.trainer.workers, self.total_workers)
 
-    def colocated_phases(self, batch: int, tsp_degree: int = 1, baseline: str = IDEAL) -> dict[str, float]:
+    def colocated_phases(self, batch: int, tsp_degree: int = 1, baseline: str = IDEAL,
+                         rows_per_pass: int | None = None) -> dict[str, float]:
         """Phases of one colocated step: every GPU of both pools generates, scores, then trains.
 
         The batch is split evenly over all GPUs (data parallel); with two hardware types the slower
         one sets each phase's time (each phase ends with a collective). ``baseline`` picks what users
-        actually run (:data:`BASELINES`; module constants document each).
+        actually run (:data:`BASELINES`; module constants document each). ``rows_per_pass`` caps the rows
+        per rank per pass of this runtime's colocated mode (``IDEAL``; what memory lets a rank hold), so a
+        colocated run the planner proposes is priced with the passes it will run.
         """
         if baseline not in BASELINES:
             raise ValueError(f"unknown colocated baseline {baseline!r}; expected one of {BASELINES}")
@@ -279,7 +282,7 @@ class CostModel:
             GENERATE: max(hw.generate(per_gpu) for hw in hws),
             SCORE: max(hw.score(per_gpu) for hw in hws),
             SWITCH_TO_TRAIN: m.switch_to_train,
-            UPDATE: max(m.train_time(batch, tsp_degree, w, hw) for hw in hws),
+            UPDATE: max(m.train_time(batch, tsp_degree, w, hw, rows_per_pass=rows_per_pass) for hw in hws),
             OPTIMIZER_STEP: m.optimizer_step,
         }
         if baseline == NATIVE:

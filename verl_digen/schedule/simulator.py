@@ -119,7 +119,8 @@ def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | No
                        baseline: str = IDEAL, check: bool = True) -> SimResult:
     """Every GPU of both pools generates its share, scores it, then all train data-parallel."""
     costs = config.with_behaviour_forward(
-        colocated_costs(model, config.batch, config.tsp_degree, baseline, config.mini_batches), model)
+        colocated_costs(model, config.batch, config.tsp_degree, baseline, config.mini_batches,
+                        config.rows_per_pass), model)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
     tl = run(ColocatedScheduler(config, workers), SimBackend(costs), check=check)
     span = tl.makespan

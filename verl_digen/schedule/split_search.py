@@ -57,10 +57,12 @@ class PlanRow:
     tsp_degree: int = 1
     update_units: int = 1
     rows_per_pass: int | None = None  # None: what the TSP degree gives (no memory limit known or needed)
+    mode: str = DIGEN  # COLOCATED: this runtime's ``trainer=colocated`` on every GPU (generators 0)
 
     def as_dict(self) -> dict:
         r = self.result
         return {
+            "mode": self.mode,
             "generators": self.generators,
             "trainers": self.trainers,
             "mb_size": self.mb_size,
@@ -145,6 +147,8 @@ def search(
     update_units: Iterable[int] | None = None,
     row_cap: RowCap | None = None,
     keep: int | None = 10,
+    colocated: bool = True,
+    colocated_cap: int | None = None,
 ) -> Plan:
     """The best ``keep`` configurations of ``workload`` on ``total`` GPUs (``None``: simulate them all).
 
@@ -152,6 +156,11 @@ def search(
     ``tsp_degrees_for``, ``update_units_for``). ``fixed_split``: the pools are given by the hardware (a
     heterogeneous cluster: moving a GPU from one pool to the other would be another cluster), so only
     the schedule is searched. ``stalenesses`` default to 0 and the workload's.
+
+    ``colocated``: also the colocated layout (zero dedicated generators: ``trainer=colocated`` on all ``total``
+    GPUs, each TSP degree), priced as this runtime runs it (colocated:ideal, no engine, no recompute pass)
+    with ``colocated_cap`` rows per rank per pass at most (0: it does not fit; None: not known). They are
+    simulated first, so the disaggregated candidates must beat them to be simulated at all.
     """
     if total < 2:
         raise ValueError(f"a disaggregated run needs at least 2 GPUs, got {total}")
@@ -172,6 +181,13 @@ def search(
     say(f"{len(cands)} configurations priced by their lower bounds" + (f" on {len(grid)} of the "
         f"{total - min_trainers} splits" if coarse else "") + "; simulating from the cheapest")
     best: list[float] = []  # max-heap (negated) of the keep best step times
+    if colocated:
+        colo = _colocated_rows(on_budget(model, total) if not fixed_split else model, workload, total,
+                               colocated_cap, plan)
+        for row in colo:
+            _keep_best(best, row.result.step_time, keep)
+        plan.rows += colo
+        plan.simulated += len(colo)
     _simulate_cheapest(cands, space, plan, best, keep, say)
     if coarse:  # every split between the grid points around each kept row's split, then the same search
         near = sorted({g for top in _best_splits(plan.rows, keep) for g in _between(grid, top)} - set(grid))
@@ -181,7 +197,7 @@ def search(
         plan.notes.append(f"{total} GPUs: splits searched on a grid of {len(grid)} and refined over {len(near)} "
                           "splits around the best (every split up to "
                           f"{EXACT_SPLITS} GPUs)")
-    plan.candidates = len(cands) + (len(more) if coarse else 0)
+    plan.candidates = len(cands) + (len(more) if coarse else 0) + sum(r.mode == COLOCATED for r in plan.rows)
     if plan.unfit:
         plan.notes.append(f"{plan.unfit} configuration(s) do not fit the GPUs' memory")
     plan.rows.sort(key=_rank)
@@ -242,11 +258,41 @@ def _simulate_cheapest(cands: list[tuple[float, int, int, ScheduleConfig]], spac
         plan.simulated += 1
         plan.rows.append(PlanRow(g, space.total - g, cfg.mb_size, cfg.policy, cfg.staleness, res, cfg.tsp_degree,
                                  cfg.update_units, cfg.rows_per_pass))
-        heapq.heappush(best, -res.step_time)
-        if keep is not None and len(best) > keep:
-            heapq.heappop(best)
+        _keep_best(best, res.step_time, keep)
         if plan.simulated % 50 == 0:
             say(f"simulated {plan.simulated} (best {-max(best):.2f} s/step, next bound {bound:.2f} s)")
+
+
+def _keep_best(best: list[float], step_time: float, keep: int | None) -> None:
+    heapq.heappush(best, -step_time)
+    if keep is not None and len(best) > keep:
+        heapq.heappop(best)
+
+
+def _colocated_rows(model: CostModel, workload: Workload, total: int, cap: int | None, plan: Plan) -> list[PlanRow]:
+    """The colocated layout on ``total`` GPUs, one row per TSP degree worth trying, as ``trainer=colocated`` runs
+    it (what the runtime accepts: the batch split evenly over every GPU, whole Ulysses groups, a memory cap)."""
+    batch, sp = workload.prompts * workload.group_size, model.sequence_parallel
+    if cap == 0:
+        plan.notes.append(f"colocated on all {total} GPUs does not fit their memory")
+        return []
+    if batch % total or total % sp:
+        plan.notes.append(f"colocated not searched: the batch ({batch} samples) must split evenly over all {total} "
+                          f"GPUs{f' in Ulysses groups of {sp}' if sp > 1 else ''}")
+        return []
+    rows, seen = [], set()
+    K = model.steps_trained
+    for d in sorted(tsp_degrees_for(workload, K), reverse=True):
+        kept = max(1, math.ceil(batch * model.keep_fraction - 1e-9))
+        natural = row_plan(kept, K, model.data_parallel(total), d).cap
+        rpp = None if cap is None or cap >= natural else cap
+        cfg = replace(baseline_config(workload), tsp_degree=d, rows_per_pass=rpp, recompute=workload.recompute)
+        res = simulate(cfg, model, label="colocated", check=False)
+        if round(res.step_time, 9) in seen:
+            continue  # a degree that runs the same passes
+        seen.add(round(res.step_time, 9))
+        rows.append(PlanRow(0, total, cfg.mb_size, "never", 0.0, res, d, 1, rpp, mode=COLOCATED))
+    return rows
 
 
 @dataclass
@@ -444,6 +490,11 @@ def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, ag
     r = best.result
     base = colocated[against]
     lines = []
+    if best.mode == COLOCATED:
+        lines.append(f"recommendation: trainer=colocated on all {best.trainers} GPUs, TSP {best.tsp_degree}: "
+                     f"{base.step_time / r.step_time:.2f}x colocated:{against}; no disaggregated split beats it here "
+                     "(the step's work over every GPU, without a rollout engine or a recompute pass)")
+        return lines
     if r.step_time < base.step_time:
         lines.append(f"recommendation: digen, {best.generators} generate + {best.trainers} train, "
                      f"{best.policy}, staleness {best.staleness:g}: {base.step_time / r.step_time:.2f}x "
@@ -475,6 +526,8 @@ def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, ag
 
 
 def best_model(model: CostModel, row: PlanRow) -> CostModel:
+    if row.mode == COLOCATED:
+        return model.colocated_model()
     if (row.generators, row.trainers) == (model.generator.workers, model.trainer.workers):
         return model
     return model.with_workers(row.generators, row.trainers)
