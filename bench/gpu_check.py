@@ -25,6 +25,9 @@ Checks (each an object under ``checks`` with ``ok``; the process exits 1 if one 
   sharding, clipping and AdamW: loss and norm finite, weights moved.
 - ``tag_switch``: TAG's context switch on that rank (``workers/switch.py``): memory freed, seconds each
   way, the training state back bit-identical.
+- ``weight_buckets``: the collective weight sync's device-side copies (``workers/buckets.py``): a bf16
+  DiT-shaped state (~1.2 GB; quick: ~6 MB) packed into 256 MiB buckets and unpacked into another copy, and
+  device->host / host->device copies of the same bytes, in GB/s; the round trip bit-identical.
 """
 
 from __future__ import annotations
@@ -200,6 +203,46 @@ def check_fsdp_and_switch(device: str, quick: bool) -> tuple[dict[str, Any], dic
             torch.distributed.destroy_process_group()
 
 
+def check_weight_buckets(device: str, quick: bool) -> dict[str, Any]:
+    """The collective weight sync's device-side work (``workers/buckets.py``): a DiT-shaped bf16 state packed
+    into buckets and unpacked into another copy of it on the device (a publish's and a pickup's copies), and
+    the host<->device copies the object-store path and the old TAG switch made, for scale. GB/s each; the
+    round trip must be bit-identical."""
+    from verl_digen.workers.buckets import BucketPlan, byte_view, layout_of, new_bucket, pack, unpack
+
+    dev = torch.device(device)
+    hidden, blocks = (256, 4) if quick else (3072, 8)  # quick: ~6 MB; else ~1.2 GB, FLUX-width blocks
+    g = torch.Generator().manual_seed(0)
+    state = {}
+    for b in range(blocks):
+        for name, shape in (("to_qkv", (3 * hidden, hidden)), ("to_out", (hidden, hidden)),
+                            ("ff_up", (4 * hidden, hidden)), ("ff_down", (hidden, 4 * hidden)), ("norm", (hidden,))):
+            state[f"blocks.{b}.{name}"] = torch.randn(*shape, generator=g).to(device=dev, dtype=torch.bfloat16)
+    nbytes = sum(t.numel() * t.element_size() for t in state.values())
+    plan = BucketPlan.of(layout_of(state), (1 if quick else 256) << 20)
+    buckets = [new_bucket(plan, k, dev) for k in range(len(plan))]
+    into = {k: torch.zeros_like(v) for k, v in state.items()}
+
+    def timed(fn) -> float:
+        fn()  # warm: allocations, first touch
+        _sync(device)
+        t0 = time.perf_counter()
+        fn()
+        _sync(device)
+        return time.perf_counter() - t0
+
+    pack_s = timed(lambda: [pack(plan, k, state, buckets[k]) for k in range(len(plan))])
+    unpack_s = timed(lambda: [unpack(plan, k, buckets[k], into) for k in range(len(plan))])
+    flat = torch.cat([byte_view(t) for t in state.values()])
+    host = torch.empty(flat.numel(), dtype=torch.uint8, pin_memory=device == "cuda")
+    d2h_s = timed(lambda: host.copy_(flat))
+    h2d_s = timed(lambda: flat.copy_(host))
+    same = all(torch.equal(byte_view(into[k]), byte_view(state[k])) for k in state)
+    gb = nbytes / 1e9
+    return {"state_mib": nbytes / 2**20, "buckets": len(plan), "pack_gbps": gb / pack_s, "unpack_gbps": gb / unpack_s,
+            "device_to_host_gbps": gb / d2h_s, "host_to_device_gbps": gb / h2d_s, "bit_identical": same, "ok": same}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
@@ -216,7 +259,8 @@ def main() -> None:
     checks: dict[str, Any] = {}
     for name, run in (("tsp", lambda: check_tsp(args.device, args.quick, dtype)),
                       ("memory_plan", lambda: check_memory_plan(args.device, args.quick, dtype)),
-                      ("logprob_batch", lambda: check_logprob_batch(args.device, args.quick))):
+                      ("logprob_batch", lambda: check_logprob_batch(args.device, args.quick)),
+                      ("weight_buckets", lambda: check_weight_buckets(args.device, args.quick))):
         print(f"gpu_check: {name} ...", file=sys.stderr, flush=True)
         checks[name] = run()
     print("gpu_check: fsdp_update, tag_switch ...", file=sys.stderr, flush=True)

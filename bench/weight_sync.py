@@ -39,13 +39,14 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from verl_digen.schedule import ledger  # noqa: E402
-from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned  # noqa: E402
+from verl_digen.workers.buckets import layout_of, pack_owned, plan_for  # noqa: E402
 from verl_digen.workers.sync import Packer, SyncGroup  # noqa: E402
 
 
-def dit_state(gib: float, seed: int = 0, hidden: int = 1024) -> dict[str, torch.Tensor]:
-    """A DiT-shaped float32 state of about ``gib`` GiB: per block q/k/v/out projections, an MLP of 4x width,
-    biases and norms (``hidden`` shrinks for small sizes so that there are always several blocks)."""
+def dit_state(gib: float, seed: int = 0, hidden: int = 2048) -> dict[str, torch.Tensor]:
+    """A DiT-shaped float32 state of about ``gib`` GiB: per block q/k/v/out projections (16 MiB each at width
+    2048: packed), an MLP of 4x width (64 MiB each: moved in place), biases and norms (``hidden`` shrinks for
+    small sizes so that there are always several blocks)."""
     while hidden > 64 and (12 * hidden * hidden * 4) * 4 > gib * 2 ** 30:
         hidden //= 2
     g = torch.Generator().manual_seed(seed)
@@ -111,7 +112,7 @@ def member(rank: int, world: int, port: int, secret: str, gib: float, bucket_byt
     torch.set_num_threads(1)
     state = dit_state(gib)  # the trainer's version; generators keep it to check what they receive
     group = SyncGroup("127.0.0.1", port, world, rank, timeout_s=600, secret=secret)
-    plan = BucketPlan.of(layout_of(state), bucket_bytes)
+    plan = plan_for(layout_of(state), bucket_bytes, 1)  # one trainer rank: what a relay moves too
     live = {k: torch.zeros_like(v).fill_(0) for k, v in state.items()} if rank else state  # pages touched
     report: dict[str, Any] = {"rank": rank}
     scratch: list[torch.Tensor] = []  # a relay's two buffers, kept between relays (as GeneratorWorker does)

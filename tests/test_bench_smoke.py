@@ -99,3 +99,14 @@ def test_soak_second_half_slope_ignores_the_warm_up():
     warm = [1e6 * min(i, 50) for i in range(100)]  # grows 1 MB a step for 50 steps, then flat
     assert soak._late_slope_kb(warm) == 0.0
     assert soak._late_slope_kb([2048.0 * i for i in range(100)]) == pytest.approx(2.0)
+
+
+def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
+    rows = _last_json(["bench/weight_sync.py", "--json", "--gib", "0.004", "--bucket-mb", "1", "--generators", "1",
+                       "2", "--no-object-store"])
+    assert [(r["backend"], r["generators"]) for r in rows] == [("collective", 1), ("collective", 2)]
+    for r in rows:
+        assert r["identical"] is True and r["gb_per_s"] > 0 and r["limit_gb_per_s"] > 0
+        assert r["hashed_bytes"] == r["host_copy_bytes"] == 0 and r["staging_buckets"] <= 2
+    two = rows[1]  # direct: the trainer sends the model to each generator; relayed: once
+    assert two["trainer_sent_bytes_direct"] == 2 * two["model_bytes"] and two["trainer_sent_over_model"] == 1.0

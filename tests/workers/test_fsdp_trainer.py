@@ -142,6 +142,9 @@ def test_a_resident_generation_copy_is_gathered_once_per_version_and_never_moved
     model_bytes = sum(t.numel() * t.element_size() for t in P.build_policy(cfg).transformer.state_dict().values())
     to_gen, to_train = _switch_round_trip(trainer)
     assert sum(m[ledger.GATHERED] for m in to_gen) == model_bytes  # (R - 1) x the model over R = 2 ranks
+    # what the cost model prices a switch with (per rank, the average of the two uneven shards)
+    priced = ledger.switch_ledger(model_bytes, 0, 2, to_gen=True, resident=True, on_gpu=False)
+    assert 2 * priced[ledger.GATHERED] == model_bytes
     assert all(ledger.HOST_DEVICE not in m and ledger.FREED not in m for m in to_gen + to_train)
     again, _ = _switch_round_trip(trainer)
     assert all(ledger.GATHERED not in m for m in again)

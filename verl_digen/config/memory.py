@@ -40,6 +40,7 @@ from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import RunConfig, get_key, master_dtype, recompute_log_prob
 from verl_digen.dtypes import BYTES, PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN
+from verl_digen.workers.config import SYNC_PACK_MB
 
 ACT_VALUES_PER_TOKEN = 17  # per hidden unit per block, without checkpointing
 GEN_VALUES_PER_TOKEN = 10  # live while generating: residual, its norm, the MLP's 4h input and 4h activation
@@ -373,12 +374,13 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
             *caps["generator"]))
     if not colocated and cfg.digen.sync.backend == "collective":
         # collective sync (workers/sync.py): a trainer rank keeps its 1/R share of the published version's
-        # buckets until the next publish; a generator stages what is in flight (two buckets: R senders send
-        # buckets of 1/R the size), or the whole payload until it verifies (digen.sync.verify_payload)
+        # buckets until the next publish; a generator receives large tensors in place and stages two packed
+        # buckets of the small ones (whatever R), or the whole payload until it verifies
+        # (digen.sync.verify_payload); a relaying generator packs two as well
         moved = trainable * model_b if lora else n * model_b
-        bucket = cfg.digen.sync.bucket_mb * 2 ** 20
+        packed = min(cfg.digen.sync.bucket_mb, SYNC_PACK_MB) * 2 ** 20
         trainer.parts["sync staging"] = moved / ranks
-        pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else min(moved, 2 * bucket)
+        pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else min(moved, 2 * packed)
     if size.companions.startswith("unknown"):
         notes.append(f"text encoders and VAE of model.arch={m.arch}: sizes not known here, not counted")
     return MemoryPlan(size, pools, notes, master)

@@ -282,9 +282,11 @@ class TSPActorWorker(Worker):
 
     # -- weights out -------------------------------------------------------------------------------
     def _gather_weights(self) -> dict[str, torch.Tensor] | None:
-        """What weight sync moves, gathered to rank 0 (adapters only with LoRA); None elsewhere."""
+        """What weight sync moves, gathered to rank 0 (adapters only with LoRA); None elsewhere. An unsharded
+        CPU rank hands out its own tensors, no copy: Ray copies a return value into its object store before
+        the actor runs anything else, so nothing can change them first (a GPU rank copies to the host)."""
         if not self.sharded:
-            return P.policy_weights(self.model, self.cfg.policy.lora)
+            return {k: v.detach().to("cpu") for k, v in P.live_weights(self.model, self.cfg.policy.lora).items()}
         full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
         if self.dist_rank != 0:
             return None

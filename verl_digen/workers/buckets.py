@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_digen.workers.config import SYNC_PACK_MB
+
 #: ``digen.sync.bucket_mb``'s default: verl's ``update_weights_bucket_megabytes`` (its checkpoint engine)
 DEFAULT_BUCKET_MB = 2048
 
@@ -50,31 +52,62 @@ class Piece:
 
 @dataclass(frozen=True)
 class BucketPlan:
-    """The byte-stream cut of one layout into buckets of at most ``bucket_bytes``."""
+    """The byte-stream cut of one layout into buckets of at most ``bucket_bytes``.
+
+    With ``pack_bytes``, a tensor of at least that size starts a bucket of its own and is cut into
+    ``bucket_bytes`` chunks: each such bucket is one piece of one tensor, which a receiver takes straight into
+    that tensor's bytes (:meth:`direct`: no staging, no copy) and a relay sends straight from them. Smaller
+    tensors are packed together into buckets of at most ``pack_bytes``, the only ones a receiver stages. Without
+    it every bucket is packed to ``bucket_bytes``."""
 
     layout: Layout
     bucket_bytes: int
-    sizes: tuple[int, ...]  # bytes of each bucket (all ``bucket_bytes`` but the last)
+    sizes: tuple[int, ...]  # bytes of each bucket
     pieces: tuple[tuple[Piece, ...], ...]  # per bucket, the tensor pieces it holds in stream order
+    pack_bytes: int | None = None
 
     @classmethod
-    def of(cls, layout: Layout, bucket_bytes: int) -> BucketPlan:
-        if bucket_bytes < 1:
-            raise ValueError(f"bucket size must be at least one byte, got {bucket_bytes}")
+    def of(cls, layout: Layout, bucket_bytes: int, pack_bytes: int | None = None) -> BucketPlan:
+        if bucket_bytes < 1 or (pack_bytes is not None and pack_bytes < 1):
+            raise ValueError(f"bucket sizes must be at least one byte, got {bucket_bytes} and {pack_bytes}")
         pieces: list[list[Piece]] = []
         sizes: list[int] = []
+        full = True  # whether the last bucket takes no more pieces
         for name, dtype, shape in layout:
             nbytes = _nbytes(dtype, shape)
+            alone = pack_bytes is not None and nbytes >= pack_bytes
+            cap = bucket_bytes if pack_bytes is None or alone else pack_bytes
+            full = full or alone
             done = 0
             while done < nbytes:
-                if not sizes or sizes[-1] == bucket_bytes:
+                if full or sizes[-1] == cap:
                     pieces.append([])
                     sizes.append(0)
-                length = min(nbytes - done, bucket_bytes - sizes[-1])
+                    full = False
+                length = min(nbytes - done, cap - sizes[-1])
                 pieces[-1].append(Piece(name, done, length, sizes[-1]))
                 sizes[-1] += length
                 done += length
-        return cls(layout, bucket_bytes, tuple(sizes), tuple(tuple(p) for p in pieces))
+            full = full or alone  # nothing packs behind a tensor of its own
+        return cls(layout, bucket_bytes, tuple(sizes), tuple(tuple(p) for p in pieces), pack_bytes)
+
+    def fingerprint(self) -> int:
+        """A 63-bit hash of the layout and the cut: both ends of a transfer must agree on it before any bytes
+        move (the same tensors cut differently would land in the wrong places)."""
+        return layout_hash(self.layout + (("", self.bucket_bytes, self.pack_bytes),))
+
+    def direct(self, k: int) -> bool:
+        """Whether bucket ``k`` is one piece of one tensor (received into it and sent from it in place)."""
+        return len(self.pieces[k]) == 1
+
+    def piece_view(self, k: int, tensors: Mapping[str, torch.Tensor]) -> torch.Tensor:
+        """The bytes of ``tensors`` that direct bucket ``k`` holds, as a view (no copy)."""
+        (p,) = self.pieces[k]
+        return byte_view(tensors[p.name])[p.start:p.start + p.length]
+
+    def staged_size(self) -> int:
+        """The largest bucket that is not direct: what one staging buffer must hold."""
+        return max((s for k, s in enumerate(self.sizes) if not self.direct(k)), default=0)
 
     @property
     def total_bytes(self) -> int:
@@ -93,11 +126,18 @@ class BucketPlan:
         return bucket % sources
 
 
+#: packed buckets (the tensors smaller than this, packed together) hold at most this: the only buckets a
+#: receiver stages, so its staging is two of them whatever ``digen.sync.bucket_mb`` is
+PACK_BYTES = SYNC_PACK_MB << 20
+
+
 def plan_for(layout: Layout, bucket_bytes: int, sources: int) -> BucketPlan:
-    """The plan of a pickup from ``sources`` senders: buckets of ``bucket_bytes / sources``, so that the
-    receiver, which keeps two buckets in flight per source, stages at most two buckets of ``bucket_bytes``
-    however many trainer ranks send (a relay, one source, moves full-size buckets)."""
-    return BucketPlan.of(layout, max(1, bucket_bytes // max(1, sources)))
+    """The plan of a pickup from ``sources`` senders: tensors of at least ``PACK_BYTES`` (or the bucket size)
+    move in place in chunks of ``bucket_bytes / sources``, smaller ones packed in buckets of ``PACK_BYTES /
+    sources``; the receiver, two buckets in flight per source, stages at most two packed buckets of
+    ``PACK_BYTES`` however many trainer ranks send (a relay, one source, moves full-size buckets)."""
+    n = max(1, sources)
+    return BucketPlan.of(layout, max(1, bucket_bytes // n), max(1, min(PACK_BYTES, bucket_bytes) // n))
 
 
 def _nbytes(dtype: torch.dtype, shape: tuple[int, ...]) -> int:

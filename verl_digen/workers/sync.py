@@ -15,8 +15,8 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   by tensor and keeps, on its device, only the buckets it owns (round-robin: its 1/R share). A pickup
   draws from every trainer rank at once, each sending its own buckets, or, once another generator holds
   the version, from that generator (a relay), so no single link carries G x the model. The generator
-  receives bucket by bucket straight into its live weights (it is between trajectories), its staging
-  bounded by two buckets (S senders send buckets of 1/S the size). Trainer ranks and relaying generators serve
+  receives bucket by bucket straight into its live weights (it is between trajectories): a large tensor in
+  place, the small ones packed, staging two packed buckets of at most 64 MiB (``buckets.plan_for``). Trainer ranks and relaying generators serve
   from a second actor thread, so training and generation go on.
 
 The store has no authentication of its own, so the driver makes a per-run secret and hands it only to the
@@ -59,10 +59,10 @@ from verl_digen.schedule import ledger
 from verl_digen.workers.buckets import (
     DEFAULT_BUCKET_MB,
     BucketPlan,
-    layout_hash,
     layout_of,
     new_bucket,
     pack,
+    plan_for,
     unpack,
 )
 
@@ -177,7 +177,7 @@ class SyncGroup:
         self.store.set(f"digen/node/{rank}", self.node)
         self._nodes: dict[int, str] = {rank: self.node}
         self.counters = {"sent": 0, "received": 0}
-        self._pool: list[torch.Tensor] = []  # the last pickup's staging buffers (two buckets), reused by the next
+        self._pool: list[torch.Tensor] = []  # the last pickup's staging buffers, reused by the next
 
     # -- transport ------------------------------------------------------------------------------------
     def _send(self, t: torch.Tensor, peer: int) -> None:
@@ -212,7 +212,7 @@ class SyncGroup:
         scratch buffers bound a relay's staging). Returns the ledger."""
         if not 0 <= dst < self.world or dst == self.rank:
             raise ValueError(f"weight-sync destination {dst} out of range (world {self.world}, this rank {self.rank})")
-        head = [self.group_id, version, layout_hash(plan.layout), sources, source]
+        head = [self.group_id, version, plan.fingerprint(), sources, source]
         challenge = torch.zeros(_HEAD + NONCE_BYTES // 8, dtype=torch.int64, device=self.device)
         self._recv(challenge, dst)
         nonce_r = _bytes(challenge.tolist()[_HEAD:])
@@ -272,23 +272,29 @@ class SyncGroup:
         window = 2
         errors: list[BaseException] = []
         landed = [0]  # buckets written into ``into``
-        # two staging buffers per source, reused bucket after bucket and kept for the next pickup (no fresh
-        # allocation, no first-touch page faults in steady state); with verify_payload every bucket is staged
-        size = max(plan.sizes, default=0)
-        bases = [] if verify_payload else [[self._staging(size) for _ in range(window)] for _ in sources]
+        # a direct bucket (one piece of one tensor) lands in place; packed ones go through two staging buffers per
+        # source, reused bucket after bucket and kept for the next pickup (no fresh allocation, no first-touch
+        # page faults in steady state); with verify_payload every bucket is staged until it verifies
+        size = plan.staged_size()
+        packed = [sum(not plan.direct(k) for k in plan.owned(i, len(sources))) for i in range(len(sources))]
+        bases = [] if verify_payload else [[self._staging(size) for _ in range(min(window, n))] for n in packed]
         self._pool = [b for per_source in bases for b in per_source]
         ledger.add(out, ledger.STAGING_PEAK, sum(b.numel() for b in self._pool))
 
         def stream(i: int, src: int) -> None:
             try:
-                head = [self.group_id, version, layout_hash(plan.layout), len(sources), i]
+                head = [self.group_id, version, plan.fingerprint(), len(sources), i]
                 nonce = self._handshake(src, version, head, plan)  # 1. the source proves it holds the secret
                 pending: list[tuple[int, torch.Tensor, Any]] = []
-                for j, k in enumerate(plan.owned(i, len(sources))):  # 2. its buckets, in order
+                staged_n = 0
+                for k in plan.owned(i, len(sources)):  # 2. its buckets, in order
                     if verify_payload:
                         buf = new_bucket(plan, k, self.device)
-                    else:
-                        buf = bases[i][j % window][:plan.sizes[k]]  # free: its previous bucket has landed
+                    elif plan.direct(k):
+                        buf = plan.piece_view(k, into)  # straight into the weights
+                    else:  # free: the bucket that used it two packed buckets ago has landed
+                        buf = bases[i][staged_n % window][:plan.sizes[k]]
+                        staged_n += 1
                     pending.append((k, buf, self.pg.recv([buf], src, 0)))
                     if len(pending) == window:
                         self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
@@ -344,8 +350,9 @@ class SyncGroup:
                               f"(group id {gid:x}, expected {self.group_id:x}); nothing was loaded")
         if got != head:
             raise SyncRefused(
-                f"weight sync mismatch: sync rank {src} sends version {v} (layout {lh:x}, source {i} of {n}); this "
-                f"generator expects version {version} ({len(plan.layout)} tensors, layout {head[2]:x}, source "
+                f"weight sync mismatch: sync rank {src} sends version {v} (layout and buckets {lh:x}, source {i} of "
+                f"{n}); this generator expects version {version} ({len(plan.layout)} tensors, layout and buckets "
+                f"{head[2]:x}, digen.sync.bucket_mb alike on both ends; source "
                 f"{head[4]} of {head[3]}); nothing was loaded")
         raise SyncRefused(f"weight sync of version {version} refused: its handshake does not verify (the sender "
                           "does not hold this run's secret, or replays an old transfer); nothing was loaded")
@@ -365,14 +372,15 @@ class SyncGroup:
         if verify_payload:
             staged[k] = buf
             return
-        unpack(plan, k, buf, into)
+        if not plan.direct(k):
+            unpack(plan, k, buf, into)
         landed[0] += 1
 
     def recv(self, version: int, template: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
              verify_payload: bool = False, source: int = 0) -> dict[str, torch.Tensor]:
         """Receive a whole state shaped like ``template`` from one source into new tensors (tests, tools)."""
         out = {k: torch.empty(v.shape, dtype=v.dtype, device=self.device) for k, v in template.items()}
-        self.receive(version, BucketPlan.of(layout_of(template), bucket_bytes), out, [source], verify_payload)
+        self.receive(version, plan_for(layout_of(template), bucket_bytes, 1), out, [source], verify_payload)
         return out
 
 
@@ -383,13 +391,15 @@ class Packer:
 
     def __init__(self, state: dict[str, torch.Tensor], bucket_bytes: int, device: torch.device,
                  scratch: list[torch.Tensor] | None = None) -> None:
-        self.plan = BucketPlan.of(layout_of(state), bucket_bytes)
+        self.plan = plan_for(layout_of(state), bucket_bytes, 1)
         self.tensors = {k: v.detach().to(device).contiguous() for k, v in state.items()}
-        size = max(self.plan.sizes, default=0)
+        size = self.plan.staged_size()
         old = [b for b in scratch or [] if size <= b.numel() <= 2 * size][:2]
         self.scratch = old + [torch.empty(size, dtype=torch.uint8, device=device) for _ in range(2 - len(old))]
 
     def bucket(self, k: int, slot: int) -> torch.Tensor:
+        if self.plan.direct(k):
+            return self.plan.piece_view(k, self.tensors)  # sent from the weights themselves
         return pack(self.plan, k, self.tensors, self.scratch[slot][:self.plan.sizes[k]])
 
     @property
