@@ -26,7 +26,7 @@ SETTINGS = {
     "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
     "wan2.1-14b-720p-32": (32, 4, 28, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "hunyuanvideo-13b-16": (16, 2, 14, "hunyuanvideo-community/HunyuanVideo"),
+    "hunyuanvideo-13b-16": (16, 6, 10, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo"),
     "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
 }

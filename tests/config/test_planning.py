@@ -40,7 +40,8 @@ def test_every_planned_configuration_fits_and_launches_as_printed(video_plan):
         assert again.schedule_config() == run.schedule_config()
         assert (again.resources.generator.workers, again.resources.trainer.workers) == (row.generators, row.trainers)
         assert again.digen.tsp.rows_per_pass == row.rows_per_pass and again.actor.activation_checkpointing
-    assert [r.result.step_time for r in planned.plan.rows] == sorted(r.result.step_time for r in planned.plan.rows)
+    times = [r.result.step_time for r in planned.plan.rows]  # best first (ties within float noise in any order)
+    assert all(a <= b + 1e-9 for a, b in zip(times, times[1:])), times
 
 
 def test_rows_per_pass_are_the_most_the_memory_plan_holds(video_plan):
