@@ -152,15 +152,23 @@ def test_a_resident_generation_copy_is_gathered_once_per_version_and_never_moved
 
 def test_a_generation_copy_that_may_not_stay_is_freed_and_gathered_again(ray_session):
     """keep_generation_copy=False (the memory plan has no room beside the training state): the switch back
-    frees the whole copy on every rank, and the next switch gathers it exactly once again."""
+    frees the whole copy on every rank, and the next switch gathers it exactly once again, into the same modules
+    (no rebuild), which then generate what the trainer's weights generate."""
     cfg = replace(tiny_cfg(tsp_degree=1), keep_generation_copy=False)
     trainer = make_group(HybridWorker, cfg, 2)
     try:
-        model_bytes = sum(t.numel() * t.element_size() for t in P.build_policy(cfg).transformer.state_dict().values())
+        local = P.build_policy(cfg)
+        model_bytes = sum(t.numel() * t.element_size() for t in local.transformer.state_dict().values())
         first, back = _switch_round_trip(trainer)
         assert [m[ledger.FREED] for m in back] == [model_bytes, model_bytes]
-        second, _ = _switch_round_trip(trainer)
+        second = [o["moved"] for o in trainer.switch_to_gen()]
         assert [m[ledger.GATHERED] for m in second] == [m[ledger.GATHERED] for m in first]
         assert sum(m[ledger.GATHERED] for m in second) == model_bytes
+        rows, texts = rows_of([1], 2)
+        parts = trainer.tag_generate([0, 0], [0, 0], [rows, rows], [texts, texts])
+        trainer.switch_to_train()
+        want = P.generate_rows(local, cfg, 0, 0, rows, texts)
+        for part in parts:
+            torch.testing.assert_close(part.final_latents, want.final_latents, rtol=0, atol=TOL)
     finally:
         kill_group(trainer)

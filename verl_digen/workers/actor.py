@@ -486,6 +486,7 @@ class HybridWorker(TSPActorWorker):
         self._stash = switch.TrainingStash()
         self._gen_model = None
         self._gen_version: int | None = None
+        self._gen_freed: dict[str, torch.Size] = {}  # shapes of a freed generation copy's tensors
 
     def _weights_replaced(self) -> None:
         self._gen_version = None  # re-gathered from the current tensors at the next switch
@@ -497,6 +498,10 @@ class HybridWorker(TSPActorWorker):
             return
         if self._gen_model is None:
             self._gen_model = P.freeze(P.build_policy(self.cfg, self.device))
+        for name, t in self._gen_model.transformer.state_dict(keep_vars=True).items():  # a freed copy's storage
+            if name in self._gen_freed:
+                t.data = torch.empty(self._gen_freed[name], dtype=t.dtype, device=self.device)
+        self._gen_freed = {}
         fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
         ledger.add(moved, ledger.GATHERED, fsdp.gathered_bytes(self.model.transformer))
         self._gen_version = self.version
@@ -538,15 +543,27 @@ class HybridWorker(TSPActorWorker):
         moved: dict[str, int] = {}
         if self._mode == "train":
             return {"seconds": 0.0, "moved": moved}
-        if self._gen_model is not None and not self.cfg.keep_generation_copy:
-            ledger.add(moved, ledger.FREED, fsdp.local_bytes(self._gen_model.transformer.state_dict().values()))
-            self._gen_model, self._gen_version = None, None  # allocated and gathered again at the next switch
-            if self.device.type != "cpu":
-                torch.cuda.empty_cache()
+        if self._gen_model is not None and not self.cfg.keep_generation_copy and not self._gen_freed:
+            self._free_generation_copy(moved)
         self._state_moved(moved, switch.restore(self.named_params, self.optimizer, self.device, self._stash,
                                                 optimizer_on_host=self.cfg.memory.optimizer_offload))
         self._mode = "train"
         return {"seconds": time.perf_counter() - t0, "moved": moved}
+
+    def _free_generation_copy(self, moved: dict[str, int]) -> None:
+        """Release the generation copy's weights (the memory plan has no room for them beside the training
+        state), keeping the module: the next switch gives each tensor new storage and gathers into it, with no
+        rebuild and no load from disk."""
+        seen: set[int] = set()
+        for name, t in self._gen_model.transformer.state_dict(keep_vars=True).items():
+            if id(t) not in seen:  # a tied tensor appears under two names: freed once
+                seen.add(id(t))
+                self._gen_freed[name] = t.shape
+                ledger.add(moved, ledger.FREED, t.numel() * t.element_size())
+                t.data = torch.empty(0, dtype=t.dtype, device=t.device)
+        self._gen_version = None  # gathered again at the next switch
+        if self.device.type != "cpu":
+            torch.cuda.empty_cache()
 
     @register(dispatch_mode=Dispatch.DP_COMPUTE)  # per-rank arguments: a colocated step's shares
     def tag_generate(self, step: int, version: int, rows: list[tuple[int, int]], prompts: list[str]) -> Trajectories:
