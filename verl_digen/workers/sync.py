@@ -16,8 +16,8 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   draws from every trainer rank at once, each sending its own buckets, or, once another generator holds
   the version, from that generator (a relay), so no single link carries G x the model. The generator
   receives bucket by bucket straight into its live weights (it is between trajectories): a large tensor in
-  place, the small ones packed, staging two packed buckets of at most 64 MiB (``buckets.plan_for``). Trainer ranks and relaying generators serve
-  from a second actor thread, so training and generation go on.
+  place, the small ones packed, staging two packed buckets of at most 64 MiB (``buckets.plan_for``).
+  Trainer ranks and relaying generators serve from a second actor thread, so training and generation go on.
 
 The store has no authentication of its own, so the driver makes a per-run secret and hands it only to the
 group's members, through their Ray actors. Every transfer starts with a mutual challenge-response over
