@@ -18,7 +18,6 @@ def test_a_ledger_sums_bytes_keeps_the_largest_staging_and_lists_only_what_moved
     merged = ledger.merge([a, {ledger.STAGING_PEAK: 9, ledger.INTER_NODE: 1}])
     assert merged == {ledger.INTRA_NODE: 15, ledger.STAGING_PEAK: 9, ledger.INTER_NODE: 1}
     assert ledger.as_pairs(merged) == ((ledger.INTRA_NODE, 15), (ledger.INTER_NODE, 1), (ledger.STAGING_PEAK, 9))
-    assert ledger.transported(merged) == 16
     with pytest.raises(ValueError, match="unknown ledger kind 'bytes'"):
         ledger.add(a, "bytes", 1)
     with pytest.raises(ValueError, match=">= 0"):

@@ -66,11 +66,6 @@ def as_pairs(ledger: Mapping[str, int]) -> tuple[tuple[str, int], ...]:
     return tuple((k, int(ledger[k])) for k in KINDS if ledger.get(k))
 
 
-def transported(ledger: Mapping[str, int]) -> int:
-    """Bytes that went over a transport (intra- plus inter-node)."""
-    return ledger.get(INTRA_NODE, 0) + ledger.get(INTER_NODE, 0)
-
-
 @dataclass(frozen=True)
 class Links:
     """Bandwidths (GB/s, bytes) that price a ledger: the point-to-point link inside a node and between

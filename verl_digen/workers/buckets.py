@@ -122,9 +122,6 @@ class BucketPlan:
             raise ValueError(f"source {source} out of range for {sources} sources")
         return list(range(source, len(self), sources))
 
-    def owner(self, bucket: int, sources: int) -> int:
-        return bucket % sources
-
 
 #: packed buckets (the tensors smaller than this, packed together) hold at most this: the only buckets a
 #: receiver stages, so its staging is two of them whatever ``digen.sync.bucket_mb`` is
