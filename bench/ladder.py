@@ -3,11 +3,14 @@ with the four colocated baselines for reference, simulated under each one's cost
 (docs/simulator.md).
 
 Rows: source (preset | recipe), preset (its name), rung, step_s, speedup_vs_naive, speedup_vs_colocated
-(against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni,verl_omni_bypass}.
+(against colocated:verl-omni), speedup_vs_colocated_{ideal,native,verl_omni,verl_omni_bypass}. A recipe's ladder
+runs its disaggregated recipe (the setting's default or its ``-digen`` variant).
 The summary lines give, per preset and recipe, the TCSS rung against the synchronous +TAG rung, and each
 recipe as shipped (its planned configuration) against colocated:verl-omni and the ceiling (the step's
 work over every GPU: colocated:ideal with its best TSP degree; ``ceiling_s``, ``of_ceiling``; null on
-mixed GPUs, where colocated:ideal bounds nothing). The "as shipped" rows also carry ``vs_verl_omni``,
+mixed GPUs, where colocated:ideal bounds nothing). The "as shipped" rows (the setting's default, ``mode``
+colocated or digen) lead with ``vs_strongest`` against ``strongest_baseline``, the fastest run a user has
+without verl-digen (config/plan.py ``ResourcePlan.strongest``), and also carry ``vs_verl_omni``,
 ``vs_verl_omni_bypass`` (verl-omni as its examples ship it, no old-log-prob recompute), ``vs_colocated_ideal``
 (this project's ``trainer=colocated`` on the same GPUs) and, for mixed pools, ``vs_best_subset`` (colocated:
 verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
@@ -54,24 +57,29 @@ def preset_rows(steps: int) -> list[dict]:
     return rows
 
 
+def _compose(name: str):
+    with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
+        return load(compose(name))
+
+
 def recipe_rows(steps: int) -> list[dict]:
-    """Each recipe's ladder, then the recipe as shipped (the planner's configuration: its split, row
-    packing and update size), priced against the same colocated baselines."""
+    """Each setting's ladder (from its disaggregated recipe: the default or its ``-digen`` variant), then the
+    setting as shipped (its default, the planner's choice: colocated or disaggregated), priced against the same
+    colocated baselines and the strongest of them."""
     rows = []
-    for name in recipes.names():
-        if name.endswith("-colocated"):
-            continue
-        with initialize_config_dir(str(recipes.RECIPES_DIR), version_base=None):
-            cfg = load(compose(name))
-        model = cluster_costs(cfg)
-        sched = cfg.schedule_config(steps=steps)
-        part = ladder("recipe", name, sched, model)
-        t = simulate(sched, model).step_time
+    for name in recipes.settings():
+        cfg = _compose(name)
+        digen = cfg if cfg.trainer.mode == "digen" else _compose(recipes.variant(name))
+        model = cluster_costs(digen)
+        part = ladder("recipe", name, digen.schedule_config(steps=steps), model)
+        t = simulate(cfg.schedule_config(steps=steps), cluster_costs(cfg)).step_time
         colo = {b: next(r["step_s"] for r in part if r["rung"] == f"colocated:{b}") for b in BASELINES}
         naive = next(r["step_s"] for r in part if r["rung"] == "naive (separate)")
         plan = resource_plan(cfg)
+        label, strong = plan.strongest
         top = None if plan.heterogeneous else plan.ceiling_s  # mixed GPUs: colocated:ideal bounds nothing
-        part.append({"source": "recipe", "preset": name, "rung": "as shipped", "step_s": t,
+        part.append({"source": "recipe", "preset": name, "rung": "as shipped", "mode": cfg.trainer.mode,
+                     "step_s": t, "strongest_baseline": label, "vs_strongest": strong / t,
                      "speedup_vs_naive": naive / t, "speedup_vs_colocated": colo[VERL_OMNI] / t,
                      **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()},
                      "ceiling_s": top, "of_ceiling": None if top is None else top / t,
@@ -116,7 +124,8 @@ def main() -> None:
                    else f"{r['of_ceiling']:.0%} of the ceiling ({r['ceiling_s']:.1f} s/step)")
             subset = ("" if r.get("vs_best_subset") is None else
                       f", {r['vs_best_subset']:.2f}x best-subset (verl-omni on the {r['best_subset_pool']} pool alone)")
-            print(f"recipe {r['preset']} as shipped: {r['step_s']:.1f} s/step, {r['vs_verl_omni']:.2f}x "
+            print(f"recipe {r['preset']} as shipped ({r['mode']}): {r['step_s']:.1f} s/step, {r['vs_strongest']:.2f}x "
+                  f"the strongest baseline ({r['strongest_baseline']}), {r['vs_verl_omni']:.2f}x "
                   f"colocated:verl-omni, {r['vs_verl_omni_bypass']:.2f}x colocated:verl-omni-bypass, "
                   f"{r['vs_colocated_ideal']:.2f}x colocated:ideal{subset}, {top}")
     if args.json:

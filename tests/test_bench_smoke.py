@@ -41,6 +41,14 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
         assert {"vs_verl_omni", "vs_verl_omni_bypass", "vs_colocated_ideal"} <= r.keys(), name
         assert r["vs_verl_omni"] == r["speedup_vs_colocated"] and r["vs_verl_omni_bypass"] < r["vs_verl_omni"]
         assert ("vs_best_subset" in r) == (name == "hunyuanvideo-13b-hetero"), name
+        # the strongest baseline leads: never weaker than any user baseline on all GPUs (nor, mixed, its subset)
+        assert r["vs_strongest"] == pytest.approx(min(r["vs_verl_omni"], r["vs_verl_omni_bypass"],
+                                                      r["speedup_vs_colocated_native"],
+                                                      r.get("vs_best_subset_bypass") or float("inf"),
+                                                      r.get("vs_best_subset") or float("inf"))), name
+        assert r["mode"] in ("colocated", "digen") and r["strongest_baseline"], name
+    # the homogeneous image settings ship trainer=colocated (the planner's choice), the hetero one digen
+    assert (shipped["flux-12b-32"]["mode"], shipped["hunyuanvideo-13b-hetero"]["mode"]) == ("colocated", "digen")
     assert shipped["hunyuanvideo-13b-hetero"]["best_subset_pool"] == "trainer"
     assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_best_subset"] < shipped["hunyuanvideo-13b-hetero"]["vs_verl_omni"]
 

@@ -18,27 +18,42 @@ from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.rewards import REWARDS
 from verl_digen.schedule import presets
 
-#: setting -> (GPUs, generator workers, trainer workers, diffusers hub id); the paper's section 5 (the split is
-#: the planner's: ``test_every_recipe_is_the_planners_choice``)
+#: setting -> (GPUs, generator workers, trainer workers, diffusers hub id, the default's mode); the paper's
+#: section 5. The split is the best disaggregated one (the default where the mode is digen, else the ``-digen``
+#: variant) and the mode the planner's choice: ``test_every_recipe_is_the_planners_choice``
 SETTINGS = {
-    "flux-12b-32": (32, 2, 30, "black-forest-labs/FLUX.1-dev"),
-    "qwen-image-20b-32": (32, 2, 30, "Qwen/Qwen-Image"),
-    "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "wan2.1-14b-720p-32": (32, 4, 28, "Wan-AI/Wan2.1-T2V-14B-Diffusers"),
-    "hunyuanvideo-13b-16": (16, 6, 10, "hunyuanvideo-community/HunyuanVideo"),
-    "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo"),
-    "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo"),
+    "flux-12b-32": (32, 2, 30, "black-forest-labs/FLUX.1-dev", "colocated"),
+    "qwen-image-20b-32": (32, 2, 30, "Qwen/Qwen-Image", "colocated"),
+    "wan2.1-14b-16": (16, 1, 15, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "colocated"),
+    "wan2.1-14b-32": (32, 2, 30, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "colocated"),
+    "wan2.1-14b-720p-32": (32, 4, 28, "Wan-AI/Wan2.1-T2V-14B-Diffusers", "colocated"),
+    "hunyuanvideo-13b-16": (16, 6, 10, "hunyuanvideo-community/HunyuanVideo", "digen"),
+    "hunyuanvideo-13b-32": (32, 8, 24, "hunyuanvideo-community/HunyuanVideo", "digen"),
+    "hunyuanvideo-13b-hetero": (16, 8, 8, "hunyuanvideo-community/HunyuanVideo", "digen"),
 }
 #: setting -> (height, width, frames) in pixels where it is not the paper's (512 x 512 images, 352 x 352 x 25 video)
 RESOLUTION = {"wan2.1-14b-720p-32": (720, 1280, 81)}
 TWIN = "-colocated"
-ALL = sorted([*SETTINGS, *(s + TWIN for s in SETTINGS)])
+#: setting -> the recipe running it in the other mode
+VARIANT = {s: s + ("-digen" if v[4] == "colocated" else TWIN) for s, v in SETTINGS.items()}
+ALL = sorted([*SETTINGS, *VARIANT.values()])
 LAUNCH_DIR = recipes.RECIPES_DIR / "launch"
 
 
 def _setting(name: str) -> str:
-    return name.removesuffix(TWIN)
+    return name.removesuffix(TWIN).removesuffix("-digen")
+
+
+def _mode(name: str) -> str:
+    """The mode recipe ``name`` runs."""
+    default = SETTINGS[_setting(name)][4]
+    return default if name in SETTINGS else ("digen" if default == "colocated" else "colocated")
+
+
+def _pair(setting: str) -> tuple[str, str]:
+    """(the setting's digen recipe, its colocated recipe)."""
+    a, b = setting, VARIANT[setting]
+    return (a, b) if _mode(a) == "digen" else (b, a)
 
 
 def _compose(name: str, *overrides: str) -> RunConfig:
@@ -60,21 +75,23 @@ def _dry_run(name: str) -> tuple[RunConfig, ResourcePlan]:
     return _CACHE[name]
 
 
-def test_every_setting_has_a_recipe_and_a_colocated_twin():
+def test_every_setting_has_a_default_and_a_variant_in_the_other_mode():
     assert recipes.names() == ALL
+    assert recipes.settings() == sorted(SETTINGS)
     for name in ALL:
         assert recipes.path(name).is_file()
+    assert {s: recipes.variant(s) for s in SETTINGS} == VARIANT
     with pytest.raises(ValueError, match="flux-12b-32"):
         recipes.path("flux-12b-64")
 
 
 @pytest.mark.parametrize("name", ALL)
 def test_recipe_composes_validates_and_its_plan_adds_up(name):
-    gpus, gen, trn, model_id = SETTINGS[_setting(name)]
+    gpus, gen, trn, model_id, _ = SETTINGS[_setting(name)]
     cfg, plan = _dry_run(name)
-    colocated = name.endswith(TWIN)
-    assert cfg.trainer.mode == ("colocated" if colocated else "digen")
-    # the split and the GPU count (the twin colocates on all of them)
+    colocated = _mode(name) == "colocated"
+    assert cfg.trainer.mode == _mode(name)
+    # the split and the GPU count (a colocated run colocates on all of them)
     if not colocated:
         assert (cfg.resources.generator.workers, cfg.resources.trainer.workers) == (gen, trn)
     assert cfg.total_workers == plan.total_workers == gpus
@@ -88,11 +105,11 @@ def test_recipe_composes_validates_and_its_plan_adds_up(name):
     if not colocated:
         assert plan.micro_batches >= 2 * gen, "fewer than two micro-batches per generator worker: nothing to pipeline"
     assert plan.trained_steps == int(cfg.rollout.num_steps * cfg.rollout.timestep_fraction)
-    # the prediction: the preset named like the setting, with both step times
+    # the prediction: the preset named like the setting, with both step times and every baseline, whatever the mode
     assert cfg.digen.profile == _setting(name) and cfg.digen.profile in presets.names()
     assert plan.predicted_step_s is not None and plan.predicted_step_s > 0
-    assert plan.predicted_colocated_step_s is not None and plan.predicted_colocated_step_s > 0
-    assert "s/step (simulator)" in plan.render()
+    assert set(plan.predicted_colocated) == {"ideal", "native", "verl-omni", "verl-omni-bypass"}
+    assert "s/step (simulator)" in plan.render() and "x the strongest baseline, " in plan.render()
     # real weights at the paper's precision on GPUs
     m = cfg.model
     assert m.path == model_id and m.dtype == "bfloat16" and cfg.trainer.device == "cuda" and m.lora_rank == 0
@@ -115,28 +132,31 @@ def test_latent_size_matches_the_paper_resolution(name):
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_digen_recipe_uses_gap_and_its_twin_the_same_workload(name):
-    cfg, plan = _dry_run(name)
-    twin, twin_plan = _dry_run(name + TWIN)
+def test_a_settings_two_recipes_run_the_same_workload(name):
+    digen, colocated = _pair(name)
+    cfg, plan = _dry_run(digen)
+    other, other_plan = _dry_run(colocated)
     d = cfg.digen
     assert d.gap.enable and d.tag.policy in ("never", "adaptive", "bts") and 0 <= d.tcss.staleness <= 0.5
     assert d.tsp.degree is None or 1 <= d.tsp.degree <= plan.trained_steps
-    # the twin: the colocated baseline's knobs (no TAG, no TCSS, per-step training as upstream)
-    assert (twin.digen.tag.policy, twin.digen.tcss.staleness, twin.digen.tsp.degree) == ("never", 0.0, 1)
+    # the colocated recipe: no TAG, no TCSS; a twin keeps upstream's per-step training, a planned default its TSP
+    o = other.digen
+    assert (o.tag.policy, o.tcss.staleness) == ("never", 0.0)
+    if colocated.endswith(TWIN):
+        assert o.tsp.degree == 1
     # ... on the same GPUs and the same workload, so the two step times compare
-    assert twin.total_workers == cfg.total_workers
+    assert other.total_workers == cfg.total_workers
     for part in ("model", "data", "rollout", "actor", "algorithm", "reward"):
-        assert asdict(getattr(twin, part)) == asdict(getattr(cfg, part)), part
-    assert twin.digen.profile == cfg.digen.profile
-    assert twin_plan.batch == plan.batch
-    # the twin's own prediction is the (idealized) colocated run the digen plan compares itself with, step by
-    # step as upstream trains, priced with the passes its memory cap (digen.tsp.rows_per_pass) leaves: the same
-    # number without a cap, never less with one
-    if twin.digen.tsp.rows_per_pass is None:
-        assert twin_plan.predicted_step_s == pytest.approx(plan.predicted_colocated_step_s, rel=1e-9)
+        assert asdict(getattr(other, part)) == asdict(getattr(cfg, part)), part
+    assert o.profile == d.profile
+    assert other_plan.batch == plan.batch
+    # both price the same baselines (what users run colocated, per-timestep training, whatever the mode)
+    assert other_plan.predicted_colocated == pytest.approx(plan.predicted_colocated, rel=1e-12)
+    # a twin with upstream's knobs is colocated:ideal itself (more, where a memory cap adds passes)
+    if colocated.endswith(TWIN) and o.tsp.rows_per_pass is None:
+        assert other_plan.predicted_step_s == pytest.approx(plan.predicted_colocated_step_s, rel=1e-9)
     else:
-        assert twin_plan.predicted_step_s >= plan.predicted_colocated_step_s - 1e-9
-    assert set(plan.predicted_colocated) == {"ideal", "native", "verl-omni", "verl-omni-bypass"}
+        assert other_plan.predicted_step_s > 0
 
 
 def _gb(resource: str) -> int:
@@ -171,7 +191,7 @@ def test_heterogeneous_recipe_trains_on_the_stronger_gpus():
     assert model.trainer.hardware.train_pass.per_unit < model.generator.hardware.train_pass.per_unit
     assert plan.predicted_step_s < plan.predicted_colocated_step_s
     # the colocated twin spans both GPU types (a pool pinned to one type would not fit 16 workers)
-    twin, twin_plan = _dry_run("hunyuanvideo-13b-hetero" + TWIN)
+    twin, twin_plan = _dry_run(VARIANT["hunyuanvideo-13b-hetero"])
     assert twin.resources.generator.node_resource is None and twin.resources.trainer.node_resource is None
     assert twin_plan.pools == [("colocated", 16, "any cuda node")]
     # the homogeneous settings pin no GPU type
@@ -192,7 +212,11 @@ def test_every_launch_script_references_an_existing_recipe():
         named = re.findall(r"^recipe=(\S+)$", text, flags=re.M)
         assert named == [script.stem], script
         assert (recipes.RECIPES_DIR / f"{named[0]}.yaml").is_file()
-        assert (recipes.RECIPES_DIR / f"{named[0]}{TWIN}.yaml").is_file()
+        variant = VARIANT[script.stem]
+        assert (recipes.RECIPES_DIR / f"{variant}.yaml").is_file()
+        # the first argument naming the other mode launches the variant
+        mode = variant.removeprefix(script.stem + "-")
+        assert f'if [[ "${{1:-}}" == {mode} ]]; then recipe={variant}; shift; fi' in text, script
         assert "../run.sh" in text and os.access(script, os.X_OK), script
     run = recipes.RECIPES_DIR / "run.sh"
     assert "-m verl_digen.main --config-dir" in run.read_text() and os.access(run, os.X_OK)
@@ -230,51 +254,75 @@ def test_dry_run_through_the_command_line(tmp_path):
     assert not (tmp_path / "outputs").exists(), "a dry run must not create run outputs"
 
 
+def _layout(cfg: RunConfig) -> str:
+    """How the README table names a recipe's layout."""
+    if cfg.trainer.mode == "colocated":
+        return f"colocated, TSP {cfg.digen.tsp.degree}"
+    g, t = cfg.resources.generator, cfg.resources.trainer
+    if g.node_resource:
+        return f"digen {g.workers} x {_gb(g.node_resource)} GB + {t.workers} x {_gb(t.node_resource)} GB"
+    return f"digen {g.workers} + {t.workers}"
+
+
 def test_readme_table_is_what_the_dry_run_says():
-    """recipes/README.md lists every setting with the step times, ratios and memory its dry runs give."""
+    """recipes/README.md lists every setting with the layout, step times, ratios and memory its dry runs give,
+    the ratio against the strongest baseline first."""
     from verl_digen.config.memory import memory_plan
 
     text = (recipes.RECIPES_DIR / "README.md").read_text()
     sec = r" ([\d.]+) s/step \|"
-    row = re.compile(r"^\| [^|]+ \| (\d+) \| ([^|]+) \| `([^`]+)` \| `recipes/launch/(\S+)\.sh` \|" + sec * 4 +
-                     r" ([\d.]+)x \| ([^|]+) \| (\d+) / (\d+) of (\d+) / (\d+) GiB \|$", re.M)
+    row = re.compile(r"^\| [^|]+ \| (\d+) \| `([^`]+)` \| ([^|]+) \| `recipes/launch/(\S+)\.sh` \|" + sec +
+                     r" ([\d.]+)x \| ([^|,]+), ([\d.]+) s/step \|" + sec * 2 + r" ([^|:]+): ([\d.]+) s/step \|"
+                     r" ([^|]+) \| ([\d /]+) of ([\d /]+) GiB \|$", re.M)
     rows = {m.group(4): m for m in row.finditer(text)}
     assert sorted(rows) == sorted(SETTINGS)
     for name, m in rows.items():
-        gpus, gen, trn, model_id = SETTINGS[name]
+        gpus, _, _, model_id, _ = SETTINGS[name]
         cfg, plan = _dry_run(name)
-        _, twin_plan = _dry_run(name + TWIN)
-        assert (int(m.group(1)), m.group(3)) == (gpus, model_id), name
-        assert m.group(2).startswith(f"{gen} ") and f" {trn}" in m.group(2), name
-        assert float(m.group(5)) == pytest.approx(plan.predicted_step_s, abs=0.051), (name, plan.render())
-        assert float(m.group(6)) == pytest.approx(twin_plan.predicted_step_s, abs=0.051), (name, twin_plan.render())
-        assert float(m.group(7)) == pytest.approx(plan.predicted_colocated["native"], abs=0.051), name
-        omni = plan.predicted_colocated["verl-omni"]
-        assert float(m.group(8)) == pytest.approx(omni, abs=0.051), name
-        assert float(m.group(9)) == pytest.approx(omni / plan.predicted_step_s, abs=0.0051), name
+        other, other_plan = _dry_run(VARIANT[name])
+        assert (int(m.group(1)), m.group(2)) == (gpus, model_id), name
+        assert m.group(3).strip() == _layout(cfg), name
+        t = plan.predicted_step_s
+        assert float(m.group(5)) == pytest.approx(t, abs=0.051), (name, plan.render())
+        label, strong = plan.strongest
+        assert float(m.group(6)) == pytest.approx(strong / t, abs=0.0051), name
+        assert float(m.group(8)) == pytest.approx(strong, abs=0.051), name
+        # the label: the baseline, and on mixed pools the subset it ran on
+        baseline = m.group(7).split(" on ")[0].strip()
+        assert label.split()[-1 if label.startswith("colocated:") else 1] == f"colocated:{baseline}", (name, label)
+        assert (" on the " in m.group(7)) == label.startswith("best-subset"), name
+        assert float(m.group(9)) == pytest.approx(plan.predicted_colocated["verl-omni"], abs=0.051), name
+        assert float(m.group(10)) == pytest.approx(plan.predicted_colocated["native"], abs=0.051), name
+        assert m.group(11).strip() == _layout(other), name
+        assert float(m.group(12)) == pytest.approx(other_plan.predicted_step_s, abs=0.051), name
         if plan.heterogeneous:
-            assert m.group(10).strip() == "none (mixed GPUs)"
+            assert m.group(13).strip() == "none (mixed GPUs)"
         else:
-            share = plan.ceiling_s / plan.predicted_step_s
-            assert m.group(10).strip() == f"{share:.0%}", name
+            assert m.group(13).strip() == f"{plan.ceiling_s / t:.0%}", name
         mem = memory_plan(cfg)
-        want = [round(p.total / 2**30) for p in mem.pools] + [round(p.capacity_gb) for p in mem.pools]
-        assert [int(m.group(k)) for k in range(11, 15)] == want, name
+        assert [int(x) for x in m.group(14).split(" / ")] == [round(p.total / 2**30) for p in mem.pools], name
+        assert [int(x) for x in m.group(15).split(" / ")] == [round(p.capacity_gb) for p in mem.pools], name
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", sorted(SETTINGS))
 def test_every_recipe_is_the_planners_choice(name):
-    """``digen plan --recipe <name>``'s best configuration is the recipe, and it passes ``validate()`` with
+    """``digen plan --recipe <name>``'s best configuration among every layout (colocated included) is the
+    setting's default, and a ``-digen`` variant is its best disaggregated one; each passes ``validate()`` with
     its memory check (every row ``digen plan`` prints does: ``tests/config/test_planning.py``)."""
     from verl_digen.config import planning
 
     cfg, plan = _dry_run(name)
-    # the recipes ship the best disaggregated split; where trainer=colocated is faster (issue 41) the planner
-    # recommends it, and the shipped defaults follow once the switches are priced symmetrically
-    planned = planning.plan_config(cfg, keep=1, colocated=False)
-    best = planned.best
-    assert best.result.step_time == pytest.approx(plan.predicted_step_s, rel=1e-9), planning.describe(best, planned)
-    assert planning.apply(cfg, best).schedule_config() == cfg.schedule_config()
-    assert (best.generators, best.trainers) == (cfg.resources.generator.workers, cfg.resources.trainer.workers)
-    validate(planning.apply(cfg, best))  # the memory plan included (ConfigError if it did not fit)
+    checks = [(name, True)] + ([(VARIANT[name], False)] if VARIANT[name].endswith("-digen") else [])
+    for recipe, colocated in checks:
+        shipped, shipped_plan = _dry_run(recipe)
+        planned = planning.plan_config(shipped, keep=1, colocated=colocated)
+        best = planned.best
+        assert (best.mode == "colocated") == (shipped.trainer.mode == "colocated"), planning.describe(best, planned)
+        assert best.result.step_time == pytest.approx(shipped_plan.predicted_step_s, rel=1e-9), \
+            planning.describe(best, planned)
+        assert planning.apply(shipped, best).schedule_config() == shipped.schedule_config()
+        if shipped.trainer.mode == "digen":
+            assert (best.generators, best.trainers) == (shipped.resources.generator.workers,
+                                                        shipped.resources.trainer.workers)
+        validate(planning.apply(shipped, best))  # the memory plan included (ConfigError if it did not fit)

@@ -23,6 +23,7 @@ from verl_digen.schedule.fabric import SHARDINGS
 from verl_digen.schedule.gap import spread_mb_size
 from verl_digen.schedule.profile_io import Workload, dump_profile
 from verl_digen.schedule.simulator import Rung, SimResult, ablation_configs, simulate
+from verl_digen.schedule.split_search import STRONGEST
 from verl_digen.schedule.tag_policy import tag_policy_usage
 
 FABRIC_ARGS = {"gpus_per_node": int, "nics_per_node": int, "nic_gbs": float, "intra_gbs": float, "sharding": str}
@@ -51,7 +52,7 @@ def _load_source(args: argparse.Namespace) -> tuple[str, CostModel, Workload, bo
     return name, model, wl, bool(spec and spec.heterogeneous)
 
 
-def _add_source_args(p: argparse.ArgumentParser) -> None:
+def _add_source_args(p: argparse.ArgumentParser, strongest: bool = False) -> None:
     src = p.add_mutually_exclusive_group()
     src.add_argument("--preset", default="hunyuanvideo-13b-16",
                      help=f"one of: {', '.join(preset_lib.names())} (default %(default)s)")
@@ -63,8 +64,14 @@ def _add_source_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--staleness", type=float, help="TCSS bound in [0, 1]")
     p.add_argument("--steps", type=int, help="global steps to simulate (step time = mean)")
     p.add_argument("--policy", help=f"TAG policy: {tag_policy_usage()}")
-    p.add_argument("--baseline", choices=BASELINES, default=VERL_OMNI,
-                   help="the colocated run to compare against (default %(default)s; docs/simulator.md)")
+    if strongest:  # a plan is stated against the fastest run a user has without verl-digen
+        p.add_argument("--baseline", choices=(STRONGEST, *BASELINES), default=STRONGEST,
+                       help="the run to compare against: the strongest baseline (the fastest of native, verl-omni "
+                       "and verl-omni-bypass, on mixed pools also on their best single-type subset) or one "
+                       "colocated run (default %(default)s; docs/simulator.md)")
+    else:
+        p.add_argument("--baseline", choices=BASELINES, default=VERL_OMNI,
+                       help="the colocated run to compare against (default %(default)s; docs/simulator.md)")
     topo = p.add_argument_group("cluster (presets only; docs/calibration.md)")
     topo.add_argument("--gpus-per-node", dest="gpus_per_node", type=int)
     topo.add_argument("--nics-per-node", dest="nics_per_node", type=int)
@@ -218,8 +225,15 @@ class StatusLine:
 
 def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: StatusLine):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
-    config or None)."""
-    from verl_digen.schedule.split_search import ceiling, colocated_baselines, on_budget, search
+    config or None, the best single-type subsets of a mixed cluster or None)."""
+    from verl_digen.schedule.split_search import (
+        baseline_config,
+        best_subsets,
+        ceiling,
+        colocated_baselines,
+        on_budget,
+        search,
+    )
 
     policies = tuple(args.policies.split(","))
     stal = tuple(float(x) for x in args.stalenesses.split(",")) if args.stalenesses else None
@@ -235,8 +249,13 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
         cp = planning.plan_config(cfg, gpus=args.gpus, policies=policies, stalenesses=stal,
                                   min_trainers=args.min_trainers, keep=args.top, progress=progress,
                                   colocated=args.colocated)
+        subsets = None
+        if cp.fixed_split:  # mixed pools: the single-type runs a user would make, memory-checked
+            from verl_digen.config.plan import resource_plan
+
+            subsets = resource_plan(cfg).best_subset
         return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
-                cp.ceiling, cfg)
+                cp.ceiling, cfg, subsets)
     name, model, wl, fixed = _load_source(args)
     _check_prices(prices, model)
     total = args.gpus or model.total_workers
@@ -245,7 +264,8 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
     plan.notes.append("memory not checked: a preset or profile has no run config (plan one with --recipe <name> "
                       "or Hydra overrides to bound the rows per pass by its memory plan)")
     cluster = on_budget(model, total)
-    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None
+    subsets = best_subsets(cluster, baseline_config(wl))[0] if fixed else None
+    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None, subsets
 
 
 def _recipes_dir() -> str:
@@ -255,15 +275,17 @@ def _recipes_dir() -> str:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from verl_digen.schedule.split_search import ceiling_line, verdict
+    from verl_digen.schedule.split_search import against_baseline, ceiling_line, verdict
 
     prices = _prices(args.gpu_price)
     with StatusLine(sys.stderr) as progress:  # the search's progress, ended before the table
-        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg = _plan_source(args, prices, progress)
+        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg, subsets = _plan_source(args, prices, progress)
     total = cluster.total_workers
-    colo = colos[args.baseline]
+    label, base_t = against_baseline(colos, args.baseline, subsets)
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
           (" (pools fixed by the hardware)" if fixed else ""))
+    strong, strong_t = against_baseline(colos, STRONGEST, subsets)
+    print(f"strongest baseline: {strong}, {strong_t:.2f} s/step (the fastest run a user has without verl-digen)")
     print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))
     print(f"searched {plan.candidates} configurations, simulated {plan.simulated} (the others' lower bounds "
           f"cannot beat the best {args.top})")
@@ -275,7 +297,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         g_hw, t_hw = cluster.generator.hardware.name, cluster.trainer.hardware.name
         per_hour = lambda row: row.generators * _price_of(prices, g_hw) + row.trainers * _price_of(prices, t_hw)  # noqa: E731
     head = (f"{'gen':>4s} {'train':>5s} {'mb':>3s} {'tsp':>3s} {'rows':>4s} {'units':>5s} {'policy':>12s} "
-            f"{'stale':>5s} {'step (s)':>9s} {'vs colo*':>8s} {'of ideal':>8s}" + (f" {'samples/$':>10s}" if prices
+            f"{'stale':>5s} {'step (s)':>9s} {'vs base*':>8s} {'of ideal':>8s}" + (f" {'samples/$':>10s}" if prices
                                                                                   else ""))
     print(head)
     print("-" * len(head))
@@ -284,19 +306,20 @@ def cmd_plan(args: argparse.Namespace) -> int:
         line = (f"{row.generators:4d} {row.trainers:5d} {row.mb_size:3d} {row.tsp_degree:3d} "
                 f"{_fmt(row.rows_per_pass, '4d')} {row.update_units:5d} "
                 f"{'colocated' if row.mode == COLOCATED else row.policy:>12s} {row.staleness:5.2f} "
-                f"{r.step_time:9.2f} {colo.step_time / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
+                f"{r.step_time:9.2f} {base_t / r.step_time:8.2f} {_fmt(r.fraction_of_ideal, '8.2f')}")
         if per_hour:
             line += f" {wl.prompts * wl.group_size / (r.step_time / 3600 * per_hour(row)):10.1f}"
         print(line)
-    print(f"* vs colocated:{args.baseline}; rows: (sample x step) rows per trainer rank per pass (- : what the "
+    print(f"* vs {label} ({base_t:.2f} s/step; --baseline picks another); rows: (sample x step) rows per trainer "
+          "rank per pass (- : what the "
           "TSP degree gives); units: release units per update; colocated: trainer=colocated on every GPU")
     print(ceiling_line(best.result.step_time, ceiling_s, colos, total, heterogeneous=fixed))
     if per_hour:
         price = per_hour(best)
-        colo_cost = colo.step_time / 3600 * price
+        colo_cost = base_t / 3600 * price
         print(f"cost: {best.result.step_time / 3600 * price:.3f} per step at {price:g}/hour for these "
-              f"{total} GPUs, colocated:{args.baseline} {colo_cost:.3f} on the same GPUs")
-    for line in verdict(best, colos, cluster, args.baseline):
+              f"{total} GPUs, {label} {colo_cost:.3f} on the same GPUs")
+    for line in verdict(best, colos, cluster, args.baseline, subsets):
         print(line)
     if cfg is not None:
         from verl_digen.config import planning
@@ -304,8 +327,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         launch = (f"recipes/launch/{args.recipe}.sh" if args.recipe else "python -m verl_digen.main")
         print("launch: " + " ".join([launch, *args.overrides, *planning.overrides(best, cfg)]))
     if args.json:
-        print(json.dumps([{**row.as_dict(), **{f"speedup_vs_colocated_{b.replace('-', '_')}":
-                                               c.step_time / row.result.step_time for b, c in colos.items()},
+        print(json.dumps([{**row.as_dict(), "strongest_baseline": strong,
+                           "vs_strongest": strong_t / row.result.step_time,
+                           **{f"speedup_vs_colocated_{b.replace('-', '_')}":
+                              c.step_time / row.result.step_time for b, c in colos.items()},
                            **({"samples_per_cost": wl.prompts * wl.group_size /
                                (row.result.step_time / 3600 * per_hour(row))} if per_hour else {})}
                           for row in plan.rows]))
@@ -358,7 +383,7 @@ def build_parser() -> argparse.ArgumentParser:
     sim.set_defaults(func=cmd_simulate)
 
     plan = sub.add_parser("plan", help="best split, micro-batch, rows per pass, update size, TAG policy and staleness")
-    _add_source_args(plan)
+    _add_source_args(plan, strongest=True)
     plan.add_argument("--recipe", help="plan a recipe's job (its batch, model, pools, memory); "
                       "see python -m verl_digen.recipes")
     plan.add_argument("overrides", nargs="*", help="Hydra overrides of the recipe (or of the packaged config): "

@@ -51,3 +51,26 @@ def test_hetero_preset_subset_is_re_derived_on_the_stronger_testbed():
     assert subsets["verl-omni"].result.step_time == pytest.approx(1750.6, abs=0.1)
     assert subsets["ideal"].result.step_time < subsets["verl-omni-bypass"].result.step_time \
         < subsets["verl-omni"].result.step_time
+
+
+def test_strongest_baseline_is_the_fastest_user_run_never_this_projects_colocated():
+    from verl_digen.schedule.split_search import STRONGEST, against_baseline, strongest_baseline
+
+    times = {"ideal": 1.0, "native": 9.0, "verl-omni": 5.0, "verl-omni-bypass": 4.0}
+    # colocated:ideal (trainer=colocated, a layout the planner searches) is faster but is no baseline
+    assert strongest_baseline(times) == ("colocated:verl-omni-bypass", 4.0)
+    assert strongest_baseline({**times, "native": 3.5}) == ("colocated:native", 3.5)
+    # on a mixed cluster a subset run can be stronger than every run on all GPUs; an ideal subset never counts
+    subsets, _ = best_subsets(MIXED, baseline_config(WL))
+    fast = {b: s.result.step_time for b, s in subsets.items()}
+    label, t = strongest_baseline({b: 100.0 for b in times}, subsets)
+    assert t == min(fast["verl-omni"], fast["verl-omni-bypass"]) and label.startswith("best-subset colocated:")
+    assert "trainer pool's 4 GPUs alone (fast)" in label
+    assert strongest_baseline({b: 0.1 for b in times}, subsets)[1] == 0.1
+    with pytest.raises(ValueError, match="no user baseline"):
+        strongest_baseline({"ideal": 1.0})
+    # against_baseline: one named baseline, or the strongest
+    colos = colocated_baselines(MIXED, WL)
+    assert against_baseline(colos, "verl-omni") == ("colocated:verl-omni", colos["verl-omni"].step_time)
+    want = min(colos[b].step_time for b in ("native", "verl-omni", "verl-omni-bypass"))
+    assert against_baseline(colos, STRONGEST)[1] == want

@@ -137,13 +137,14 @@ def test_plan_keeps_a_heterogeneous_cluster_and_says_when_colocated_wins(capsys)
     assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0"]) == 0
     assert "recommendation: trainer=colocated on all 32 GPUs" in capsys.readouterr().out
     # among disaggregated splits: one NIC per node, FSDP over the whole cluster crosses the thin network ...
-    assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0", "--no-colocated"]) == 0
+    assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0", "--no-colocated",
+                 "--baseline", "verl-omni"]) == 0
     thin = capsys.readouterr().out
     assert "recommendation: digen" in thin
     # ... eight NICs per node: colocated training loses little by spanning every GPU; digen's edge shrinks
     # to what verl-omni pays beyond the ideal, and the plan says an idealized colocated run would win
     assert main(["plan", "--preset", "wan2.1-14b-32", "--top", "1", "--stalenesses", "0",
-                 "--nics-per-node", "8", "--no-colocated"]) == 0
+                 "--nics-per-node", "8", "--no-colocated", "--baseline", "verl-omni"]) == 0
     fat = capsys.readouterr().out
 
     def edge(out: str) -> float:

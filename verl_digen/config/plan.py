@@ -20,6 +20,7 @@ from verl_digen.schedule.split_search import (
     SubsetFits,
     best_subsets,
     ceiling,
+    strongest_baseline,
 )
 
 
@@ -130,6 +131,9 @@ class ResourcePlan:
             lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
         else:
             lines.append(f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)")
+            label, t = self.strongest
+            lines.append(f"  vs best    {t / self.predicted_step_s:.2f}x the strongest baseline, {label} "
+                         f"({t:.2f} s/step): the fastest run a user has without verl-digen")
             for b, colo in self.predicted_colocated.items():
                 lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
                              f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
@@ -169,6 +173,11 @@ class ResourcePlan:
         return lines
 
     @property
+    def strongest(self) -> tuple[str, float]:
+        """(label, s/step) of the strongest baseline (``split_search.strongest_baseline``); needs a prediction."""
+        return strongest_baseline(self.predicted_colocated, self.best_subset if self.heterogeneous else None)
+
+    @property
     def strongest_subset(self) -> float | None:
         """s/step of the fastest single-type run a user would make (verl-omni or its bypass), None if none."""
         runs = [s.result.step_time for b, s in self.best_subset.items() if b in (VERL_OMNI, VERL_OMNI_BYPASS)]
@@ -197,14 +206,12 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     if found is not None:
         model, hetero, spec = found
         predicted = simulate(sched, model).step_time
-        if cfg.trainer.mode == COLOCATED:
-            colocated = {IDEAL: predicted}
-        else:  # what users run colocated: per-timestep training (TSP is verl-digen's)
-            colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
-                           policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
-            colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
-            if hetero:
-                subsets, notes = best_subsets(model, colo, spec, subset_fits(cfg))
+        # what users run colocated, whatever this run's mode: per-timestep training (TSP is verl-digen's)
+        colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
+                       policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
+        colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
+        if hetero:
+            subsets, notes = best_subsets(model, colo, spec, subset_fits(cfg))
         shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
                          tsp_degree=sched.tsp_degree, mini_batches=sched.mini_batches)
         top = ceiling(model, shape)

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field, replace
 
 from .bounds import step_bounds, tag_wave_area
 from .config import COLOCATED, DIGEN, ScheduleConfig, ScheduleConfigError, stale_budget
-from .costs import BASELINES, IDEAL, VERL_OMNI, VERL_OMNI_BYPASS, CostModel, Pool
+from .costs import BASELINES, IDEAL, NATIVE, VERL_OMNI, VERL_OMNI_BYPASS, CostModel, Pool
 from .gap import default_gap_mb_size
 from .presets import PresetSpec
 from .profile_io import Workload
@@ -460,6 +460,27 @@ def best_subsets(model: CostModel, config: ScheduleConfig, spec: PresetSpec | No
     return best, notes
 
 
+#: ``against`` meaning "the fastest of :data:`USER_BASELINES` (and, on mixed pools, of their best subsets)"
+STRONGEST = "strongest"
+#: the colocated runs a user has without verl-digen (colocated:ideal is this project's own trainer=colocated: a
+#: layout the planner searches, not a baseline)
+USER_BASELINES = (NATIVE, VERL_OMNI, VERL_OMNI_BYPASS)
+
+
+def strongest_baseline(colocated: dict[str, float], subsets: dict[str, Subset] | None = None) -> tuple[str, float]:
+    """The fastest run a user would make instead of verl-digen, the one every ratio is stated against first:
+    the upstream colocated runs on every GPU (``colocated``: baseline -> s/step) and, on mixed pools, the same
+    runs on the best single-type subset (``subsets``, :func:`best_subsets`). Returns (its label, s/step)."""
+    runs = {f"colocated:{b}": colocated[b] for b in USER_BASELINES if b in colocated}
+    for b, s in (subsets or {}).items():
+        if b in USER_BASELINES:
+            runs[f"best-subset colocated:{b} on {s.describe()}"] = s.result.step_time
+    if not runs:
+        raise ValueError(f"no user baseline among {sorted(colocated)}: expected one of {USER_BASELINES}")
+    label = min(runs, key=runs.get)
+    return label, runs[label]
+
+
 def ceiling(model: CostModel, workload: Workload) -> float:
     """The step's work spread over every GPU: colocated:ideal with the TSP degree that trains it in the
     fewest, largest passes (``tsp_degrees_for``). On one kind of GPU no schedule beats it."""
@@ -485,25 +506,35 @@ def ceiling_line(step_time: float, ceiling_s: float, colocated: dict[str, SimRes
             f"{ceiling_s / omni:.0%} (at most {omni / ceiling_s:.2f}x verl-omni is possible here)")
 
 
-def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, against: str = VERL_OMNI) -> list[str]:
-    """Plain-language recommendation: digen's best split or colocated, and the reason in numbers."""
+def against_baseline(colocated: dict[str, SimResult], against: str = STRONGEST,
+                     subsets: dict[str, Subset] | None = None) -> tuple[str, float]:
+    """(label, s/step) of the run a plan is compared with: ``against`` names a colocated baseline
+    (costs.BASELINES) or :data:`STRONGEST`, the fastest run a user has without verl-digen."""
+    if against == STRONGEST:
+        return strongest_baseline({b: r.step_time for b, r in colocated.items()}, subsets)
+    return f"colocated:{against}", colocated[against].step_time
+
+
+def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, against: str = STRONGEST,
+            subsets: dict[str, Subset] | None = None) -> list[str]:
+    """Plain-language recommendation: digen's best split or colocated, and the reason in numbers, against
+    ``against`` (:func:`against_baseline`)."""
     r = best.result
-    base = colocated[against]
+    label, base_t = against_baseline(colocated, against, subsets)
     lines = []
     if best.mode == COLOCATED:
         lines.append(f"recommendation: trainer=colocated on all {best.trainers} GPUs, TSP {best.tsp_degree}: "
-                     f"{base.step_time / r.step_time:.2f}x colocated:{against}; no disaggregated split beats it here "
+                     f"{base_t / r.step_time:.2f}x {label}; no disaggregated split beats it here "
                      "(the step's work over every GPU, without a rollout engine or a recompute pass)")
         return lines
-    if r.step_time < base.step_time:
+    if r.step_time < base_t:
         lines.append(f"recommendation: digen, {best.generators} generate + {best.trainers} train, "
-                     f"{best.policy}, staleness {best.staleness:g}: {base.step_time / r.step_time:.2f}x "
-                     f"colocated:{against}")
+                     f"{best.policy}, staleness {best.staleness:g}: {base_t / r.step_time:.2f}x {label}")
     else:
-        lines.append(f"recommendation: stay colocated: colocated:{against} is {r.step_time / base.step_time:.2f}x "
-                     "faster than digen's best split")
+        lines.append(f"recommendation: stay colocated: {label} is {r.step_time / base_t:.2f}x faster than digen's "
+                     "best split")
     ideal = colocated[IDEAL].step_time
-    if base.step_time > r.step_time > ideal:
+    if base_t > r.step_time > ideal:
         lines.append(f"  (an idealized colocated run, {ideal:.1f} s/step, would beat digen: the gain comes from "
                      "what colocated runs pay beyond the ideal, not from more compute)")
     # why: training communication over the whole cluster vs inside the trainer pool, and the bottleneck
