@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Launch a verl-digen recipe: recipes/run.sh <recipe> [hydra overrides...]
 # <recipe> is the name of a YAML file beside this script (without .yaml), e.g. flux-12b-32 or
-# flux-12b-32-colocated. Add trainer.dry_run=true to print the resolved config and the resource plan
+# flux-12b-32-digen or hunyuanvideo-13b-16-colocated. Add trainer.dry_run=true to print the resolved config and the resource plan
 # (pools, micro-batches, predicted step time) without starting Ray. PYTHON picks the interpreter.
 set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"

@@ -89,10 +89,28 @@ def test_bad_plan_settings_are_named(overrides, match):
         planning.resolve_auto(cfg)
 
 
-def test_plan_auto_refuses_a_colocated_run():
-    cfg = compose(["trainer=colocated", "digen.plan=auto", "digen.profile=flux-12b-16"])
-    with pytest.raises(ConfigError, match="trainer=digen"):
+def test_plan_auto_refuses_a_separate_run():
+    cfg = compose(["trainer=separate", "digen.plan=auto", "digen.profile=flux-12b-16"])
+    with pytest.raises(ConfigError, match="separate is a baseline"):
         planning.resolve_auto(cfg)
+
+
+@pytest.mark.slow
+def test_plan_auto_from_a_colocated_recipe_may_choose_digen():
+    """A colocated default planned for another workload: the planner may pick a disaggregated split, and the
+    config it returns is a real digen run (GAP on, as ``trainer=digen`` composes), not colocated's knobs."""
+    cfg = _recipe("flux-12b-32", "data.train_batch_size=2", "digen.plan=auto")
+    assert cfg.trainer.mode == "colocated" and not cfg.digen.gap.enable
+    planned = planning.plan_config(cfg, keep=1)
+    auto = planning.resolve_auto(cfg, log=lambda m: None)
+    assert auto.trainer.mode == planned.best.mode
+    if auto.trainer.mode == "digen":
+        assert auto.digen.gap.enable and auto.digen.tag.policy == planned.best.policy
+    validate(auto)
+    # and the split of a digen row applied to the colocated recipe keeps digen's defaults for colocated's keys
+    row = next(r for r in planning.plan_config(cfg, keep=1, colocated=False).plan.rows)
+    applied = planning.apply(cfg, row)
+    assert applied.trainer.mode == "digen" and applied.digen.gap.enable
 
 
 @pytest.mark.slow

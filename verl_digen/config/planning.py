@@ -14,16 +14,18 @@ from dataclasses import dataclass
 
 from verl_digen.config import memory
 from verl_digen.config.plan import cluster
-from verl_digen.config.schema import MODE_DEFAULTS, ConfigError, RunConfig, get_key, recompute_log_prob
+from verl_digen.config.schema import MODE_DEFAULTS, ConfigError, RunConfig, defaults, get_key, recompute_log_prob
 from verl_digen.schedule.config import COLOCATED, DIGEN
 from verl_digen.schedule.costs import CostModel
 from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import SimResult
 from verl_digen.schedule.split_search import (
     DEFAULT_POLICIES,
+    STRONGEST,
     Plan,
     PlanRow,
     RowCap,
+    against_baseline,
     ceiling,
     colocated_baselines,
     on_budget,
@@ -64,6 +66,11 @@ def workload(cfg: RunConfig) -> Workload:
 def with_pools(cfg: RunConfig, generators: int, trainers: int, mb_size: int | None = None) -> RunConfig:
     """A copy of ``cfg`` as a digen run on ``generators`` + ``trainers`` GPUs (micro-batches of ``mb_size``)."""
     out = copy.deepcopy(cfg)
+    if cfg.trainer.mode != DIGEN:  # a colocated recipe planned disaggregated: digen's values for the mode's keys
+        base = defaults(DIGEN)
+        for dotted in MODE_DEFAULTS[cfg.trainer.mode]:
+            parent, _, leaf = dotted.rpartition(".")
+            setattr(get_key(out, parent), leaf, getattr(get_key(base, parent), leaf))
     out.trainer.mode = DIGEN
     out.resources.generator.workers, out.resources.trainer.workers = generators, trainers
     if mb_size is not None:
@@ -206,9 +213,9 @@ def resolve_auto(cfg: RunConfig, log: Callable[[str], object] = print) -> RunCon
     if not cfg.digen.profile:
         raise ConfigError("digen.plan", cfg.digen.plan, "null unless digen.profile names the costs to plan with "
                           "(a profile file or a preset)")
-    if cfg.trainer.mode != DIGEN:
+    if cfg.trainer.mode not in (DIGEN, COLOCATED):
         raise ConfigError("digen.plan", cfg.digen.plan, f"null with trainer={cfg.trainer.mode} (the planner "
-                          "plans disaggregated runs; trainer=digen)")
+                          "chooses between trainer=digen and trainer=colocated; separate is a baseline)")
     log(f"digen.plan=auto: planning {cfg.batch} samples per step on {cfg.total_workers} GPUs "
         f"(costs: {cfg.digen.profile})")
     planned = plan_config(cfg, keep=1, progress=lambda m: log(f"  {m}"))
@@ -220,14 +227,19 @@ def resolve_auto(cfg: RunConfig, log: Callable[[str], object] = print) -> RunCon
 
 def describe(row: PlanRow, planned: ConfigPlan) -> str:
     """One line: the chosen configuration and its predicted step against the baselines and the ceiling."""
-    omni = planned.colocated["verl-omni"].step_time
+    subsets = None
+    if planned.fixed_split:  # mixed pools: the single-type runs a user would make instead
+        from verl_digen.config.plan import resource_plan
+
+        subsets = resource_plan(planned.config).best_subset
+    label, base = against_baseline(planned.colocated, STRONGEST, subsets)
     t = row.result.step_time
     rpp = "" if row.rows_per_pass is None else f", {row.rows_per_pass} rows/rank/pass"
     where = ("mixed GPUs: no ceiling" if planned.fixed_split else
              f"{planned.ceiling / t:.0%} of the {planned.ceiling:.2f} s/step ceiling")
     if row.mode == COLOCATED:
         return (f"planned: trainer=colocated on all {row.trainers} GPUs, TSP {row.tsp_degree}{rpp}: {t:.2f} s/step "
-                f"predicted ({omni / t:.2f}x colocated:verl-omni, {where}); no disaggregated split is faster")
+                f"predicted ({base / t:.2f}x {label}, {where}); no disaggregated split is faster")
     return (f"planned: {row.generators} generate + {row.trainers} train, micro-batch {row.mb_size}, TSP "
             f"{row.tsp_degree}{rpp}, {row.update_units} unit(s)/update, {row.policy}, staleness {row.staleness:g}: "
-            f"{t:.2f} s/step predicted ({omni / t:.2f}x colocated:verl-omni, {where})")
+            f"{t:.2f} s/step predicted ({base / t:.2f}x {label}, {where})")
