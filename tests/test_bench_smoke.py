@@ -118,3 +118,15 @@ def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
         assert r["hashed_bytes"] == r["host_copy_bytes"] == 0 and r["staging_buckets"] <= 2
     two = rows[1]  # direct: the trainer sends the model to each generator; relayed: once
     assert two["trainer_sent_bytes_direct"] == 2 * two["model_bytes"] and two["trainer_sent_over_model"] == 1.0
+
+
+def test_tag_policy_scaling_holds_the_shipped_policies():
+    """Every disaggregated recipe's TAG policy is within 5 % of the best policy at 0.5-4x its batch and GPUs
+    (hunyuanvideo-13b-16 ships ``never`` because TAG does not fit its trainer GPUs; this bench checks no memory)."""
+    rows = _last_json(["bench/tag_policy_scaling.py", "--json", "--steps", "1"])
+    assert {r["factor"] for r in rows} == {0.5, 1, 2, 4} and {r["scale"] for r in rows} == {"batch", "gpus"}
+    for r in rows:
+        best = min(r["step_never"], r["step_adaptive"], r["step_bts"])
+        assert r["shipped_vs_best"] == pytest.approx(r[f"step_{r['policy']}"] / best)
+        if r["policy"] != "never":
+            assert r["shipped_vs_best"] <= 1.05, r

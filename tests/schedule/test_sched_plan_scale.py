@@ -97,3 +97,15 @@ def test_coarse_search_refines_to_the_exact_best(monkeypatch):
     assert any("splits searched on a grid of 16" in n for n in coarse.notes)
     assert coarse.candidates < exact.candidates
     assert [r.result.step_time for r in coarse.rows] == [r.result.step_time for r in exact.rows]
+
+
+def test_equal_steps_rank_bts_before_the_adaptive_threshold():
+    """A tie between TAG policies goes to BTS (it follows the workload; the adaptive threshold falls behind when
+    the batch or the GPUs change: bench/tag_policy_scaling.py); no TAG at all still comes first."""
+    from types import SimpleNamespace
+
+    def row(policy: str, step: float = 10.0) -> split_search.PlanRow:
+        return split_search.PlanRow(2, 2, 4, policy, 0.0, SimpleNamespace(step_time=step))
+
+    rows = [row("adaptive"), row("bts"), row("never"), row("adaptive", 9.0)]
+    assert [r.policy for r in sorted(rows, key=split_search._rank)] == ["adaptive", "never", "bts", "adaptive"]

@@ -367,10 +367,16 @@ class _Space:
         return cands
 
 
+#: among equal steps, the policy preferred: no TAG, then BTS, whose placement follows the workload, then the
+#: adaptive threshold, which ties BTS where it was planned and falls 1.9-2.1x behind it at 2-4x the batch or
+#: half the GPUs (bench/tag_policy_scaling.py)
+TIE_ORDER = ("never", "bts", "adaptive")
+
+
 def _rank(row: PlanRow) -> tuple:
     """Fastest first; among equal steps the simpler run: on-policy, smaller updates, fewer rows per pass
-    (less memory), then the simpler policy."""
-    order = {p: i for i, p in enumerate(DEFAULT_POLICIES)}
+    (less memory), then the policy by :data:`TIE_ORDER`."""
+    order = {p: i for i, p in enumerate(TIE_ORDER)}
     return (round(row.result.step_time, 6), row.staleness, row.update_units, row.rows_per_pass or 0,
             order.get(row.policy, len(order)), -row.tsp_degree)
 
