@@ -316,9 +316,21 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(ceiling_line(best.result.step_time, ceiling_s, colos, total, heterogeneous=fixed))
     if per_hour:
         price = per_hour(best)
-        colo_cost = base_t / 3600 * price
+        if len({round(per_hour(row), 9) for row in plan.rows}) == 1:
+            print(f"note: every layout here costs {price:g}/hour (all {total} GPUs, the same pools), so the cheapest "
+                  "per sample is the fastest; compare --gpus budgets to trade speed for cost")
+        else:
+            cheapest = max(plan.rows, key=lambda row: 1 / (row.result.step_time * per_hour(row)))
+            if cheapest is not best:
+                print(f"cheapest per sample: {cheapest.generators} generate + {cheapest.trainers} train "
+                      f"({cheapest.result.step_time:.2f} s/step at {per_hour(cheapest):g}/hour)")
+        # the baseline's own GPUs: all of them, or a mixed cluster's single-type subset
+        sub = next((x for x in (subsets or {}).values() if label.startswith("best-subset")
+                    and x.result.step_time == base_t), None)
+        base_price = price if sub is None else sub.gpus * _price_of(prices, sub.hardware)
+        where = "on the same GPUs" if sub is None else f"on its {sub.gpus} GPUs at {base_price:g}/hour"
         print(f"cost: {best.result.step_time / 3600 * price:.3f} per step at {price:g}/hour for these "
-              f"{total} GPUs, {label} {colo_cost:.3f} on the same GPUs")
+              f"{total} GPUs, {label} {base_t / 3600 * base_price:.3f} {where}")
     for line in verdict(best, colos, cluster, args.baseline, subsets):
         print(line)
     if cfg is not None:
