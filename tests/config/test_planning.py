@@ -125,7 +125,13 @@ def test_cli_plans_a_recipe_with_prices_and_prints_the_launch(capsys):
     launch = next(line for line in out.splitlines() if line.startswith("launch: "))
     assert launch.startswith("launch: recipes/launch/hunyuanvideo-13b-hetero.sh data.train_batch_size=4 trainer=digen")
     assert f"rollout.micro_batch_size={rows[0]['mb_size']}" in launch
-    assert "ceiling: none from colocated:ideal (" in out and "on mixed hardware" in out and "cost: " in out
+    assert "ceiling: none from colocated:ideal (" in out and "on mixed hardware" in out
+    # the strongest baseline is a run on the 96 GB cards alone: its cost is theirs (8 x 2.5/hour), not all 16's
+    strong = rows[0]["step_time"] * rows[0]["vs_strongest"]
+    cost = next(line for line in out.splitlines() if line.startswith("cost: "))
+    assert cost.endswith(f" {strong / 3600 * 20.0:.3f} on its 8 GPUs at 20/hour"), cost
+    assert rows[0]["strongest_baseline"].startswith("best-subset colocated:verl-omni")
+    assert "so the cheapest per sample is the fastest" in out
     assert main(["plan", "--recipe", "hunyuanvideo-13b-hetero", *SMALL, "--gpu-price", "A=1"]) == 2
     assert "no price for GPU 'C: 96GB" in capsys.readouterr().err
     assert main(["plan", "--preset", "flux-12b-16", "--gpu-price", "A=cheap"]) == 2
