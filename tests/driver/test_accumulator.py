@@ -36,8 +36,20 @@ def test_advantages_are_the_groups_of_the_update_normalized_together():
     ref, _ = group_advantages(torch.tensor([1.0, 3.0, 0.0, 8.0], dtype=torch.float64), torch.tensor([7, 7, 9, 9]),
                               AdvantageConfig(std_scope="batch", eps=0.0, clip=None))
     assert [adv[k] for k in [(7, 0), (7, 1), (9, 0), (9, 1)]] == ref.tolist()
-    # batch scope spans the update's groups: one group alone normalizes differently
-    assert acc.advantages(0, [7])[(7, 0)] != adv[(7, 0)]
+    # batch scope spans the step's whole scored batch: an update (mini-batch) of one group gets the same numbers
+    # as verl-omni's one normalization before its mini-batch loop, not its own group's std
+    assert acc.advantages(0, [7]) == {(7, 0): adv[(7, 0)], (7, 1): adv[(7, 1)]}
+    alone, _ = group_advantages(torch.tensor([1.0, 3.0], dtype=torch.float64), torch.tensor([7, 7]),
+                                AdvantageConfig(std_scope="batch", eps=0.0, clip=None))
+    assert alone.tolist() != [adv[(7, 0)], adv[(7, 1)]]
+    # the next step's rewards are not in this step's batch
+    acc.add(_scored(1, [(3, 0, 100.0), (3, 1, -50.0)]))
+    assert acc.advantages(0, [9]) == {(9, 0): adv[(9, 0)], (9, 1): adv[(9, 1)]}
+    # group scope: each group by itself
+    grp = StepAccumulator(N, AdvantageConfig(std_scope="group", eps=0.0, clip=None))
+    grp.add(_scored(0, [(7, 0, 1.0), (7, 1, 3.0)]))
+    grp.add(_scored(0, [(9, 0, 0.0), (9, 1, 8.0)]))
+    assert grp.advantages(0, [7]) == {k: v for k, v in grp.advantages(0, [7, 9]).items() if k[0] == 7}
 
 
 def test_an_incomplete_group_or_a_non_finite_reward_is_never_normalized_away():

@@ -98,17 +98,21 @@ class StepAccumulator:
         return self._steps.pop(a.step)
 
     def advantages(self, step: int, prompt_ids: list[int]) -> dict[tuple[int, int], float]:
-        """Group advantages of every sample of ``prompt_ids`` (complete groups) in step ``step``,
-        normalized together (``algorithm.std_scope=batch`` spans these groups)."""
+        """Group advantages of every sample of ``prompt_ids`` (complete groups) in step ``step``. With
+        ``algorithm.adv_std=batch`` the std spans the step's whole scored batch, whichever of its groups this
+        update (one mini-batch) trains, as verl-omni normalizes once before its mini-batch loop (validate
+        allows that scope only where the whole batch is scored before any update)."""
         keys = [(step, g, s) for g in prompt_ids for s in range(self.group_size)]
         missing = [k for k in keys if k not in self._rewards]
         if missing:
             raise RuntimeError(f"group incomplete when its update started (missing samples {missing[:4]})")
-        r = torch.tensor([self._rewards[k] for k in keys], dtype=torch.float64)
+        scope = keys if self.advantage.std_scope != "batch" else sorted(k for k in self._rewards if k[0] == step)
+        r = torch.tensor([self._rewards[k] for k in scope], dtype=torch.float64)
         if not bool(torch.isfinite(r).all()):
             # NaN advantages on purpose: the trainer's NaN guard reads them as a non-finite reward and
             # skips the optimizer step (group normalization could otherwise turn them into zeros)
             return {(k[1], k[2]): float("nan") for k in keys}
-        gid = torch.tensor([k[1] for k in keys])
+        gid = torch.tensor([k[1] for k in scope])
         adv, _ = group_advantages(r, gid, self.advantage)
-        return {(k[1], k[2]): a for k, a in zip(keys, adv.tolist(), strict=True)}
+        by_key = dict(zip(scope, adv.tolist(), strict=True))
+        return {(k[1], k[2]): by_key[k] for k in keys}
