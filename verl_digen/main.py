@@ -154,7 +154,24 @@ def dry_run(cfg: RunConfig) -> str:
                    "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
 
 
+def verl_name_error(argv: list[str]) -> str | None:
+    """Hydra refuses an override of a key the config lacks with advice to add ``+``, which then fails again
+    without naming ours: for verl's names of our keys (``VERL_NAMES``) say which key to use, before Hydra."""
+    from verl_digen.config.schema import VERL_NAMES
+
+    for arg in argv:
+        key, eq, value = arg.lstrip("+~").partition("=")
+        if eq and key in VERL_NAMES:
+            return (f"invalid configuration: {key}={value} is verl's name; verl-digen reads "
+                    f"{VERL_NAMES[key]}={value}")
+    return None
+
+
 def main() -> None:
+    refused = verl_name_error(sys.argv[1:])
+    if refused:
+        print(refused, file=sys.stderr)
+        raise SystemExit(2)
     _hydra_main()
 
 

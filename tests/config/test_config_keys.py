@@ -100,3 +100,27 @@ def test_each_constant_list_is_written_once(name):
     where = [str(path.relative_to(PACKAGE.parent)) for path in sorted(PACKAGE.rglob("*.py"))
              for _ in re.finditer(LISTS[name], path.read_text())]
     assert len(where) <= 1, f"the {name} list is written in {where}: import the one definition instead"
+
+
+def test_an_unknown_key_is_answered_with_ours():
+    """verl's name for one of our keys names ours (before Hydra, whose advice to add ``+`` leads nowhere);
+    a misspelt key names the nearest keys; both name the value given."""
+    from omegaconf import OmegaConf
+
+    from verl_digen.config import ConfigError
+    from verl_digen.config.schema import config_keys, load
+    from verl_digen.main import verl_name_error
+
+    assert verl_name_error(["trainer.total_training_steps=3"]) == (
+        "invalid configuration: trainer.total_training_steps=3 is verl's name; verl-digen reads trainer.total_steps=3")
+    assert "trainer.total_steps=7" in verl_name_error(["trainer.dry_run=true", "+trainer.total_training_steps=7"])
+    assert verl_name_error(["trainer.total_steps=3", "trainer=colocated"]) is None
+    with pytest.raises(ConfigError, match=r"'trainer.total_training_steps' = 3 .*trainer.total_steps") as err:
+        load(OmegaConf.create({"trainer": {"total_training_steps": 3}}))
+    assert err.value.key == "trainer.total_training_steps"
+    with pytest.raises(ConfigError, match=r"'actor.lrr' = 0.1 .*did you mean actor.lr\?"):
+        load(OmegaConf.create({"actor": {"lrr": 0.1}}))
+    with pytest.raises(ConfigError, match=r"a key of the config \(docs/config.md\)$"):
+        load(OmegaConf.create({"trainer": {"zzzzzz": 1}}))
+    keys = config_keys()
+    assert {"trainer.total_steps", "digen.tcss.staleness", "actor.lr"} <= set(keys) and len(keys) == len(set(keys))

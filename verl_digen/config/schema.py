@@ -5,11 +5,13 @@ Checking a config is ``config/validate.py``'s job.
 
 from __future__ import annotations
 
+import difflib
 import sys
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError
 
 from verl_digen.algo.advantages import AdvantageConfig
 from verl_digen.algo.loss import CLIP_RANGE, LossConfig
@@ -416,11 +418,39 @@ def checked_schedule_config(cfg: RunConfig) -> ScheduleConfig:
         raise ConfigError(key, get_key(cfg, key), err.expected) from None
 
 
+#: verl's names of keys verl-digen calls otherwise: an override that uses one is answered with ours
+VERL_NAMES = {"trainer.total_training_steps": "trainer.total_steps"}
+
+
+def config_keys(node: Any = None, prefix: str = "") -> list[str]:
+    """Every dotted key of the run config (``RunConfig`` by default)."""
+    node = RunConfig() if node is None else node
+    out = []
+    for f in fields(node):
+        value = getattr(node, f.name)
+        key = f"{prefix}{f.name}"
+        out += config_keys(value, key + ".") if is_dataclass(value) else [key]
+    return out
+
+
+def unknown_key(key: str) -> str:
+    """What to say about ``key``, which the config does not have: verl's name for one of ours, or the
+    nearest keys."""
+    if key in VERL_NAMES:
+        return f"verl-digen's name for it, {VERL_NAMES[key]} (verl's {key} is not read)"
+    close = difflib.get_close_matches(key, config_keys(), n=2, cutoff=0.8)
+    return "a key of the config (docs/config.md)" + (f"; did you mean {' or '.join(close)}?" if close else "")
+
+
 def load(cfg: DictConfig | dict) -> RunConfig:
     """Merge a Hydra/OmegaConf config onto the schema: unknown keys and wrong types name themselves."""
     schema = OmegaConf.structured(RunConfig)
     try:
         merged = OmegaConf.merge(schema, cfg)
+    except ConfigKeyError as err:  # a key the schema lacks: ours for verl's name, or the nearest keys
+        key = getattr(err, "full_key", "?") or "?"
+        value = OmegaConf.select(cfg, key, default=None) if isinstance(cfg, DictConfig) else None
+        raise ConfigError(key, value, unknown_key(key)) from None
     except Exception as err:  # omegaconf's message names full_key, value and expected type
         raise ConfigError(getattr(err, "full_key", "?") or "?", getattr(err, "value", None),
                           f"a valid value ({type(err).__name__}: {str(err).splitlines()[0]})") from None
