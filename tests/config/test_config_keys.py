@@ -124,3 +124,9 @@ def test_an_unknown_key_is_answered_with_ours():
         load(OmegaConf.create({"trainer": {"zzzzzz": 1}}))
     keys = config_keys()
     assert {"trainer.total_steps", "digen.tcss.staleness", "actor.lr"} <= set(keys) and len(keys) == len(set(keys))
+
+
+def test_a_preset_on_the_tiny_model_says_whose_costs_it_prices():
+    warned = [w for w in validate(compose(["digen.profile=hunyuanvideo-13b-16"])) if "prices" in w]
+    assert warned and "HunyuanVideo-13B (13B parameters)" in warned[0] and "tiny random-weight flux" in warned[0]
+    assert not [w for w in validate(compose([])) if "prices" in w]  # no preset named: nothing to say

@@ -235,4 +235,19 @@ def validate(cfg: RunConfig) -> list[str]:
     warnings = memory.check_keys(cfg)  # and a warning for 16-bit master weights of a full fine-tune
     memory.check_fits(cfg)  # the memory plan against each pool's GPU memory (declared, else the preset's hardware)
     warnings += checks.files_and_resume(cfg)  # writable dirs, prompt files, checkpoint ownership and resume
-    return warnings + user_inputs.check(cfg)  # validation prompts, custom reward function, VLM judge
+    return warnings + _preset_model(cfg) + user_inputs.check(cfg)  # validation prompts, custom reward, VLM judge
+
+
+def _preset_model(cfg: RunConfig) -> list[str]:
+    """A preset prices its own model: say so when the run trains the tiny random-weight one instead."""
+    from verl_digen.schedule import presets
+
+    name = cfg.digen.profile
+    if cfg.model.path is not None or not name or name not in presets.names():
+        return []
+    spec = presets.get(name).spec
+    if spec is None:
+        return []
+    return [f"digen.profile={name} prices {spec.model.name} ({spec.model.params_b:g}B parameters) on the preset's "
+            f"GPUs, not this run's tiny random-weight {cfg.model.arch} (model.path=null): the predicted step "
+            "times are that model's; measure this run's own profile for its numbers (docs/metrics.md)"]
