@@ -14,7 +14,8 @@ without verl-digen (config/plan.py ``ResourcePlan.strongest``), and also carry `
 ``vs_verl_omni_bypass`` (verl-omni as its examples ship it, no old-log-prob recompute), ``vs_colocated_ideal``
 (this project's ``trainer=colocated`` on the same GPUs) and, for mixed pools, ``vs_best_subset`` (colocated:
 verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
-``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits).
+``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits) and
+``vs_separate_verl_omni_bypass`` (verl-omni's synchronous separate mode on the same pools, without its recompute).
 Usage: python bench/ladder.py [--json] [--steps N]
 """
 
@@ -84,8 +85,9 @@ def recipe_rows(steps: int) -> list[dict]:
                      **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()},
                      "ceiling_s": top, "of_ceiling": None if top is None else top / t,
                      "vs_verl_omni": colo[VERL_OMNI] / t, "vs_verl_omni_bypass": colo[VERL_OMNI_BYPASS] / t,
-                     "vs_colocated_ideal": colo[IDEAL] / t, **(subset_fields(plan.best_subset, t)
-                                                              if plan.heterogeneous else {})})
+                     "vs_colocated_ideal": colo[IDEAL] / t,
+                     **({**subset_fields(plan.best_subset, t), "vs_separate_verl_omni_bypass": plan.separate_s / t}
+                        if plan.heterogeneous else {})})
         rows += part
     return rows
 

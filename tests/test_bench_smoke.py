@@ -50,6 +50,7 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     # the homogeneous image settings ship trainer=colocated (the planner's choice), the hetero one digen
     assert (shipped["flux-12b-32"]["mode"], shipped["hunyuanvideo-13b-hetero"]["mode"]) == ("colocated", "digen")
     assert shipped["hunyuanvideo-13b-hetero"]["best_subset_pool"] == "trainer"
+    assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_separate_verl_omni_bypass"]
     assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_best_subset"] < shipped["hunyuanvideo-13b-hetero"]["vs_verl_omni"]
 
 

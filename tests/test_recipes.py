@@ -190,6 +190,14 @@ def test_heterogeneous_recipe_trains_on_the_stronger_gpus():
     model = presets.get(cfg.digen.profile).model
     assert model.trainer.hardware.train_pass.per_unit < model.generator.hardware.train_pass.per_unit
     assert plan.predicted_step_s < plan.predicted_colocated_step_s
+    # verl-omni's synchronous separate mode on the same two pools is one of its baselines, and slower here
+    from verl_digen.config.plan import cluster_costs
+    from verl_digen.config.planning import workload
+    from verl_digen.schedule.split_search import separate_baseline
+
+    assert plan.separate_s == pytest.approx(separate_baseline(cluster_costs(cfg), workload(cfg)).step_time, rel=1e-9)
+    assert f"{plan.separate_s:.2f} s/step separate:verl-omni-bypass on the same pools" in plan.render()
+    assert plan.strongest[1] < plan.separate_s
     # the colocated twin spans both GPU types (a pool pinned to one type would not fit 16 workers)
     twin, twin_plan = _dry_run(VARIANT["hunyuanvideo-13b-hetero"])
     assert twin.resources.generator.node_resource is None and twin.resources.trainer.node_resource is None

@@ -225,7 +225,7 @@ class StatusLine:
 
 def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: StatusLine):
     """(title, cost model, workload, fixed split, the search, the colocated baselines, the ceiling, the run
-    config or None, the best single-type subsets of a mixed cluster or None)."""
+    config or None, a mixed cluster's (best single-type subsets, verl-omni separate s/step) or None)."""
     from verl_digen.schedule.split_search import (
         baseline_config,
         best_subsets,
@@ -233,6 +233,7 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
         colocated_baselines,
         on_budget,
         search,
+        separate_baseline,
     )
 
     policies = tuple(args.policies.split(","))
@@ -249,13 +250,14 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
         cp = planning.plan_config(cfg, gpus=args.gpus, policies=policies, stalenesses=stal,
                                   min_trainers=args.min_trainers, keep=args.top, progress=progress,
                                   colocated=args.colocated)
-        subsets = None
-        if cp.fixed_split:  # mixed pools: the single-type runs a user would make, memory-checked
+        mixed = None
+        if cp.fixed_split:  # mixed pools: the single-type runs (memory-checked) and verl-omni's separate mode
             from verl_digen.config.plan import resource_plan
 
-            subsets = resource_plan(cfg).best_subset
+            rp = resource_plan(cfg)
+            mixed = (rp.best_subset, rp.separate_s)
         return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
-                cp.ceiling, cfg, subsets)
+                cp.ceiling, cfg, mixed)
     name, model, wl, fixed = _load_source(args)
     _check_prices(prices, model)
     total = args.gpus or model.total_workers
@@ -264,8 +266,8 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
     plan.notes.append("memory not checked: a preset or profile has no run config (plan one with --recipe <name> "
                       "or Hydra overrides to bound the rows per pass by its memory plan)")
     cluster = on_budget(model, total)
-    subsets = best_subsets(cluster, baseline_config(wl))[0] if fixed else None
-    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None, subsets
+    mixed = (best_subsets(cluster, baseline_config(wl))[0], separate_baseline(cluster, wl).step_time) if fixed else None
+    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None, mixed
 
 
 def _recipes_dir() -> str:
@@ -279,12 +281,13 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     prices = _prices(args.gpu_price)
     with StatusLine(sys.stderr) as progress:  # the search's progress, ended before the table
-        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg, subsets = _plan_source(args, prices, progress)
+        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg, mixed = _plan_source(args, prices, progress)
     total = cluster.total_workers
-    label, base_t = against_baseline(colos, args.baseline, subsets)
+    subsets, separate = mixed or (None, None)
+    label, base_t = against_baseline(colos, args.baseline, subsets, separate)
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
           (" (pools fixed by the hardware)" if fixed else ""))
-    strong, strong_t = against_baseline(colos, STRONGEST, subsets)
+    strong, strong_t = against_baseline(colos, STRONGEST, subsets, separate)
     print(f"strongest baseline: {strong}, {strong_t:.2f} s/step (the fastest run a user has without verl-digen)")
     print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))
     print(f"searched {plan.candidates} configurations, simulated {plan.simulated} (the others' lower bounds "
@@ -331,7 +334,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = "on the same GPUs" if sub is None else f"on its {sub.gpus} GPUs at {base_price:g}/hour"
         print(f"cost: {best.result.step_time / 3600 * price:.3f} per step at {price:g}/hour for these "
               f"{total} GPUs, {label} {base_t / 3600 * base_price:.3f} {where}")
-    for line in verdict(best, colos, cluster, args.baseline, subsets):
+    for line in verdict(best, colos, cluster, args.baseline, subsets, separate):
         print(line)
     if cfg is not None:
         from verl_digen.config import planning

@@ -74,3 +74,22 @@ def test_strongest_baseline_is_the_fastest_user_run_never_this_projects_colocate
     assert against_baseline(colos, "verl-omni") == ("colocated:verl-omni", colos["verl-omni"].step_time)
     want = min(colos[b].step_time for b in ("native", "verl-omni", "verl-omni-bypass"))
     assert against_baseline(colos, STRONGEST)[1] == want
+
+
+def test_separate_baseline_is_verl_omnis_synchronous_mode_on_the_two_pools():
+    from verl_digen.schedule.split_search import SEPARATE_BASELINE, separate_baseline, strongest_baseline
+
+    res = separate_baseline(MIXED, WL)
+    # one batched call per generator where whole groups divide its share (4 x 4 samples over 4 generators: 4)
+    assert (res.config.mode, res.config.mb_size, res.config.policy, res.config.staleness) == ("separate", 4, "never", 0)
+    assert res.label == SEPARATE_BASELINE
+    # generation, scoring and training one after the other: never faster than the generator pool's share of
+    # generation plus one training pass of the batch's rows on the trainer pool
+    share = WL.prompts * WL.group_size // MIXED.generator.workers
+    gen = MIXED.generator.hardware.generate
+    assert res.step_time >= gen.fixed + gen.per_unit * share + MIXED.trainer.hardware.train_pass.fixed
+    # a share that whole groups do not divide falls back to GAP's spread
+    three = CostModel(Pool(SLOW, 3), Pool(FAST, 4), steps_trained=2)
+    assert separate_baseline(three, WL).config.mb_size < WL.prompts * WL.group_size // 3
+    # the strongest baseline counts it on a mixed cluster
+    assert strongest_baseline({"verl-omni": 1e9}, None, res.step_time) == (SEPARATE_BASELINE, res.step_time)

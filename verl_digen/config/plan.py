@@ -14,12 +14,14 @@ from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
 from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import simulate
 from verl_digen.schedule.split_search import (
+    SEPARATE_BASELINE,
     VERL_OMNI,
     VERL_OMNI_BYPASS,
     Subset,
     SubsetFits,
     best_subsets,
     ceiling,
+    separate_baseline,
     strongest_baseline,
 )
 
@@ -104,6 +106,7 @@ class ResourcePlan:
     # mixed pools: per baseline, its fastest colocated run on one pool's GPUs alone (split_search.best_subsets)
     best_subset: dict[str, Subset] = field(default_factory=dict)
     subset_notes: list[str] = field(default_factory=list)
+    separate_s: float | None = None  # mixed pools: verl-omni's synchronous separate mode (separate_baseline)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -139,6 +142,10 @@ class ResourcePlan:
                              f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
             if self.heterogeneous:
                 lines += self._subset_lines()
+                if self.separate_s is not None:
+                    lines.append(f"             {self.separate_s:.2f} s/step {SEPARATE_BASELINE} on the same pools "
+                                 "(verl-omni's synchronous separate mode, priced without its recompute) "
+                                 f"(this run: {self.separate_s / self.predicted_step_s:.2f}x its throughput)")
                 lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
                              "in every phase)")
             elif self.ceiling_s is not None:
@@ -175,7 +182,9 @@ class ResourcePlan:
     @property
     def strongest(self) -> tuple[str, float]:
         """(label, s/step) of the strongest baseline (``split_search.strongest_baseline``); needs a prediction."""
-        return strongest_baseline(self.predicted_colocated, self.best_subset if self.heterogeneous else None)
+        if not self.heterogeneous:
+            return strongest_baseline(self.predicted_colocated)
+        return strongest_baseline(self.predicted_colocated, self.best_subset, self.separate_s)
 
     @property
     def strongest_subset(self) -> float | None:
@@ -201,7 +210,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
-    predicted, colocated, hetero, top, subsets, notes = None, {}, False, None, {}, []
+    predicted, colocated, hetero, top, subsets, notes, separate = None, {}, False, None, {}, [], None
     found = cluster_spec(cfg)
     if found is not None:
         model, hetero, spec = found
@@ -212,6 +221,8 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
         colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
         if hetero:
             subsets, notes = best_subsets(model, colo, spec, subset_fits(cfg))
+            separate = separate_baseline(model, Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n,
+                                                         steps=sched.steps, mini_batches=sched.mini_batches)).step_time
         shape = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, steps=sched.steps,
                          tsp_degree=sched.tsp_degree, mini_batches=sched.mini_batches)
         top = ceiling(model, shape)
@@ -219,7 +230,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
         heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg), mini_batches=cfg.mini_batches(),
-        best_subset=subsets, subset_notes=notes,
+        best_subset=subsets, subset_notes=notes, separate_s=separate,
     )
 
 

@@ -227,12 +227,13 @@ def resolve_auto(cfg: RunConfig, log: Callable[[str], object] = print) -> RunCon
 
 def describe(row: PlanRow, planned: ConfigPlan) -> str:
     """One line: the chosen configuration and its predicted step against the baselines and the ceiling."""
-    subsets = None
-    if planned.fixed_split:  # mixed pools: the single-type runs a user would make instead
+    subsets, separate = None, None
+    if planned.fixed_split:  # mixed pools: the single-type runs a user would make instead, verl-omni's separate mode
         from verl_digen.config.plan import resource_plan
 
-        subsets = resource_plan(planned.config).best_subset
-    label, base = against_baseline(planned.colocated, STRONGEST, subsets)
+        rp = resource_plan(planned.config)
+        subsets, separate = rp.best_subset, rp.separate_s
+    label, base = against_baseline(planned.colocated, STRONGEST, subsets, separate)
     t = row.result.step_time
     rpp = "" if row.rows_per_pass is None else f", {row.rows_per_pass} rows/rank/pass"
     where = ("mixed GPUs: no ceiling" if planned.fixed_split else

@@ -22,9 +22,9 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
 
 from .bounds import step_bounds, tag_wave_area
-from .config import COLOCATED, DIGEN, ScheduleConfig, ScheduleConfigError, stale_budget
+from .config import COLOCATED, DIGEN, SEPARATE, ScheduleConfig, ScheduleConfigError, stale_budget
 from .costs import BASELINES, IDEAL, NATIVE, VERL_OMNI, VERL_OMNI_BYPASS, CostModel, Pool
-from .gap import default_gap_mb_size
+from .gap import default_gap_mb_size, spread_mb_size
 from .presets import PresetSpec
 from .profile_io import Workload
 from .rows import row_plan
@@ -394,6 +394,27 @@ def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimRe
     return {b: simulate(cfg, model, label=f"colocated:{b}", baseline=b) for b in BASELINES}
 
 
+# -- verl-omni's synchronous separate mode ----------------------------------------------------------------
+
+#: the label of :func:`separate_baseline`'s run
+SEPARATE_BASELINE = "separate:verl-omni-bypass"
+
+
+def separate_baseline(model: CostModel, workload: Workload) -> SimResult:
+    """verl-omni's synchronous separate mode on the cluster's two pools: its rollout engine generates and scores
+    the whole batch on the generator pool, the weights go over, then its trainer trains the batch on the
+    trainer pool, one after the other every step. Priced in its favour: as ``bypass_mode`` (no old-log-prob
+    recompute), each generator's share of the batch as one batched call where whole groups divide it (an
+    engine's request batching), per-timestep training over the whole batch."""
+    batch, g = workload.prompts * workload.group_size, model.generator.workers
+    share = batch // g
+    whole = batch % g == 0 and share % workload.group_size == 0
+    mb = share if whole else spread_mb_size(workload.prompts, workload.group_size, g)
+    cfg = ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=mb, steps=workload.steps,
+                         mode=SEPARATE, partition="gap", mini_batches=workload.mini_batches)
+    return simulate(cfg, model, label=SEPARATE_BASELINE)
+
+
 # -- the best single-type subset of a mixed cluster -------------------------------------------------------
 
 #: the baselines priced on one pool alone: what a user of a mixed cluster would run instead of digen
@@ -473,14 +494,18 @@ STRONGEST = "strongest"
 USER_BASELINES = (NATIVE, VERL_OMNI, VERL_OMNI_BYPASS)
 
 
-def strongest_baseline(colocated: dict[str, float], subsets: dict[str, Subset] | None = None) -> tuple[str, float]:
+def strongest_baseline(colocated: dict[str, float], subsets: dict[str, Subset] | None = None,
+                       separate: float | None = None) -> tuple[str, float]:
     """The fastest run a user would make instead of verl-digen, the one every ratio is stated against first:
     the upstream colocated runs on every GPU (``colocated``: baseline -> s/step) and, on mixed pools, the same
-    runs on the best single-type subset (``subsets``, :func:`best_subsets`). Returns (its label, s/step)."""
+    runs on the best single-type subset (``subsets``, :func:`best_subsets`) and verl-omni's synchronous separate
+    mode on the two pools (``separate``, s/step of :func:`separate_baseline`). Returns (its label, s/step)."""
     runs = {f"colocated:{b}": colocated[b] for b in USER_BASELINES if b in colocated}
     for b, s in (subsets or {}).items():
         if b in USER_BASELINES:
             runs[f"best-subset colocated:{b} on {s.describe()}"] = s.result.step_time
+    if separate is not None:
+        runs[SEPARATE_BASELINE] = separate
     if not runs:
         raise ValueError(f"no user baseline among {sorted(colocated)}: expected one of {USER_BASELINES}")
     label = min(runs, key=runs.get)
@@ -513,20 +538,20 @@ def ceiling_line(step_time: float, ceiling_s: float, colocated: dict[str, SimRes
 
 
 def against_baseline(colocated: dict[str, SimResult], against: str = STRONGEST,
-                     subsets: dict[str, Subset] | None = None) -> tuple[str, float]:
+                     subsets: dict[str, Subset] | None = None, separate: float | None = None) -> tuple[str, float]:
     """(label, s/step) of the run a plan is compared with: ``against`` names a colocated baseline
     (costs.BASELINES) or :data:`STRONGEST`, the fastest run a user has without verl-digen."""
     if against == STRONGEST:
-        return strongest_baseline({b: r.step_time for b, r in colocated.items()}, subsets)
+        return strongest_baseline({b: r.step_time for b, r in colocated.items()}, subsets, separate)
     return f"colocated:{against}", colocated[against].step_time
 
 
 def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, against: str = STRONGEST,
-            subsets: dict[str, Subset] | None = None) -> list[str]:
+            subsets: dict[str, Subset] | None = None, separate: float | None = None) -> list[str]:
     """Plain-language recommendation: digen's best split or colocated, and the reason in numbers, against
     ``against`` (:func:`against_baseline`)."""
     r = best.result
-    label, base_t = against_baseline(colocated, against, subsets)
+    label, base_t = against_baseline(colocated, against, subsets, separate)
     lines = []
     if best.mode == COLOCATED:
         lines.append(f"recommendation: trainer=colocated on all {best.trainers} GPUs, TSP {best.tsp_degree}: "
