@@ -18,29 +18,43 @@ from verl_digen.config import ConfigError, RunConfig, checks, load, validate
 from verl_digen.config.planning import resolve_auto
 
 
-def _pair(rows, pool: str, avg) -> str:
-    return f"{avg(rows, f'pool/{pool}_busy'):.2f} / {avg(rows, f'pool/{pool}_bubble'):.2f}"
+def _mean(rows: list[dict], key: str) -> float | None:
+    """The mean of ``key`` over the rows that report it; None where none does (e.g. a colocated run's pools)."""
+    values = [r[key] for r in rows if key in r]
+    return sum(values) / len(values) if values else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
 
 
 def summary_table(reports, cfg: RunConfig) -> str:
-    """Throughput, bubbles and reward at start vs end of a run."""
+    """Throughput, bubbles and reward at start vs end of a run ("n/a" where the mode measures nothing)."""
     if not reports:
         return "no steps were run"
     m = [r.metrics for r in reports]
     quarter = max(1, len(m) // 4)
-    avg = lambda rows, key: sum(r.get(key, 0.0) for r in rows) / len(rows)  # noqa: E731
     steady = m[1:] or m  # the first step pays warm-up (allocations, first BTS solve)
+
+    def pair(pool: str) -> str:
+        if pool == "generator" and cfg.trainer.mode == "colocated":  # every worker is in the one (trainer) pool
+            return "n/a"
+        busy, bubble = (_mean(steady, f"pool/{pool}_{k}") for k in ("busy", "bubble"))
+        return f"{_fmt(busy, '.2f')} / {_fmt(bubble, '.2f')}"
+
+    workers = (f"{cfg.total_workers} colocated" if cfg.trainer.mode == "colocated" else
+               f"{cfg.resources.generator.workers} + {cfg.resources.trainer.workers}")
     rows = [
         ("mode", cfg.trainer.mode),
-        ("workers (generator + trainer)", f"{cfg.resources.generator.workers} + {cfg.resources.trainer.workers}"),
+        ("workers (generator + trainer)", workers),
         ("steps", str(len(m))),
-        ("step time (s, after step 1)", f"{avg(steady, 'timing/step_s'):.3f}"),
-        ("samples / worker-second", f"{avg(steady, 'perf/samples_per_worker_s'):.3f}"),
-        ("generator busy / bubble", _pair(steady, "generator", avg)),
-        ("trainer busy / bubble", _pair(steady, "trainer", avg)),
-        ("fraction of ideal", f"{avg(steady, 'perf/fraction_of_ideal'):.2f}"),
-        ("reward (first quarter)", f"{avg(m[:quarter], 'reward/mean'):+.4f}"),
-        ("reward (last quarter)", f"{avg(m[-quarter:], 'reward/mean'):+.4f}"),
+        ("step time (s, after step 1)", _fmt(_mean(steady, "timing/step_s"), ".3f")),
+        ("samples / worker-second", _fmt(_mean(steady, "perf/samples_per_worker_s"), ".3f")),
+        ("generator busy / bubble", pair("generator")),
+        ("trainer busy / bubble", pair("trainer")),
+        ("fraction of ideal", _fmt(_mean(steady, "perf/fraction_of_ideal"), ".2f")),
+        ("reward (first quarter)", _fmt(_mean(m[:quarter], "reward/mean"), "+.4f")),
+        ("reward (last quarter)", _fmt(_mean(m[-quarter:], "reward/mean"), "+.4f")),
     ]
     width = max(len(k) for k, _ in rows) + 2
     return "\n".join(f"{k:<{width}}{v:>16}" for k, v in rows)

@@ -258,3 +258,9 @@ def test_every_recipe_checks_its_memory_and_fits():
         for pool in plan.pools:
             assert pool.capacity_gb is not None and pool.fits, (name, pool.render())
         assert plan.master_dtype == "float32", name
+
+
+def test_parameter_counts_read_as_people_say_them():
+    from verl_digen.config.memory import parameters
+
+    assert [parameters(n) for n in (12e9, 4.76e9, 350e6, 78_528, 12)] == ["12B", "4.76B", "350M", "78.5k", "12"]

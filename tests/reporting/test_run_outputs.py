@@ -326,3 +326,22 @@ def test_progress_bar_only_on_a_terminal(tty, capsys):
     else:
         assert logged == ["block 0", "block 1", "block 2"] and stream.getvalue() == ""
     assert Progress(3, False, logged.append, stream=_Stream(True)).bar is None
+
+
+def test_summary_says_n_a_where_a_mode_measures_nothing():
+    """A colocated run has no generator pool and no bound: its summary says n/a, not 0.00."""
+    from types import SimpleNamespace
+
+    from verl_digen.config import compose
+    from verl_digen.main import summary_table
+
+    metrics = {"timing/step_s": 1.0, "perf/samples_per_worker_s": 2.0, "pool/generator_busy": 0.0,
+               "pool/generator_bubble": 0.0, "pool/trainer_busy": 0.9, "pool/trainer_bubble": 0.1, "reward/mean": 0.5}
+    reps = [SimpleNamespace(metrics=dict(metrics)) for _ in range(3)]
+    text = summary_table(reps, compose(["trainer=colocated"]))
+    assert text.count("n/a") == 2 and "0.90 / 0.10" in text and "2 colocated" in text
+    row = next(line for line in text.splitlines() if line.startswith("generator busy / bubble"))
+    assert row.endswith("n/a")
+    digen = summary_table([SimpleNamespace(metrics={**metrics, "perf/fraction_of_ideal": 0.8}) for _ in range(3)],
+                          compose([]))
+    assert "n/a" not in digen and "0.00 / 0.00" in digen and "0.80" in digen

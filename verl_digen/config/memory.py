@@ -50,6 +50,14 @@ LORA_PROJECTIONS = 8  # attention projections of an MM-DiT block LoRA targets (m
 HALF_ULP = {"bfloat16": "1/256", "float16": "1/2048"}  # relative rounding of a 16-bit weight (8 / 11 bits)
 
 
+def parameters(n: float) -> str:
+    """A parameter count as people say it: 12B, 350M, 78.5k."""
+    for scale, unit in ((1e9, "B"), (1e6, "M"), (1e3, "k")):
+        if n >= scale:
+            return f"{n / scale:.3g}{unit}"
+    return f"{n:.0f}"
+
+
 @dataclass(frozen=True)
 class Companions:
     """What a released pipeline loads besides its transformer: text encoders and VAE (parameters)."""
@@ -264,9 +272,9 @@ class MemoryPlan:
 
     def render(self) -> str:
         s = self.size
-        lines = [f"memory plan ({s.source}: {s.params / 1e9:.3g}B parameters, {s.blocks} blocks, "
+        lines = [f"memory plan ({s.source}: {parameters(s.params)} parameters, {s.blocks} blocks, "
                  f"{s.tokens} tokens per sample; text encoders: {s.companions or 'none'}; master weights "
-                 f"{self.master_dtype}; estimate in GiB, see docs/config.md):"] + [p.render() for p in self.pools]
+                 f"{self.master_dtype}; an estimate, see docs/config.md):"] + [p.render() for p in self.pools]
         unchecked = [p.pool for p in self.pools if p.capacity_gb is None]
         if unchecked:
             lines.append("  " + NOT_CHECKED.format(pools=", ".join(unchecked)))
