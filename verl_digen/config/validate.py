@@ -94,9 +94,6 @@ def _check_vllm(cfg: RunConfig) -> None:
     if cfg.data.val_files is not None:
         raise ConfigError("data.val_files", cfg.data.val_files, "null with rollout.backend=vllm (the validation "
                           "pass runs on the diffusers rollout, which the generator does not build then)")
-    if cfg.digen.sync.backend != "object_store":
-        raise ConfigError("digen.sync.backend", cfg.digen.sync.backend, "object_store with rollout.backend=vllm "
-                          "(a collective receive needs the policy's weights as a template, which the engine holds)")
 
 
 def validate(cfg: RunConfig) -> list[str]:

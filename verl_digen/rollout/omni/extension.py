@@ -11,6 +11,8 @@ EXTENSION_CLASS = "verl_digen.rollout.omni.extension.DigenWorkerExtension"
 #: the collective_rpc method names (one home: the backend calls them by these names)
 LOAD_WEIGHTS = "digen_load_weights"
 LOAD_LORA = "digen_load_lora"
+READ_WEIGHTS = "digen_read_weights"
+READ_LORA = "digen_read_lora"
 
 
 class DigenWorkerExtension:
@@ -48,3 +50,19 @@ class DigenWorkerExtension:
                                "use LoRARequest (rollout.omni.lora.LoraSlot)")
         load(state, config)
         return len(state)
+
+    def digen_read_weights(self, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        """The served transformer's weights under the trainer's names and shapes (``layout``), read back."""
+        return self._pipeline_method("digen_read_transformer_weights")(layout)
+
+    def digen_read_lora(self) -> dict[str, torch.Tensor]:
+        """The adapters a pipeline installed itself (``digen_load_lora``), read back."""
+        return self._pipeline_method("digen_read_lora")()
+
+    def _pipeline_method(self, name: str):  # noqa: ANN202
+        pipeline = getattr(self.model_runner, "pipeline", None)
+        method = getattr(pipeline, name, None)
+        if method is None:
+            raise RuntimeError(f"the served pipeline {type(pipeline).__name__} has no {name}: reading the weights "
+                               "back needs a verl-digen RL pipeline (rollout.vllm_pipeline null)")
+        return method
