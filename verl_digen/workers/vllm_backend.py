@@ -224,8 +224,8 @@ class VllmOmniRollout:
         if self.slot is not None:
             return self.slot.read() if self.slot.version is not None else {}
         if self.lora_config is not None:
-            return dict(self._rpc(READ_LORA, ())[0])
-        return dict(self._rpc(READ_WEIGHTS, ([(n, shape) for n, _, shape in self.template()],))[0])
+            return dict(_first(self._rpc(READ_LORA, ())))
+        return dict(_first(self._rpc(READ_WEIGHTS, ([(n, shape) for n, _, shape in self.template()],))))
 
     def receive(self, group: Any, version: int, sources: list[int], verify_payload: bool = False) -> dict[str, int]:
         """A collective pickup (``sync.SyncGroup.receive``) into the engine: the template is the layout the trainer
@@ -310,6 +310,14 @@ class VllmOmniRollout:
         if sorted(keys) == list(range(len(outs))):
             return [o for _, o in sorted(zip(keys, outs), key=lambda kv: kv[0])]
         return outs
+
+
+def _first(replies: list[Any]) -> Any:
+    """The first worker's answer of a ``collective_rpc`` (a list per stage of a list per worker)."""
+    reply = replies[0]
+    while isinstance(reply, list):
+        reply = reply[0]
+    return reply
 
 
 def buckets_of(state: dict[str, torch.Tensor], bucket_bytes: int) -> Iterator[dict[str, torch.Tensor]]:
