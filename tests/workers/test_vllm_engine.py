@@ -39,7 +39,6 @@ import torch
 from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.tsp import recompute_log_probs
-from verl_digen.models import parse_dtype
 from verl_digen.models.arch import MODEL_REGISTRY
 from verl_digen.models.loading import load_pretrained
 from verl_digen.models.lora import (
@@ -137,10 +136,8 @@ def rollout(request, arch, checkpoint, batches):
 
     FIGURES[f"{arch}_device"] = "cpu (vllm_cpu_platform hooks)" if vllm_cpu_platform.install() else "the GPU's platform"
     cfg = _cfg(arch, checkpoint)
-    conditioner = TextConditioner.from_checkpoint(arch, checkpoint, parse_dtype(cfg.policy.dtype), "cpu",
-                                                  guidance_distilled=_distilled(arch))
     t0 = time.perf_counter()
-    backend = VllmOmniRollout(cfg, "cpu", conditioner=conditioner)
+    backend = VllmOmniRollout(cfg, "cpu")
     FIGURES[f"{arch}_engine_start_s"] = round(time.perf_counter() - t0, 2)
     yield backend
     backend.close()
@@ -179,6 +176,29 @@ def _recompute_diff(trainer, traj) -> float:
     with torch.no_grad():
         ref = recompute_log_probs(trainer, traj, train_cfg)
     return float((ref.double() - traj.log_probs.double()).abs().max())
+
+
+def test_the_text_encoders_are_built_once_per_generator(arch, rollout, checkpoint):
+    """Starting ``VllmOmniRollout`` builds one copy of the checkpoint's text encoders (the engine's); the
+    conditioning the trainer needs comes from them, equal to a separate ``TextConditioner``'s."""
+    from vllm_engine_helpers import live_text_encoders, text_encoder_count
+
+    from verl_digen.workers.vllm_backend import EngineConditioner
+
+    assert isinstance(rollout.conditioner, EngineConditioner)
+    live, one_copy = live_text_encoders(checkpoint), text_encoder_count(checkpoint)
+    FIGURES[f"{arch}_text_encoders_live_after_start"] = live
+    FIGURES[f"{arch}_text_encoders_in_one_copy"] = one_copy
+    assert live == one_copy  # the engine's; the generator built none (before issue 43: twice as many)
+    own = TextConditioner.from_checkpoint(arch, checkpoint, torch.float32, "cpu", guidance_distilled=_distilled(arch))
+    got, want = rollout.conditioner(PROMPTS), own(PROMPTS)
+    for a, b in ((got.tensors, want.tensors), (got.negative, want.negative)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert set(a) == set(b)
+            diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+            FIGURES[f"{arch}_engine_cond_max_abs_diff_vs_own_encoders"] = diff
+            assert diff < 1e-5
 
 
 def test_engine_batches_a_micro_batch_and_its_log_probs_equal_the_trainers(arch, rollout, trainer, batches):

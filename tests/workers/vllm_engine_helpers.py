@@ -248,3 +248,24 @@ def serve_once(cfg, queue) -> None:
         backend.engine.close()
     except BaseException as err:  # noqa: BLE001 - reported to the test
         queue.put({"error": repr(err)})
+
+
+
+def live_text_encoders(checkpoint: str) -> int:
+    """How many text encoders of ``checkpoint`` live in this process: modules whose class is named as one of its
+    ``model_index.json`` text encoders (transformers' or vllm-omni's own re-implementation of the same name)."""
+    import gc
+    import json
+
+    index = json.loads((Path(checkpoint) / "model_index.json").read_text())
+    names = {v[1] for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1]}
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Module) and type(o).__name__ in names)
+
+
+def text_encoder_count(checkpoint: str) -> int:
+    """The text encoders one copy of ``checkpoint``'s pipeline has."""
+    import json
+
+    index = json.loads((Path(checkpoint) / "model_index.json").read_text())
+    return sum(1 for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1])

@@ -75,6 +75,11 @@ def _check_vllm(cfg: RunConfig) -> None:
     from verl_digen.rollout.omni.request import DIGEN_PIPELINES, VERL_OMNI_SDE_TYPES
 
     r = cfg.rollout
+    if not isinstance(r.vllm_compile, bool):
+        raise ConfigError("rollout.vllm_compile", r.vllm_compile, "true or false")
+    f = r.vllm_memory_fraction
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+        raise ConfigError("rollout.vllm_memory_fraction", f, "a fraction of the GPU in (0, 1]")
     if cfg.trainer.device != "cuda":
         raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
     if cfg.model.path is None:

@@ -73,7 +73,14 @@ from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
 from verl_digen.models.base import Conditioning
 from verl_digen.models.lora import default_lora_targets
 from verl_digen.rollout.omni import lora as L
-from verl_digen.rollout.omni.extension import EXTENSION_CLASS, LOAD_LORA, LOAD_WEIGHTS, READ_LORA, READ_WEIGHTS
+from verl_digen.rollout.omni.extension import (
+    ENCODE,
+    EXTENSION_CLASS,
+    LOAD_LORA,
+    LOAD_WEIGHTS,
+    READ_LORA,
+    READ_WEIGHTS,
+)
 from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output
 from verl_digen.rollout.omni.request import EngineRequests, build_requests, is_digen_pipeline, pipeline_class
 from verl_digen.rollout.omni.served import ServedShape, TextConditioner, read_served_shape
@@ -103,10 +110,20 @@ def require_vllm_omni() -> tuple[Any, Any, Any]:
 
 def engine_kwargs(cfg: WorkerConfig, pipeline: str, master_port: int) -> dict[str, Any]:
     """The ``Omni`` keyword arguments of a generator's engine: the RL pipeline, the weight-update extension,
-    request batches of a micro-batch, the policy dtype, the engine's own rendezvous port."""
-    return {"custom_pipeline_args": {"pipeline_class": pipeline}, "worker_extension_cls": EXTENSION_CLASS,
-            "max_num_seqs": cfg.vllm_max_batch, "request_batch_max_wait_ms": BATCH_WAIT_MS,
-            "dtype": cfg.policy.dtype, "master_port": master_port}
+    request batches of a micro-batch, the policy dtype, the engine's own rendezvous port, compiled or eager
+    (``rollout.vllm_compile``), its share of the GPU (``rollout.vllm_memory_fraction``)."""
+    kwargs = {"custom_pipeline_args": {"pipeline_class": pipeline}, "worker_extension_cls": EXTENSION_CLASS,
+              "max_num_seqs": cfg.vllm_max_batch, "request_batch_max_wait_ms": BATCH_WAIT_MS,
+              "dtype": cfg.policy.dtype, "master_port": master_port, "gpu_memory_utilization": cfg.vllm_memory_fraction}
+    if canonical_arch(cfg.policy.arch) not in ADAPTER_ARCHS:
+        kwargs["enforce_eager"] = not cfg.vllm_compile
+    return kwargs
+
+
+#: architectures served through vllm-omni's diffusers adapter, which refuses ``enforce_eager=True``
+#: (``diffusers_adapter/pipeline_diffusers_adapter.py:269-273``): ``rollout.vllm_compile`` leaves it at its own
+#: default there (compile where the platform supports inductor)
+ADAPTER_ARCHS = frozenset({"hunyuan_video"})
 
 
 #: the rendezvous variables vllm-omni's diffusion worker reads and overwrites in the generator's process
@@ -170,12 +187,15 @@ class VllmOmniRollout:
         p = cfg.policy
         self.shape = shape or read_served_shape(self.arch, p.pretrained, latent_size=p.latent_size,
                                                 latent_width=p.latent_width, num_frames=p.num_frames)
-        self.conditioner = conditioner or TextConditioner.from_checkpoint(
-            self.arch, p.pretrained, parse_dtype(p.dtype), device, self.shape.guidance_distilled)
         if engine is None:
             self.master_port = free_port()
             engine = start_engine(omni_cls, p.pretrained, engine_kwargs(cfg, self.pipeline, self.master_port))
         self.engine = engine
+        if conditioner is None and self.layout == DIGEN:  # the engine's text encoders: one copy per generator
+            conditioner = EngineConditioner(self._rpc, self.shape.guidance_distilled)
+        # a foreign pipeline encodes nothing for us: the generator loads the text encoders a second time
+        self.conditioner = conditioner or TextConditioner.from_checkpoint(
+            self.arch, p.pretrained, parse_dtype(p.dtype), device, self.shape.guidance_distilled)
         self.params_cls, self.lora_cls = params_cls, lora_cls
         self.lora_request = None
         self.slot: L.LoraSlot | None = None
@@ -310,6 +330,20 @@ class VllmOmniRollout:
         if sorted(keys) == list(range(len(outs))):
             return [o for _, o in sorted(zip(keys, outs), key=lambda kv: kv[0])]
         return outs
+
+
+class EngineConditioner:
+    """Prompt conditioning (``Trajectories.cond``) from the engine's own text encoders, through the worker
+    extension (``extension.ENCODE``): positive rows, and the negative prompt's rows when the model uses
+    classifier-free guidance, as ``served.TextConditioner`` builds them, without a second copy of the encoders."""
+
+    def __init__(self, rpc: Any, guidance_distilled: bool, negative_prompt: str = "") -> None:
+        self.rpc, self.guidance_distilled, self.negative_prompt = rpc, guidance_distilled, negative_prompt
+
+    def __call__(self, prompts: list[str]) -> Conditioning:
+        pos, neg = _first(self.rpc(ENCODE, (list(prompts), [self.negative_prompt] * len(prompts),
+                                            not self.guidance_distilled)))
+        return Conditioning(dict(pos), dict(neg) if neg is not None else None)
 
 
 def _first(replies: list[Any]) -> Any:

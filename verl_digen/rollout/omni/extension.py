@@ -13,6 +13,7 @@ LOAD_WEIGHTS = "digen_load_weights"
 LOAD_LORA = "digen_load_lora"
 READ_WEIGHTS = "digen_read_weights"
 READ_LORA = "digen_read_lora"
+ENCODE = "digen_encode_prompts"
 
 
 class DigenWorkerExtension:
@@ -54,6 +55,12 @@ class DigenWorkerExtension:
     def digen_read_weights(self, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
         """The served transformer's weights under the trainer's names and shapes (``layout``), read back."""
         return self._pipeline_method("digen_read_transformer_weights")(layout)
+
+    def digen_encode_prompts(self, prompts: list[str], negatives: list[str], cfg: bool) -> tuple[dict, dict | None]:
+        """The prompts' conditioning from the engine's own text encoders (CPU tensors), for
+        ``Trajectories.cond``: the generator loads no text encoders of its own."""
+        cond = self._pipeline_method("digen_encode")(prompts, negatives, cfg)
+        return cond.tensors, cond.negative
 
     def digen_read_lora(self) -> dict[str, torch.Tensor]:
         """The adapters a pipeline installed itself (``digen_load_lora``), read back."""

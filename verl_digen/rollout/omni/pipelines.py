@@ -38,6 +38,9 @@ class DigenRLPipeline:
 
     supports_request_batch = True
     digen_arch: ClassVar[str]
+    #: the engine's names of trainer tensors its ``load_weights`` renames (whole names, then name parts)
+    digen_read_renames: ClassVar[dict[str, str]] = {}
+    digen_read_subs: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # -- per architecture ----------------------------------------------------------------------------
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
@@ -67,8 +70,15 @@ class DigenRLPipeline:
         renames = ENGINE_MODULE_RENAMES.get(self.digen_arch, {})
         out: dict[str, torch.Tensor] = {}
         for name, shape in layout:
-            out[name] = _read_one(name, tuple(shape), own, mapping, shapes, renames, engine_name)
+            seen = [name, engine_name(name, renames), self.digen_read_renames.get(name, name)]
+            seen += [name.replace(a, b) for a, b in self.digen_read_subs if a in name]
+            out[name] = _read_one(name, tuple(shape), own, mapping, shapes, seen)
         return out
+
+    @torch.no_grad()
+    def digen_encode(self, prompts: list[str], negatives: list[str], cfg: bool) -> Conditioning:
+        """``_digen_cond`` as the generator hands it to the trainer: CPU tensors."""
+        return self._digen_cond(prompts, negatives, cfg).to(device="cpu")
 
     # -- shared ----------------------------------------------------------------------------------------
     def _digen_cond(self, prompts: list[str], negatives: list[str], cfg: bool) -> Conditioning:
@@ -113,7 +123,7 @@ _SHARD_ORDER = {"q": 0, "k": 1, "v": 2}
 
 
 def _read_one(name: str, shape: tuple[int, ...], own: dict[str, torch.Tensor], mapping: list[tuple[str, str, Any]],
-              shapes: dict[str, tuple[int, ...]], renames: dict[str, str], rename: Any) -> torch.Tensor:
+              shapes: dict[str, tuple[int, ...]], candidates: list[str]) -> torch.Tensor:
     """One trainer tensor out of the engine's (``digen_read_transformer_weights``)."""
     for fused, sub, _ in mapping:
         if sub not in name:
@@ -128,7 +138,7 @@ def _read_one(name: str, shape: tuple[int, ...], own: dict[str, torch.Tensor], m
             if s == sub:
                 return own[fused_name].detach().narrow(0, start, shape[0]).clone()
             start += shapes[name.replace(sub, s)][0]
-    for candidate in (name, rename(name, renames)):
+    for candidate in candidates:
         t = own.get(candidate)
         if t is not None and tuple(t.shape) == shape:
             return t.detach().clone()
@@ -213,6 +223,10 @@ class DigenWanPipeline(DigenRLPipeline, Wan22Pipeline):
     """Wan2.1 and Wan2.2 TI2V-5B (one transformer; the two-expert A14B is refused by verl-digen)."""
 
     digen_arch = "wan"
+    # vllm-omni 0.30.0's Wan ``load_weights`` renames (wan2_2/wan2_2_transformer.py:1224-1291)
+    digen_read_renames: ClassVar[dict[str, str]] = {
+        "scale_shift_table": "output_scale_shift_prepare.scale_shift_table"}
+    digen_read_subs = ((".ffn.net.0.", ".ffn.net_0."), (".ffn.net.2.", ".ffn.net_2."), (".to_out.0.", ".to_out."))
 
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
         pe, _ = self.encode_prompt(prompt=prompts, negative_prompt=None, do_classifier_free_guidance=False,
