@@ -11,11 +11,13 @@ batch through verl-digen's RL pipeline for the architecture (``rollout.omni.pipe
 ``rollout.vllm_pipeline`` outside verl-digen (verl-omni's) is read in its own layout, one request per sample
 (its noise comes from the request's seed, which ``Omni.generate`` shares between the prompts of one call).
 
-The engine holds the only copy of the policy on the generator GPU; the generator keeps the checkpoint's
-text encoders for ``Trajectories.cond`` (``rollout.omni.served``). Weights: LoRA through one adapter
-directory and id (``rollout.omni.lora``; HunyuanVideo, whose diffusers layers vllm-omni's LoRA manager cannot
-wrap, through the worker extension into its pipeline), a full fine-tune through the worker extension
-(``rollout.omni.extension``) calling the pipeline's ``load_weights``.
+The engine holds the only copy of the policy and of the text encoders on the generator GPU (the rows'
+conditioning comes from the engine's encoders, ``EngineConditioner``), and starts on a rendezvous port of its own
+(``start_engine``). Weights: LoRA through one adapter directory and id (``rollout.omni.lora``; HunyuanVideo, whose
+diffusers layers vllm-omni's LoRA manager cannot wrap, through the worker extension into its pipeline), a full
+fine-tune through the worker extension (``rollout.omni.extension``) calling the pipeline's ``load_weights``, bucket
+by bucket on the engine's device; a collective pickup lands through ``EngineSink``. Nothing is kept beside the
+engine: ``weights`` reads its tensors back (docs/architecture.md, "The vLLM-Omni rollout").
 
 The vllm-omni 0.30.0 APIs relied on, checked against that wheel's source (paths in the vllm-omni package):
 

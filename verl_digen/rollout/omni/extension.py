@@ -14,6 +14,7 @@ LOAD_LORA = "digen_load_lora"
 READ_WEIGHTS = "digen_read_weights"
 READ_LORA = "digen_read_lora"
 ENCODE = "digen_encode_prompts"
+ATTENTION = "digen_attention_backends"
 
 
 class DigenWorkerExtension:
@@ -65,6 +66,19 @@ class DigenWorkerExtension:
     def digen_read_lora(self) -> dict[str, torch.Tensor]:
         """The adapters a pipeline installed itself (``digen_load_lora``), read back."""
         return self._pipeline_method("digen_read_lora")()
+
+    def digen_attention_backends(self) -> dict[str, list[str]]:
+        """The attention backends the served pipeline's layers run on (vllm-omni's ``Attention.attn_backend``
+        names; a diffusers model's ``set_attention_backend`` choice where it has one): bench/gpu_check.py --vllm."""
+        pipeline = getattr(self.model_runner, "pipeline", None)
+        names: set[str] = set()
+        for module in pipeline.modules() if isinstance(pipeline, torch.nn.Module) else ():
+            backend = getattr(module, "attn_backend", None)
+            if backend is not None and hasattr(backend, "get_name"):
+                names.add(str(backend.get_name()))
+            elif getattr(module, "_attention_backend", None) is not None:
+                names.add(f"diffusers:{module._attention_backend}")
+        return {"attention_backends": sorted(names)}
 
     def _pipeline_method(self, name: str):  # noqa: ANN202
         pipeline = getattr(self.model_runner, "pipeline", None)
