@@ -16,7 +16,9 @@ own pipeline inside vllm-omni's adapter). Checked here, per architecture:
 - a full fine-tune's weights reach the engine through the worker extension: samples move, log-probs recompute;
 - LoRA updates move samples: adapters installed under the one adapter id (HunyuanVideo: through the worker
   extension) change the trajectories, the trainer with the same adapters recomputes the new log-probs, and the
-  trainer without them does not (the check can fail).
+  trainer without them does not (the check can fail);
+- issue 43: the text encoders live once (the engine's) and give the trainer's conditioning; a collective pickup
+  lands in the engine bit-identical; two engines of one worker group on one node run on rendezvous of their own.
 
 Figures (engine start, generate, max |diff|) are printed at the end of the module and written to
 ``$VLLM_TIER_FIGURES`` (default ``<tmp>/verl-digen-vllm-tier.json``).
