@@ -7,6 +7,7 @@ pure-Python dependencies): no Ray, no vLLM, no verl (the functions it calls impo
 
     python bench/gpu_check.py --json                         # one CUDA GPU: a few minutes on an H200
     python bench/gpu_check.py --device cpu --quick --json    # seconds, tiny models
+    python bench/gpu_check.py --vllm                         # one vLLM-Omni engine (bench/vllm_check.py), a GPU
 
 It prints one line per check; ``--json`` then ends with one JSON list on the last line (one object: device,
 torch, seconds, ``ok`` and the ``checks`` below), as the other benchmarks do.
@@ -248,7 +249,19 @@ def main() -> None:
     ap.add_argument("--device", default="cuda", choices=["cuda", "cpu"])
     ap.add_argument("--quick", action="store_true", help="tiny models (seconds; what CI runs on CPU)")
     ap.add_argument("--json", action="store_true", help="end with the result as one JSON list on the last line")
+    ap.add_argument("--vllm", action="store_true", help="only the vLLM-Omni engine check (bench/vllm_check.py; needs "
+                    "vllm-omni): one JSON line")
     args = ap.parse_args()
+    if args.vllm:
+        if args.device == "cuda" and not torch.cuda.is_available():
+            raise SystemExit("--vllm --device cuda: torch sees no CUDA device (--device cpu: the tier's CPU hooks)")
+        from vllm_check import check_vllm
+
+        if args.device == "cpu":
+            torch.set_num_threads(1)
+        result = check_vllm(args.device)
+        print(json.dumps(result))
+        raise SystemExit(0 if result["ok"] else 1)
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device (run with --device cpu --quick on a CPU)")
     if args.device == "cpu":

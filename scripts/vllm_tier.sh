@@ -2,7 +2,10 @@
 # The opt-in vLLM tier (docs/testing.md): installs vllm 0.30.x and vllm-omni 0.30.0 (the `[vllm]` extra's pins,
 # verl_digen/compat.py) into a venv of its own, then runs the tests marked `vllm` there: the real `Omni` engine
 # on CPU with verl-digen's RL pipelines (tests/workers/test_vllm_engine.py). About 5 GB of downloads, so not in CI.
-# Usage: scripts/vllm_tier.sh [install|test|all] [pytest args...]   (default all)
+# Usage: scripts/vllm_tier.sh [install|test|all|wheels] [pytest args...]   (default all)
+#   wheels: download the wheel set of the venv (torch, vllm, vllm-omni and their dependencies; ~10 GB) and build
+#           verl-digen's into VLLM_TIER_WHEELS (default /tmp/verl-digen-vllm-wheels), for a machine without PyPI
+#           (bench/gpu_check.py --vllm on a lent GPU): pip install --no-index --find-links <dir> ... there
 #
 # The venv (VLLM_TIER_VENV, default /tmp/verl-digen-vllm-venv) is isolated (no --system-site-packages): vllm's
 # torchvision / torchaudio / torchcodec wheels on PyPI are CUDA builds that fail to load beside a CPU torch
@@ -75,6 +78,20 @@ print("vllm tier venv:", ", ".join(f"{p} {md.version(p)}" for p in
       ("torch", "torchvision", "vllm", "vllm-omni", "diffusers", "transformers", "peft", "verl", "verl-digen")),
       f"(torch CUDA {torch.version.cuda}, cuda available: {torch.cuda.is_available()})")
 EOF
+fi
+if [ "$what" = wheels ]; then
+  out="${VLLM_TIER_WHEELS:-/tmp/verl-digen-vllm-wheels}"
+  extra=$(read_const VLLM_EXTRA)
+  torch_pin=$(python3 -c 'import ast, pathlib
+tree = ast.parse(pathlib.Path("verl_digen/compat.py").read_text())
+pins = next(ast.literal_eval(n.value) for n in tree.body
+            if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "VLLM_EXTRA_PINS")
+print(pins["torch"])')
+  mkdir -p "$out"
+  # shellcheck disable=SC2086
+  python3 -m pip download -q -d "$out" "torch===$torch_pin" $extra
+  python3 -m pip wheel -q --no-deps -w "$out" . "$(read_const VERL_REQUIREMENT)"
+  du -sh "$out"
 fi
 if [ "$what" = test ] || [ "$what" = all ]; then
   [ -x "$py" ] || { echo "no venv at $venv: run scripts/vllm_tier.sh install" >&2; exit 1; }

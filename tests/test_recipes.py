@@ -334,3 +334,26 @@ def test_every_recipe_is_the_planners_choice(name):
             assert (best.generators, best.trainers) == (shipped.resources.generator.workers,
                                                         shipped.resources.trainer.workers)
         validate(planning.apply(shipped, best))  # the memory plan included (ConfigError if it did not fit)
+
+
+@pytest.mark.parametrize("name", sorted(SETTINGS))
+def test_every_recipe_with_the_vllm_backend_shows_the_engines_memory_and_startup(name):
+    """The recipes ship rollout.backend=diffusers (recipes/README.md, "Rollout backend"); with rollout.backend=vllm
+    each setting's disaggregated recipe validates, and its dry run's memory plan shows the engine's terms within
+    its share of the GPU and the engine's start-up price per generator and per restart. A colocated recipe starts
+    no engine (its ranks generate through their own weights) and shows none."""
+    from verl_digen.config.memory import memory_plan
+
+    digen, colocated = _pair(name)
+    assert _dry_run(name)[0].rollout.backend == "diffusers"
+    text = memory_plan(_compose(colocated, "rollout.backend=vllm")).render()
+    assert "vLLM-Omni engine" not in text and "engine start-up" not in text
+    cfg = _compose(digen, "rollout.backend=vllm")
+    validate(cfg)
+    text = memory_plan(cfg).render()
+    gen = re.search(r"vLLM-Omni engine: .*\(rollout.vllm_memory_fraction\): fits; engine weights [\d.]+ GiB, "
+                    r"text encoders [\d.]+ GiB, VAE [\d.]+ [GM]iB, engine requests in flight [\d.]+ [GM]iB", text)
+    assert gen, text
+    workers = cfg.resources.generator.workers
+    assert re.search(rf"engine start-up \(rollout.backend=vllm, eager.*\): \d+ s per generator .*paid once per "
+                     rf"generator at start \({workers} generators: \d+ GPU-s\) and again per generator restart", text)

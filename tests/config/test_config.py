@@ -78,6 +78,10 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("rollout.backend=vllm trainer.device=cuda", "model.path"),  # and a real checkpoint to serve
         ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt data.val_files=/v.txt", "data.val_files"),
         ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt rollout.sde_type=ode", "rollout.sde_type"),
+        ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt rollout.vllm_memory_fraction=0",
+         "rollout.vllm_memory_fraction"),
+        ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt rollout.vllm_memory_fraction=1.5",
+         "rollout.vllm_memory_fraction"),
         ("rollout.backend=tensorrt", "rollout.backend"),
         ("reward.weights={latent_mean:1.0} reward.kwargs={target:1.0}", "reward.kwargs"),
         ("digen.profile=no-such-preset", "digen.profile"),
@@ -88,6 +92,19 @@ def test_bad_values_name_their_key(override, key):
     with pytest.raises(ConfigError) as err:
         validate(cfg)
     assert err.value.key == key and key in str(err.value)
+
+
+def test_the_collective_sync_validates_with_the_vllm_backend(tmp_path):
+    """Issue 43: a collective pickup lands in the engine (workers/vllm_backend.EngineSink): the pair is valid."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "workers"))
+    from vllm_engine_helpers import save_tiny_sd3
+
+    ckpt = save_tiny_sd3(tmp_path / "sd3")
+    validate(_compose("model.arch=sd3", f"model.path={ckpt}", "rollout.backend=vllm", "trainer.device=cuda",
+                      "digen.sync.backend=collective"))
 
 
 def test_staleness_needs_digen_mode():

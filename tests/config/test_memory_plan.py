@@ -264,3 +264,44 @@ def test_parameter_counts_read_as_people_say_them():
     from verl_digen.config.memory import parameters
 
     assert [parameters(n) for n in (12e9, 4.76e9, 350e6, 78_528, 12)] == ["12B", "4.76B", "350M", "78.5k", "12"]
+
+
+def test_the_vllm_engine_is_in_the_plan_and_refused_naming_its_term():
+    """rollout.backend=vllm (issue 43): the generator GPU holds the engine's weights, its text encoders and VAE
+    once, the requests in flight (twice with compiled graphs) and its runtime, checked against the engine's share
+    of the GPU; the dry run prints the terms and the engine's start-up price, per generator and per restart."""
+    gib = 2**30
+    diffusers_gen = memory.memory_plan(_preset_cfg("flux-12b-32")).pools[0]
+    plan = memory.memory_plan(_preset_cfg("flux-12b-32", "rollout.backend=vllm"))
+    gen = plan.pools[0]
+    assert gen.parts["engine weights"] == diffusers_gen.parts["weights"] and "weights" not in gen.parts
+    assert gen.parts["text encoders"] == diffusers_gen.parts["text encoders"]  # once, not the worker's as well
+    assert gen.parts["engine requests in flight"] == diffusers_gen.parts["activations"]
+    assert gen.parts["engine runtime"] == memory.ENGINE_RUNTIME_GIB * gib
+    assert gen.engine_total == sum(gen.parts[k] for k in gen.ENGINE) <= gen.total  # the reward: the worker's
+    compiled = memory.memory_plan(_preset_cfg("flux-12b-32", "rollout.backend=vllm", "rollout.vllm_compile=true"))
+    assert compiled.pools[0].parts["engine requests in flight"] == 2 * gen.parts["engine requests in flight"]
+    text = plan.render()
+    assert "vLLM-Omni engine:" in text and "rollout.vllm_memory_fraction): fits" in text
+    g = plan.pools[0].gpus
+    assert f"paid once per generator at start ({g} generators:" in text and "again per generator restart" in text
+    # a share the engine's terms do not fit in: refused, naming the key, the terms and the largest of them
+    with pytest.raises(ConfigError, match="rollout.vllm_memory_fraction") as err:
+        memory.check_fits(_preset_cfg("flux-12b-32", "rollout.backend=vllm", "rollout.vllm_memory_fraction=0.5",
+                                      "actor.activation_checkpointing=true"))
+    assert "largest: engine weights" in str(err.value)
+    assert memory.check_fits(_preset_cfg("flux-12b-32", "rollout.backend=vllm",
+                                         "actor.activation_checkpointing=true")) is not None
+
+
+def test_engine_startup_is_priced_once_per_generator_and_per_restart():
+    from verl_digen.schedule import presets
+
+    eager = presets.engine_startup(40e9, 25.0, compile=False)
+    assert eager.seconds == pytest.approx(presets.ENGINE_START_FIXED_S + 40e9 / 2e9 + 40e9 / 25e9)
+    compiled = presets.engine_startup(40e9, 25.0, compile=True)
+    assert compiled.seconds == pytest.approx(eager.seconds + presets.ENGINE_COMPILE_S)
+    assert eager.price(8) == pytest.approx(8 * eager.seconds)
+    assert eager.price(8, restarts=3) == pytest.approx(11 * eager.seconds)
+    with pytest.raises(ValueError, match="restarts"):
+        eager.price(8, restarts=-1)

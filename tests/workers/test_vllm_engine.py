@@ -16,7 +16,9 @@ own pipeline inside vllm-omni's adapter). Checked here, per architecture:
 - a full fine-tune's weights reach the engine through the worker extension: samples move, log-probs recompute;
 - LoRA updates move samples: adapters installed under the one adapter id (HunyuanVideo: through the worker
   extension) change the trajectories, the trainer with the same adapters recomputes the new log-probs, and the
-  trainer without them does not (the check can fail).
+  trainer without them does not (the check can fail);
+- issue 43: the text encoders live once (the engine's) and give the trainer's conditioning; a collective pickup
+  lands in the engine bit-identical; two engines of one worker group on one node run on rendezvous of their own.
 
 Figures (engine start, generate, max |diff|) are printed at the end of the module and written to
 ``$VLLM_TIER_FIGURES`` (default ``<tmp>/verl-digen-vllm-tier.json``).
@@ -28,7 +30,9 @@ import contextlib
 import json
 import os
 import tempfile
+import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +41,6 @@ import torch
 from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.tsp import recompute_log_probs
-from verl_digen.models import parse_dtype
 from verl_digen.models.arch import MODEL_REGISTRY
 from verl_digen.models.loading import load_pretrained
 from verl_digen.models.lora import (
@@ -135,10 +138,8 @@ def rollout(request, arch, checkpoint, batches):
 
     FIGURES[f"{arch}_device"] = "cpu (vllm_cpu_platform hooks)" if vllm_cpu_platform.install() else "the GPU's platform"
     cfg = _cfg(arch, checkpoint)
-    conditioner = TextConditioner.from_checkpoint(arch, checkpoint, parse_dtype(cfg.policy.dtype), "cpu",
-                                                  guidance_distilled=_distilled(arch))
     t0 = time.perf_counter()
-    backend = VllmOmniRollout(cfg, "cpu", conditioner=conditioner)
+    backend = VllmOmniRollout(cfg, "cpu")
     FIGURES[f"{arch}_engine_start_s"] = round(time.perf_counter() - t0, 2)
     yield backend
     backend.close()
@@ -177,6 +178,29 @@ def _recompute_diff(trainer, traj) -> float:
     with torch.no_grad():
         ref = recompute_log_probs(trainer, traj, train_cfg)
     return float((ref.double() - traj.log_probs.double()).abs().max())
+
+
+def test_the_text_encoders_are_built_once_per_generator(arch, rollout, checkpoint):
+    """Starting ``VllmOmniRollout`` builds one copy of the checkpoint's text encoders (the engine's); the
+    conditioning the trainer needs comes from them, equal to a separate ``TextConditioner``'s."""
+    from vllm_engine_helpers import live_text_encoders, text_encoder_count
+
+    from verl_digen.workers.vllm_backend import EngineConditioner
+
+    assert isinstance(rollout.conditioner, EngineConditioner)
+    live, one_copy = live_text_encoders(checkpoint), text_encoder_count(checkpoint)
+    FIGURES[f"{arch}_text_encoders_live_after_start"] = live
+    FIGURES[f"{arch}_text_encoders_in_one_copy"] = one_copy
+    assert live == one_copy  # the engine's; the generator built none (before issue 43: twice as many)
+    own = TextConditioner.from_checkpoint(arch, checkpoint, torch.float32, "cpu", guidance_distilled=_distilled(arch))
+    got, want = rollout.conditioner(PROMPTS), own(PROMPTS)
+    for a, b in ((got.tensors, want.tensors), (got.negative, want.negative)):
+        assert (a is None) == (b is None)
+        if a is not None:
+            assert set(a) == set(b)
+            diff = max(float((a[k].double() - b[k].double()).abs().max()) for k in a)
+            FIGURES[f"{arch}_engine_cond_max_abs_diff_vs_own_encoders"] = diff
+            assert diff < 1e-5
 
 
 def test_engine_batches_a_micro_batch_and_its_log_probs_equal_the_trainers(arch, rollout, trainer, batches):
@@ -223,6 +247,89 @@ def test_full_weights_reach_the_engine_through_the_worker_extension(arch, rollou
     diff = _recompute_diff(trainer, traj)
     FIGURES[f"{arch}_full_logprob_max_abs_diff"] = diff
     assert diff < LOGPROB_ATOL
+
+
+def test_a_collective_pickup_lands_in_the_engine_bit_identical(arch, rollout, trainer):
+    """``digen.sync.backend=collective`` with ``rollout.backend=vllm``: a trainer stand-in sends a full fine-tune's
+    transformer over a real gloo ``SyncGroup`` in buckets; ``VllmOmniRollout.receive`` lands them through an
+    ``EngineSink`` into the engine's parameters (the template from the checkpoint's config, on the meta device).
+    Read back from the engine, every tensor equals the trainer's bit for bit (``torch.equal``; it did not before the
+    pickup), and the engine's log-probs recompute."""
+    from verl_digen.workers.sync import SyncGroup, new_secret
+    from verl_digen.workers.vllm_backend import free_port, sync_layout
+
+    gen = torch.Generator().manual_seed(7)
+    with torch.no_grad():
+        for name, p in trainer.transformer.named_parameters():
+            if "lora_" not in name:
+                p.add_(0.05 * torch.randn(p.shape, generator=gen))
+    state = {k.replace(".base_layer.", "."): v.detach().clone() for k, v in trainer.transformer.state_dict().items()
+             if "lora_" not in k}
+    full = replace(rollout.cfg, policy=replace(rollout.cfg.policy, lora_rank=0))
+    template = sync_layout(full)
+    assert [n for n, _, _ in template] == sorted(state)
+    saved = rollout.slot, rollout.lora_config, rollout._template, rollout.bucket_bytes
+    rollout.slot = rollout.lora_config = None  # a full fine-tune's engine (the adapters come in the next test)
+    rollout._template, rollout.bucket_bytes = template, 16 << 10
+    try:
+        before = rollout.weights()
+        assert not all(torch.equal(before[k], state[k]) for k in state)  # the check can fail
+        port, secret, out = free_port(), new_secret(), {}
+
+        def trainer_rank():
+            out["sender"] = group = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=120, secret=secret)
+            group.send(1, 4, state, rollout.bucket_bytes)
+
+        sender = threading.Thread(target=trainer_rank)
+        sender.start()
+        t0 = time.perf_counter()
+        moved = rollout.receive(SyncGroup("127.0.0.1", port, 2, 1, timeout_s=120, secret=secret), 4, [0])
+        FIGURES[f"{arch}_collective_pickup_s"] = round(time.perf_counter() - t0, 3)
+        sender.join(120)
+        back = rollout.weights()
+        assert sorted(back) == sorted(state)
+        differ = [k for k in state if not torch.equal(back[k], state[k])]
+        FIGURES[f"{arch}_collective_pickup_tensors_differing"] = len(differ)
+        assert differ == []
+        model_bytes = sum(v.numel() * v.element_size() for v in state.values())
+        FIGURES[f"{arch}_collective_pickup_sink_peak_over_model"] = round(moved["staging_peak"] / model_bytes, 3)
+        traj = _generate(rollout, step=3, version=4, key="collective")
+        assert _recompute_diff(trainer, traj) < LOGPROB_ATOL
+    finally:
+        rollout.slot, rollout.lora_config, rollout._template, rollout.bucket_bytes = saved
+
+
+def test_two_engines_on_one_node_each_run(tmp_path, monkeypatch):
+    """Two generator processes of one worker group on one node (the same MASTER_ADDR / MASTER_PORT, as verl sets
+    them) each start their engine and generate: each engine on a rendezvous port of its own, neither the group's,
+    and the worker's variables are back after the engine started."""
+    import multiprocessing as mp
+
+    from vllm_engine_helpers import SAVERS, serve_once
+
+    from verl_digen.workers.vllm_backend import free_port
+
+    checkpoint = SAVERS["sd3"](tmp_path / "sd3", seed=0)
+    cfg = replace(_cfg("sd3", checkpoint), policy=replace(_cfg("sd3", checkpoint).policy, lora_rank=0),
+                  vllm_max_batch=2)
+    group_port = str(free_port())
+    monkeypatch.setenv("MASTER_ADDR", "127.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", group_port)
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    t0 = time.perf_counter()
+    procs = [ctx.Process(target=serve_once, args=(cfg, queue)) for _ in range(2)]
+    for p in procs:
+        p.start()
+    results = [queue.get(timeout=600) for _ in procs]
+    for p in procs:
+        p.join(120)
+    FIGURES["two_engines_s"] = round(time.perf_counter() - t0, 1)
+    FIGURES["two_engines"] = results
+    assert all("error" not in r for r in results), results
+    ports = [r["port"] for r in results]
+    assert len(set(ports)) == 2 and int(group_port) not in ports
+    assert all(r["env_port"] == group_port and r["finite"] and r["log_probs"] == [2, 3] for r in results)
 
 
 def test_lora_updates_move_samples_under_one_adapter_id(arch, rollout, trainer):

@@ -20,7 +20,7 @@ from verl_digen.models import build_model
 from verl_digen.models.packing import pack_2x2
 from verl_digen.rollout.denoise import denoise
 from verl_digen.rollout.omni import lora as L
-from verl_digen.rollout.omni.extension import LOAD_LORA, LOAD_WEIGHTS, DigenWorkerExtension
+from verl_digen.rollout.omni.extension import LOAD_LORA, LOAD_WEIGHTS, READ_WEIGHTS, DigenWorkerExtension
 from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output, to_pixels
 from verl_digen.rollout.omni.policy import engine_policy
 from verl_digen.rollout.omni.request import (
@@ -94,11 +94,12 @@ class FakeOmni:
         self.model, self.arch = model, arch
         self.calls: list[int] = []
         self.rpcs: list[tuple[str, tuple]] = []
+        self.replies: dict[str, list[Any]] = {}  # method -> what collective_rpc answers (default [True])
         self.engine = self  # Omni.engine.collective_rpc
 
     def collective_rpc(self, method: str, args: tuple = ()) -> list[Any]:
         self.rpcs.append((method, args))
-        return [True]
+        return self.replies.get(method, [True])
 
     def generate(self, prompts: list[dict], params: list[FakeParams]) -> list[FakeRequestOutput]:
         self.calls.append(len(prompts))
@@ -355,6 +356,8 @@ def test_lora_names_follow_the_engines_modules_where_they_differ(models):
 
     saved = load_file(str(backend.slot.dir / L.WEIGHTS_FILE))
     assert set(saved) == {"base_model.model.blocks.0.attn1.to_out.lora_B.weight"}
+    # weights() reads the directory the engine reads, back under the trainer's names
+    assert list(backend.weights()) == ["blocks.0.attn1.to_out.0.lora_B.weight"]
     backend.close()
 
 
@@ -379,12 +382,22 @@ def test_served_shape_is_read_from_a_checkpoints_config_files(tmp_path, models):
 
 
 def test_full_fine_tune_goes_through_the_worker_extension(models):
+    """Bucket by bucket, the tensors handed over as they are (on the engine's device: no host copy), nothing kept;
+    ``weights`` asks the engine for its weights under the trainer's layout."""
     backend, engine = _backend(models, "sd3", _sampler())
-    state = {"proj_out.weight": torch.ones(2, 2)}
+    backend.bucket_bytes = 32
+    state = {"proj_out.weight": torch.ones(2, 2), "proj_out.bias": torch.ones(2), "norm.weight": torch.ones(4)}
     backend.load_weights(1, state)
-    ((method, (sent,)),) = engine.rpcs
-    assert method == LOAD_WEIGHTS and torch.equal(sent["proj_out.weight"], state["proj_out.weight"])
-    assert torch.equal(backend.weights()["proj_out.weight"], state["proj_out.weight"])
+    assert [m for m, _ in engine.rpcs] == [LOAD_WEIGHTS] * 2  # 16 + 16 bytes, then 8 (name order)
+    sent = {k: v for _, (chunk,) in engine.rpcs for k, v in chunk.items()}
+    assert set(sent) == set(state) and all(sent[k].data_ptr() == state[k].data_ptr() for k in state)
+    assert not [k for k, v in vars(backend).items() if isinstance(v, dict) and any(
+        isinstance(t, torch.Tensor) for t in v.values())]  # no copy of the weights kept
+    backend._template = (("proj_out.weight", torch.float64, (2, 2)),)
+    engine.replies[READ_WEIGHTS] = [{"proj_out.weight": torch.full((2, 2), 7.0)}]
+    assert torch.equal(backend.weights()["proj_out.weight"], torch.full((2, 2), 7.0))
+    assert engine.rpcs[-1] == (READ_WEIGHTS, ([("proj_out.weight", (2, 2))],))
+    state = {"proj_out.weight": torch.ones(2, 2)}
 
     class Pipeline:
         loaded = None
@@ -405,3 +418,56 @@ def test_every_architecture_has_a_pipeline():
 
     assert set(known_archs()) <= set(DIGEN_PIPELINES)
     assert flow_sigmas(2).shape == (3,) and DIGEN == "digen" and DIGEN_KEY == "digen"
+
+
+# -- each engine on a rendezvous of its own (issue 43) ---------------------------------------------------------
+def test_two_engines_on_one_node_get_rendezvous_ports_of_their_own(models, monkeypatch):
+    """verl gives every generator of a worker group the same MASTER_ADDR / MASTER_PORT, and vllm-omni takes the
+    environment's port before its ``master_port`` argument: each engine must start with that unset and a free
+    port of its own, and the worker's variables must be back afterwards (the engine overwrites them)."""
+    import socket
+
+    monkeypatch.setenv("MASTER_ADDR", "10.0.0.7")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("RANK", "1")
+    seen: list[tuple[dict, dict]] = []
+
+    class RecordingOmni(FakeOmni):
+        def __init__(self, model: str, **kwargs: Any) -> None:
+            env = {k: os.environ.get(k) for k in ("MASTER_ADDR", "MASTER_PORT", "RANK")}
+            seen.append((env, kwargs))
+            os.environ.update(MASTER_ADDR="localhost", MASTER_PORT=str(kwargs["master_port"]), RANK="0")
+            with socket.socket() as s:  # the port is free: the engine can bind its store there
+                s.bind(("127.0.0.1", kwargs["master_port"]))
+            super().__init__(models["sd3"], "sd3")
+
+    wcfg = WorkerConfig(policy=PolicyConfig(arch="sd3", dtype="float64", pretrained="/ckpt"), sampler=_sampler(),
+                        seed=SEED, rollout_backend="vllm")
+    shape = ServedShape(tuple(models["sd3"].latent_shape), (32, 32, 1), 2, 1, False, False)
+    backends = [VllmOmniRollout(wcfg, omni_cls=RecordingOmni, params_cls=FakeParams, shape=shape,
+                                conditioner=models["sd3"].encode_prompts) for _ in range(2)]
+    ports = [kw["master_port"] for _, kw in seen]
+    assert len(set(ports)) == 2 and 29500 not in ports
+    assert [b.master_port for b in backends] == ports
+    assert all(env == {"MASTER_ADDR": None, "MASTER_PORT": None, "RANK": None} for env, _ in seen)
+    assert (os.environ["MASTER_ADDR"], os.environ["MASTER_PORT"], os.environ["RANK"]) == ("10.0.0.7", "29500", "1")
+
+
+@pytest.mark.parametrize("arch,lora_rank", [("sd3", 0), ("flux", 0), ("sd3", 4), ("wan", 2)])
+def test_the_collective_template_is_the_trainers_layout_without_weights(tmp_path, models, arch, lora_rank):
+    """``sync_layout``: the names, dtypes and shapes a collective pickup into the engine expects, from the
+    checkpoint's config on the meta device, equal the diffusers policy's own (what the trainer sends)."""
+    from verl_digen.models.lora import apply_lora
+    from verl_digen.workers import policy as P
+    from verl_digen.workers.buckets import layout_of
+    from verl_digen.workers.vllm_backend import sync_layout
+
+    model = build_model(arch, dtype=torch.float64, seed=0)
+    model.transformer.save_config(tmp_path / "transformer")
+    if lora_rank:
+        apply_lora(model, rank=lora_rank)
+    cfg = WorkerConfig(policy=PolicyConfig(arch=arch, dtype="float64", pretrained=str(tmp_path), lora_rank=lora_rank),
+                       sampler=_sampler(), seed=SEED, rollout_backend="vllm")
+    want = layout_of(P.live_weights(model, bool(lora_rank)))
+    got = sync_layout(cfg)
+    assert got == want and all(d == torch.float64 for _, d, _ in got)

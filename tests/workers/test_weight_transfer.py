@@ -312,3 +312,47 @@ def test_a_pickup_that_breaks_half_way_leaves_the_generator_refusing_to_generate
     _, done = _run(complete_source, complete_receive)
     assert done["version"] == 1 and done["received"]
     assert len(generator.generate(0, 1, rows, prompts)) == 2
+
+
+@pytest.mark.parametrize("sources, verify", [(2, False), (2, True), (1, False)])
+def test_a_pickup_into_an_engine_lands_each_tensor_once_complete_and_keeps_no_whole_copy(sources, verify):
+    """rollout.backend=vllm (issue 43): the receiver's ``into`` is an ``EngineSink``: a tensor exists from its
+    first bucket to its last, then goes to the engine's load (here: recorded) and is dropped. Every tensor reaches
+    the engine once, bit for bit; from one source (two buckets in flight) the sink holds two tensors at most.
+    (From several, a source ahead of the others leaves tensors half-landed: up to the skew between them.)"""
+    from verl_digen.workers.vllm_backend import EngineSink
+
+    g = torch.Generator().manual_seed(1)
+    state = {f"blocks.{i}.w": torch.randn(64, 64, generator=g) for i in range(8)}  # 16 KiB each
+    state["norm.b"] = torch.randn(3, generator=g).to(torch.bfloat16)
+    port, secret, bucket = _port(), new_secret(), 8 << 10
+    plan = plan_for(layout_of(state), bucket, sources)
+    loads: list[dict[str, torch.Tensor]] = []
+    world = sources + 1
+
+    def source(rank):
+        def run():
+            grp = SyncGroup("127.0.0.1", port, world, rank, timeout_s=60, secret=secret)
+            staged = pack_owned(plan, plan.owned(rank, sources), ((n, state[n]) for n, _, _ in plan.layout), "cpu")
+            grp.serve(sources, 5, plan, lambda k, slot: staged[k], source=rank, sources=sources,
+                      verify_payload=verify)
+            return grp
+        return run
+
+    sink = EngineSink(plan, "cpu", lambda chunk: loads.append({k: v.clone() for k, v in chunk.items()}))
+
+    def engine_generator():
+        grp = SyncGroup("127.0.0.1", port, world, sources, timeout_s=60, secret=secret)
+        moved = grp.receive(5, plan, sink, list(range(sources)), verify, on_landed=sink.landed)
+        sink.check_complete()
+        return moved
+
+    *_, moved = _run(*(source(r) for r in range(sources)), engine_generator)
+    assert not isinstance(moved, BaseException), moved
+    names = [k for chunk in loads for k in chunk]
+    assert sorted(names) == sorted(state)  # each tensor handed over once
+    for chunk in loads:
+        assert all(torch.equal(byte_view(v), byte_view(state[k])) for k, v in chunk.items())
+    assert not sink.live and not sink.done
+    if sources == 1:  # the tensors of the two buckets in flight, never the model
+        assert 0 < sink.peak_bytes <= 2 * state["blocks.0.w"].numel() * 4

@@ -227,3 +227,45 @@ def save_tiny_hunyuan_video(path: str | Path, seed: int = 0, shift: float = 3.0)
 
 
 SAVERS["hunyuan_video"] = save_tiny_hunyuan_video
+
+
+def serve_once(cfg, queue) -> None:
+    """A generator process of ``test_two_engines_on_one_node_each_run``: start ``VllmOmniRollout`` on the CPU,
+    generate one micro-batch, report the engine's rendezvous port and what the worker's environment holds after."""
+    import os
+
+    torch.set_num_threads(1)
+    try:
+        import vllm_cpu_platform
+
+        vllm_cpu_platform.install()
+        from verl_digen.workers.vllm_backend import VllmOmniRollout
+
+        backend = VllmOmniRollout(cfg, "cpu")
+        traj = backend.generate(1, 0, [0, 1], [0, 0], ["a red cube", "two cats"])
+        queue.put({"port": backend.master_port, "log_probs": list(traj.log_probs.shape),
+                   "finite": bool(torch.isfinite(traj.log_probs).all()), "env_port": os.environ.get("MASTER_PORT")})
+        backend.engine.close()
+    except BaseException as err:  # noqa: BLE001 - reported to the test
+        queue.put({"error": repr(err)})
+
+
+
+def live_text_encoders(checkpoint: str) -> int:
+    """How many text encoders of ``checkpoint`` live in this process: modules whose class is named as one of its
+    ``model_index.json`` text encoders (transformers' or vllm-omni's own re-implementation of the same name)."""
+    import gc
+    import json
+
+    index = json.loads((Path(checkpoint) / "model_index.json").read_text())
+    names = {v[1] for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1]}
+    gc.collect()
+    return sum(1 for o in gc.get_objects() if isinstance(o, torch.nn.Module) and type(o).__name__ in names)
+
+
+def text_encoder_count(checkpoint: str) -> int:
+    """The text encoders one copy of ``checkpoint``'s pipeline has."""
+    import json
+
+    index = json.loads((Path(checkpoint) / "model_index.json").read_text())
+    return sum(1 for k, v in index.items() if k.startswith("text_encoder") and isinstance(v, list) and v[1])

@@ -205,6 +205,10 @@ class PoolMemory:
     host: dict[str, float] = field(default_factory=dict)
     capacity_gb: float | None = None  # GiB of one GPU
     capacity_source: str = ""
+    engine_fraction: float | None = None  # rollout.backend=vllm: the share of the GPU its engine may take
+
+    #: rollout.backend=vllm: what the generator's engine holds (the worker keeps the rest: reward, sync staging)
+    ENGINE = ("engine weights", "text encoders", "VAE", "engine requests in flight", "engine runtime")
 
     #: parts resident only while generating (TAG / colocated): the training state is switched out then
     GEN_ONLY = ("generation copy", "generation activations")
@@ -224,12 +228,24 @@ class PoolMemory:
         return max(self.train_total, self.gen_total)
 
     @property
+    def engine_total(self) -> float:
+        return sum(v for k, v in self.parts.items() if k in self.ENGINE) if self.engine_fraction is not None else 0.0
+
+    @property
+    def engine_fits(self) -> bool:
+        """The engine's terms within its share of the GPU (``rollout.vllm_memory_fraction``)."""
+        return (self.capacity_gb is None or self.engine_fraction is None
+                or self.engine_total <= self.engine_fraction * self.capacity_gb * GIB)
+
+    @property
     def fits(self) -> bool:
-        return self.capacity_gb is None or self.total <= self.capacity_gb * GIB
+        return (self.capacity_gb is None or self.total <= self.capacity_gb * GIB) and self.engine_fits
 
     #: what the parts are, for naming the dominant term: kind -> parts
     KINDS = {"activations": ("activations", "generation activations"),
-             "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "step weights", "reference"),
+             "model state": ("weights", "gathered blocks", "grads", "optimizer", "EMA", "step weights", "reference",
+                             "engine weights"),
+             "engine": ("engine requests in flight", "engine runtime"),
              "generation pipeline": ("generation copy", "text encoders", "VAE"),
              "reward model": ("reward model",),
              "weight sync": ("sync staging",)}
@@ -252,6 +268,13 @@ class PoolMemory:
                      f"generating {_gb(self.gen_total)}: grads and optimizer switched out)")
         if any(self.host.values()):
             line += "\n             host per GPU: " + ", ".join(f"{k} {_gb(v)}" for k, v in self.host.items() if v)
+        if self.engine_fraction is not None:
+            share = "" if self.capacity_gb is None else \
+                f" of its {self.engine_fraction:g} x {self.capacity_gb:g} GiB = " \
+                f"{self.engine_fraction * self.capacity_gb:.3g} GiB (rollout.vllm_memory_fraction): " \
+                f"{'fits' if self.engine_fits else 'DOES NOT FIT'}"
+            line += (f"\n             vLLM-Omni engine: {_gb(self.engine_total)}{share}; "
+                     + ", ".join(f"{k} {_gb(self.parts[k])}" for k in self.ENGINE if self.parts.get(k)))
         return line
 
 
@@ -269,6 +292,7 @@ class MemoryPlan:
     pools: list[PoolMemory]
     notes: list[str] = field(default_factory=list)
     master_dtype: str = ""
+    engine_startup: list[str] = field(default_factory=list)  # rollout.backend=vllm: its start-up price
 
     def render(self) -> str:
         s = self.size
@@ -278,6 +302,7 @@ class MemoryPlan:
         unchecked = [p.pool for p in self.pools if p.capacity_gb is None]
         if unchecked:
             lines.append("  " + NOT_CHECKED.format(pools=", ".join(unchecked)))
+        lines += [f"  {n}" for n in self.engine_startup]
         lines += [f"  note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -375,7 +400,11 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
     trainer_pool = "colocated" if colocated else "trainer"
     trainer = PoolMemory(trainer_pool, ranks, gpu, host, *caps[trainer_pool])
     pools = [trainer]
-    if not colocated:
+    startup: list[str] = []
+    if not colocated and cfg.rollout.backend == "vllm":
+        pools.insert(0, engine_pool(cfg, n * model_b, encoders, vae, gen_rows * gen_block, reward, caps["generator"]))
+        startup = engine_startup_lines(cfg, n * model_b + encoders + vae)
+    elif not colocated:
         pools.insert(0, PoolMemory("generator", cfg.resources.generator.workers, {
             "weights": n * model_b, "text encoders": encoders, "VAE": vae,
             "activations": gen_rows * gen_block, "reward model": reward}, {},
@@ -391,7 +420,41 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         pools[0].parts["sync staging"] = moved if cfg.digen.sync.verify_payload else min(moved, 2 * packed)
     if size.companions.startswith("unknown"):
         notes.append(f"text encoders and VAE of model.arch={m.arch}: sizes not known here, not counted")
-    return MemoryPlan(size, pools, notes, master)
+    return MemoryPlan(size, pools, notes, master, startup)
+
+
+#: rollout.backend=vllm: what an engine holds besides its weights, text encoders, VAE and requests: the device
+#: context, the attention and GEMM workspaces, the allocator's slack. An assumption, not measured on a GPU
+ENGINE_RUNTIME_GIB = 2.0
+
+
+def engine_pool(cfg: RunConfig, weights: float, encoders: float, vae: float, requests: float, reward: float,
+                cap: tuple[float | None, str]) -> PoolMemory:
+    """A generator GPU with ``rollout.backend=vllm``: the engine's resident transformer, its text encoders and
+    VAE (once: the generator encodes prompts with the engine's, workers/vllm_backend.py), the requests in flight
+    (a micro-batch, ``rollout.vllm_max_batch``, with its CFG rows; compiled graphs keep a second set of their
+    static buffers), its runtime; beside it the worker's reward model (and, with the collective sync, staging)."""
+    compiled = 2 if cfg.rollout.vllm_compile else 1
+    parts = {"engine weights": weights, "text encoders": encoders, "VAE": vae,
+             "engine requests in flight": requests * compiled, "engine runtime": ENGINE_RUNTIME_GIB * GIB,
+             "reward model": reward}
+    return PoolMemory("generator", cfg.resources.generator.workers, parts, {}, *cap,
+                      engine_fraction=float(cfg.rollout.vllm_memory_fraction))
+
+
+def engine_startup_lines(cfg: RunConfig, loaded: float) -> list[str]:
+    """The dry run's engine start-up price (``schedule.presets.engine_startup``)."""
+    from verl_digen.schedule import presets
+
+    spec = presets.SPECS.get(cfg.digen.profile) if cfg.digen.profile else None
+    host = spec.gen.gpu.host_gbs if spec else presets.Gpu("default", 1.0).host_gbs
+    s = presets.engine_startup(loaded, host, cfg.rollout.vllm_compile)
+    g = cfg.resources.generator.workers
+    how = "compiled" if cfg.rollout.vllm_compile else "eager"
+    return [f"engine start-up (rollout.backend=vllm, {how}; assumed, schedule/presets.py): {s.seconds:.0f} s per "
+            f"generator (fixed {s.fixed_s:.0f} s + {_gb(loaded)} read from disk {s.read_s:.0f} s + copied to the "
+            f"GPU {s.copy_s:.0f} s + compile {s.compile_s:.0f} s); paid once per generator at start ({g} generators: "
+            f"{s.price(g):.0f} GPU-s) and again per generator restart ({s.seconds:.0f} GPU-s each)"]
 
 
 def _mixed(cfg: RunConfig) -> bool:
@@ -577,6 +640,14 @@ def check_fits(cfg: RunConfig) -> MemoryPlan | None:
     for pool in plan.pools:
         if pool.fits:
             continue
+        if not pool.engine_fits:
+            terms = {k: pool.parts[k] for k in pool.ENGINE if pool.parts.get(k)}
+            largest = max(terms, key=terms.get)
+            raise ConfigError("rollout.vllm_memory_fraction", pool.engine_fraction,
+                              f"a share of the generator GPU that holds the vLLM-Omni engine's estimated "
+                              f"{_gb(pool.engine_total)} ({', '.join(f'{k} {_gb(v)}' for k, v in terms.items())}; "
+                              f"largest: {largest} {_gb(terms[largest])}), or more generator GPU memory than "
+                              f"{pool.capacity_gb:g} GiB ({pool.capacity_source})")
         key = "resources.generator.gpu_memory_gb" if pool.pool == "generator" else "resources.trainer.gpu_memory_gb"
         raise ConfigError(key, pool.capacity_gb,
                           f"GPUs that hold the {pool.pool} pool's estimated {_gb(pool.total)} per GPU "

@@ -75,6 +75,9 @@ class RolloutConfig:
     # backend=vllm: the RL pipeline class the engine installs (custom_pipeline_args); null = verl-digen's own for
     # model.arch; another class (e.g. verl-omni's) is read in verl-omni's layout, one request per sample
     vllm_pipeline: str | None = None
+    vllm_compile: bool = False  # backend=vllm: let the engine compile its transformer (vllm-omni's enforce_eager off)
+    vllm_memory_fraction: float = 0.9  # backend=vllm: share of a generator GPU the engine may take (its
+    # gpu_memory_utilization); the memory plan checks the engine's terms against it
 
 
 @dataclass
@@ -293,6 +296,8 @@ class RunConfig:
             rollout_backend=self.rollout.backend,
             vllm_pipeline=self.rollout.vllm_pipeline,
             vllm_max_batch=self.rollout.micro_batch_size,
+            vllm_compile=self.rollout.vllm_compile,
+            vllm_memory_fraction=self.rollout.vllm_memory_fraction,
         )
 
     def advantage(self) -> AdvantageConfig:

@@ -75,6 +75,11 @@ def _check_vllm(cfg: RunConfig) -> None:
     from verl_digen.rollout.omni.request import DIGEN_PIPELINES, VERL_OMNI_SDE_TYPES
 
     r = cfg.rollout
+    if not isinstance(r.vllm_compile, bool):
+        raise ConfigError("rollout.vllm_compile", r.vllm_compile, "true or false")
+    f = r.vllm_memory_fraction
+    if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
+        raise ConfigError("rollout.vllm_memory_fraction", f, "a fraction of the GPU in (0, 1]")
     if cfg.trainer.device != "cuda":
         raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
     if cfg.model.path is None:
@@ -94,9 +99,6 @@ def _check_vllm(cfg: RunConfig) -> None:
     if cfg.data.val_files is not None:
         raise ConfigError("data.val_files", cfg.data.val_files, "null with rollout.backend=vllm (the validation "
                           "pass runs on the diffusers rollout, which the generator does not build then)")
-    if cfg.digen.sync.backend != "object_store":
-        raise ConfigError("digen.sync.backend", cfg.digen.sync.backend, "object_store with rollout.backend=vllm "
-                          "(a collective receive needs the policy's weights as a template, which the engine holds)")
 
 
 def validate(cfg: RunConfig) -> list[str]:

@@ -116,6 +116,41 @@ SYNC_BACKEND = "collective"
 # likely to grow with the model, so for the larger recipes it prices the verl-omni baseline low.
 ENGINE_WAKE_S = 7.86
 ENGINE_SLEEP_S = 2.10
+# A generator's vLLM-Omni engine start-up (rollout.backend=vllm), paid once per generator and again per generator
+# restart: assumptions, not yet measured on a GPU (docs/benchmarks.md has the CPU tier's figures): the process,
+# device context and the engine's warm-up request; the checkpoint (transformer, text encoders, VAE) read from
+# local disk; its copy onto the device over the host link; with rollout.vllm_compile, regional compilation of
+# the transformer's block types (identical blocks share one compiled graph)
+ENGINE_START_FIXED_S = 30.0
+ENGINE_DISK_GBS = 2.0
+ENGINE_COMPILE_S = 60.0
+
+
+@dataclass(frozen=True)
+class EngineStartup:
+    """What one engine start costs (seconds) and what the run pays for it (GPU-seconds)."""
+
+    fixed_s: float
+    read_s: float
+    copy_s: float
+    compile_s: float
+
+    @property
+    def seconds(self) -> float:
+        return self.fixed_s + self.read_s + self.copy_s + self.compile_s
+
+    def price(self, generators: int, restarts: int = 0) -> float:
+        """GPU-seconds of engine starts: once per generator, again per generator restart."""
+        if generators < 0 or restarts < 0:
+            raise ValueError(f"generators ({generators}) and restarts ({restarts}) must be >= 0")
+        return self.seconds * (generators + restarts)
+
+
+def engine_startup(weight_bytes: float, host_gbs: float, compile: bool) -> EngineStartup:
+    """The start-up of an engine that loads ``weight_bytes`` (transformer, text encoders and VAE): see the
+    ``ENGINE_*`` assumptions above."""
+    return EngineStartup(ENGINE_START_FIXED_S, weight_bytes / (ENGINE_DISK_GBS * 1e9), weight_bytes / (host_gbs * 1e9),
+                         ENGINE_COMPILE_S if compile else 0.0)
 
 
 def tokens(model: DiT, s: Setting) -> int:

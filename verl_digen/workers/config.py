@@ -115,3 +115,5 @@ class WorkerConfig:
     rollout_backend: str = "diffusers"  # generator rollout: "diffusers" (any device) or "vllm" (vLLM-Omni, GPU)
     vllm_pipeline: str | None = None  # rollout_backend="vllm": the RL pipeline class; None = verl-digen's own
     vllm_max_batch: int = 1  # rollout_backend="vllm": requests per engine batch (the micro-batch size)
+    vllm_compile: bool = False  # rollout_backend="vllm": compile the engine's transformer (else eager)
+    vllm_memory_fraction: float = 0.9  # rollout_backend="vllm": the engine's gpu_memory_utilization

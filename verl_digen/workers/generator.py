@@ -170,25 +170,24 @@ class GeneratorWorker(Worker):
     def _sync_group(self) -> SyncGroup:
         if self._sync is None:
             raise RuntimeError("join_sync_group must be called before a collective weight pickup")
-        if self.backend is not None:
-            raise RuntimeError("the collective sync needs the diffusers rollout (rollout.backend=vllm holds its "
-                               "weights in the engine; config/validate.py refuses the pair)")
         return self._sync
 
     def recv_weights(self, version: int, sources: list[int]) -> dict[str, Any]:
         """Collective pickup: receive ``version`` from the group ranks ``sources`` (every trainer rank, or one
         generator relaying it) straight into the live weights, bucket by bucket; this worker is between
         trajectories. Returns the version and the byte ledger."""
-        if self.model is None:
-            raise RuntimeError("GeneratorWorker.init_model() must be called first")
+        self._require_model()
         group = self._sync_group()
         if version < self.version:
             raise VersionMismatchError(f"refusing to go back from policy version {self.version} to {version}")
         with self._weights_lock:
-            live = P.live_weights(self.model, self.cfg.policy.lora)
-            plan = plan_for(layout_of(live), self.cfg.sync_bucket_mb << 20, len(sources))
             try:
-                moved = group.receive(version, plan, live, sources, self.cfg.sync_verify_payload)
+                if self.backend is not None:
+                    moved = self.backend.receive(group, version, sources, self.cfg.sync_verify_payload)
+                else:
+                    live = P.live_weights(self.model, self.cfg.policy.lora)
+                    plan = plan_for(layout_of(live), self.cfg.sync_bucket_mb << 20, len(sources))
+                    moved = group.receive(version, plan, live, sources, self.cfg.sync_verify_payload)
             except SyncRefused:
                 raise  # refused before any byte was written: the weights are still the version held
             except BaseException:
@@ -205,8 +204,9 @@ class GeneratorWorker(Worker):
             check_version(self.version, version, f"generator rank {self.rank} (relay)")
             if self._torn is not None:
                 raise RuntimeError(f"generator rank {self.rank} cannot relay: its weights are torn")
-            packer = Packer(P.live_weights(self.model, self.cfg.policy.lora), self.cfg.sync_bucket_mb << 20,
-                            group.device, self._relay_scratch)
+            held = self.backend.weights() if self.backend is not None else P.live_weights(self.model,
+                                                                                          self.cfg.policy.lora)
+            packer = Packer(held, self.cfg.sync_bucket_mb << 20, group.device, self._relay_scratch)
             self._relay_scratch = packer.scratch  # kept for the next relay: no new allocation
             moved = group.serve(dst, version, packer.plan, packer.bucket, verify_payload=self.cfg.sync_verify_payload)
             ledger.add(moved, ledger.STAGING_PEAK, packer.staging_bytes)

@@ -46,7 +46,7 @@ import socket
 import struct
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import timedelta
 from typing import Any
 
@@ -253,8 +253,8 @@ class SyncGroup:
         return self.serve(dst, version, packer.plan, packer.bucket, verify_payload=verify_payload)
 
     # -- the receiver's side ----------------------------------------------------------------------------
-    def receive(self, version: int, plan: BucketPlan, into: dict[str, torch.Tensor], sources: list[int],
-                verify_payload: bool = False) -> dict[str, int]:
+    def receive(self, version: int, plan: BucketPlan, into: Mapping[str, torch.Tensor], sources: list[int],
+                verify_payload: bool = False, on_landed: Callable[[int], None] | None = None) -> dict[str, int]:
         """Receive ``version`` from ``sources`` (group ranks; source ``i`` sends ``plan.owned(i, len)``) into
         ``into`` (tensors on ``self.device`` laid out as ``plan.layout``: the live weights, written bucket by
         bucket). Each source is handled on its own thread: its handshake, then its buckets, two in flight (with
@@ -264,7 +264,8 @@ class SyncGroup:
         only after its own handshake passed; with ``verify_payload`` every bucket is staged and written only
         after every source's payload MAC verified. Raises :class:`SyncRefused` when refused before any byte was
         written, a plain ``RuntimeError`` when other sources' buckets had landed (the weights are then torn).
-        Returns the ledger."""
+        ``on_landed(k)`` is called once bucket ``k``'s bytes are in ``into`` (an engine's ``EngineSink`` then
+        hands the tensors it completed to the engine). Returns the ledger."""
         if not sources:
             raise ValueError("a weight pickup needs at least one source")
         out: dict[str, int] = {}
@@ -297,9 +298,9 @@ class SyncGroup:
                         staged_n += 1
                     pending.append((k, buf, self.pg.recv([buf], src, 0)))
                     if len(pending) == window:
-                        self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
+                        self._land(pending.pop(0), plan, into, staged, verify_payload, landed, on_landed)
                 while pending:
-                    self._land(pending.pop(0), plan, into, staged, verify_payload, landed)
+                    self._land(pending.pop(0), plan, into, staged, verify_payload, landed, on_landed)
                 if verify_payload:  # 3. its payload MAC over what arrived
                     mac = torch.zeros(_MAC_WORDS, dtype=torch.int64, device=self.device)
                     self._recv(mac, src)
@@ -329,6 +330,8 @@ class SyncGroup:
             ledger.add(out, ledger.STAGING_PEAK, sum(b.numel() for b in staged.values()))
             for k, buf in staged.items():
                 unpack(plan, k, buf, into)
+                if on_landed is not None:
+                    on_landed(k)
         return out
 
     def _handshake(self, src: int, version: int, head: list[int], plan: BucketPlan) -> bytes:
@@ -364,8 +367,9 @@ class SyncGroup:
                 return self._pool.pop(i)
         return torch.empty(nbytes, dtype=torch.uint8, device=self.device)
 
-    def _land(self, item: tuple[int, torch.Tensor, Any], plan: BucketPlan, into: dict[str, torch.Tensor],
-              staged: dict[int, torch.Tensor], verify_payload: bool, landed: list[int]) -> None:
+    def _land(self, item: tuple[int, torch.Tensor, Any], plan: BucketPlan, into: Mapping[str, torch.Tensor],
+              staged: dict[int, torch.Tensor], verify_payload: bool, landed: list[int],
+              on_landed: Callable[[int], None] | None = None) -> None:
         """Wait for one bucket and install it (or stage it until the payload verifies)."""
         k, buf, work = item
         work.wait()
@@ -375,6 +379,8 @@ class SyncGroup:
         if not plan.direct(k):
             unpack(plan, k, buf, into)
         landed[0] += 1
+        if on_landed is not None:
+            on_landed(k)
 
     def recv(self, version: int, template: dict[str, torch.Tensor], bucket_bytes: int = DEFAULT_BUCKET_BYTES,
              verify_payload: bool = False, source: int = 0) -> dict[str, torch.Tensor]:

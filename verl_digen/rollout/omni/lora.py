@@ -88,6 +88,14 @@ class LoraSlot:
         self.version = int(version)
         return self.make_request(ADAPTER_NAME, ADAPTER_ID, str(self.dir))
 
+    def read(self) -> dict[str, torch.Tensor]:
+        """The adapters the engine serves, read back from the directory under the trainer's names."""
+        from safetensors.torch import load_file
+
+        back = {new: old for old, new in self.renames.items()}
+        prefix = "base_model.model."
+        return {engine_name(k[len(prefix):], back): v for k, v in load_file(str(self.dir / WEIGHTS_FILE)).items()}
+
     @property
     def closed(self) -> bool:
         return not self._cleanup.alive

@@ -38,6 +38,9 @@ class DigenRLPipeline:
 
     supports_request_batch = True
     digen_arch: ClassVar[str]
+    #: the engine's names of trainer tensors its ``load_weights`` renames (whole names, then name parts)
+    digen_read_renames: ClassVar[dict[str, str]] = {}
+    digen_read_subs: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # -- per architecture ----------------------------------------------------------------------------
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
@@ -51,6 +54,31 @@ class DigenRLPipeline:
     def digen_load_transformer_weights(self, state: dict[str, torch.Tensor]) -> None:
         """A full fine-tune's weights (diffusers names) through the stock ``load_weights`` mapping."""
         self.load_weights((f"transformer.{k}", v) for k, v in state.items())  # type: ignore[attr-defined]
+
+    def digen_read_transformer_weights(self, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        """The served transformer's weights under the trainer's (diffusers) names and shapes ``layout``: the
+        inverse of ``load_weights``, reading a fused projection's shards back out of it (tensor parallel 1: the
+        shards lie along dim 0 in q, k, v order) and undoing the engine's module renames. Clones on the engine's
+        device, one tensor at a time (``GeneratorWorker.weights_checksum``, the tier's bit-identity check)."""
+        from verl_digen.rollout.omni.lora import ENGINE_MODULE_RENAMES, engine_name
+
+        transformer = self.transformer  # type: ignore[attr-defined]
+        own = dict(transformer.named_parameters())
+        own.update(dict(transformer.named_buffers()))
+        mapping = list(getattr(transformer, "stacked_params_mapping", None) or [])
+        shapes = dict(layout)
+        renames = ENGINE_MODULE_RENAMES.get(self.digen_arch, {})
+        out: dict[str, torch.Tensor] = {}
+        for name, shape in layout:
+            seen = [name, engine_name(name, renames), self.digen_read_renames.get(name, name)]
+            seen += [name.replace(a, b) for a, b in self.digen_read_subs if a in name]
+            out[name] = _read_one(name, tuple(shape), own, mapping, shapes, seen)
+        return out
+
+    @torch.no_grad()
+    def digen_encode(self, prompts: list[str], negatives: list[str], cfg: bool) -> Conditioning:
+        """``_digen_cond`` as the generator hands it to the trainer: CPU tensors."""
+        return self._digen_cond(prompts, negatives, cfg).to(device="cpu")
 
     # -- shared ----------------------------------------------------------------------------------------
     def _digen_cond(self, prompts: list[str], negatives: list[str], cfg: bool) -> Conditioning:
@@ -89,6 +117,33 @@ class DigenRLPipeline:
             )
             for i in range(batch.num_reqs)
         ]
+
+
+_SHARD_ORDER = {"q": 0, "k": 1, "v": 2}
+
+
+def _read_one(name: str, shape: tuple[int, ...], own: dict[str, torch.Tensor], mapping: list[tuple[str, str, Any]],
+              shapes: dict[str, tuple[int, ...]], candidates: list[str]) -> torch.Tensor:
+    """One trainer tensor out of the engine's (``digen_read_transformer_weights``)."""
+    for fused, sub, _ in mapping:
+        if sub not in name:
+            continue
+        fused_name = name.replace(sub, fused)
+        if fused_name not in own:
+            break
+        shards = sorted(((s, sid) for f, s, sid in mapping if f == fused),
+                        key=lambda e: _SHARD_ORDER.get(e[1], e[1]) if not isinstance(e[1], int) else e[1])
+        start = 0
+        for s, _ in shards:
+            if s == sub:
+                return own[fused_name].detach().narrow(0, start, shape[0]).clone()
+            start += shapes[name.replace(sub, s)][0]
+    for candidate in candidates:
+        t = own.get(candidate)
+        if t is not None and tuple(t.shape) == shape:
+            return t.detach().clone()
+    raise KeyError(f"the served transformer holds no tensor for the trainer's {name!r} {shape} (nor a fused "
+                   "projection it is a shard of)")
 
 
 class DigenSD3Pipeline(DigenRLPipeline, StableDiffusion3Pipeline):
@@ -168,6 +223,10 @@ class DigenWanPipeline(DigenRLPipeline, Wan22Pipeline):
     """Wan2.1 and Wan2.2 TI2V-5B (one transformer; the two-expert A14B is refused by verl-digen)."""
 
     digen_arch = "wan"
+    # vllm-omni 0.30.0's Wan ``load_weights`` renames (wan2_2/wan2_2_transformer.py:1224-1291)
+    digen_read_renames: ClassVar[dict[str, str]] = {
+        "scale_shift_table": "output_scale_shift_prepare.scale_shift_table"}
+    digen_read_subs = ((".ffn.net.0.", ".ffn.net_0."), (".ffn.net.2.", ".ffn.net_2."), (".to_out.0.", ".to_out."))
 
     def _digen_encode(self, prompts: list[str], max_sequence_length: int) -> dict[str, torch.Tensor]:
         pe, _ = self.encode_prompt(prompt=prompts, negative_prompt=None, do_classifier_free_guidance=False,
@@ -206,7 +265,27 @@ class DigenHunyuanVideoPipeline(DigenRLPipeline, DiffusersAdapterPipeline):
         self._pipeline.transformer.set_attention_backend("native")
 
     def digen_load_transformer_weights(self, state: dict[str, torch.Tensor]) -> None:
-        self._pipeline.transformer.load_state_dict(state, strict=True)
+        """Some of the transformer's tensors (an update arrives bucket by bucket); a name it lacks is an error."""
+        own = self._pipeline.transformer.state_dict()
+        unknown = sorted(set(state) - set(own))
+        if unknown:
+            raise KeyError(f"the served transformer has no tensors {unknown[:5]}")
+        with torch.no_grad():
+            for k, v in state.items():
+                own[k].copy_(v)
+
+    def digen_read_transformer_weights(self, layout: list[tuple[str, tuple[int, ...]]]) -> dict[str, torch.Tensor]:
+        own = self._pipeline.transformer.state_dict()
+        return {k: own[k].detach().clone() for k, _ in layout}
+
+    def digen_read_lora(self) -> dict[str, torch.Tensor]:
+        """The adapters installed by ``digen_load_lora`` (PEFT names), cloned on the engine's device."""
+        from peft import get_peft_model_state_dict
+
+        from verl_digen.models.lora import ADAPTER_NAME
+
+        state = get_peft_model_state_dict(self._pipeline.transformer, adapter_name=ADAPTER_NAME)
+        return {k: v.detach().clone() for k, v in state.items()}
 
     def digen_load_lora(self, state: dict[str, torch.Tensor], config: dict[str, Any]) -> None:
         """LoRA adapters, installed as the trainer holds them (diffusers' ``add_adapter`` under verl-digen's

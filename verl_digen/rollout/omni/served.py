@@ -2,9 +2,10 @@
 latent shape and pixel size of a request, packing, guidance distillation, and the prompt conditioning the
 trainer recomputes on (``Trajectories.cond``) from the checkpoint's text encoders alone.
 
-With ``rollout.backend=vllm`` the engine holds the only copy of the policy on the generator GPU; the
-generator keeps the text encoders (the trainer's loss needs each row's conditioning, and the engine's
-outputs do not carry it) and reads the rest from the checkpoint's config files.
+With ``rollout.backend=vllm`` the engine holds the only copy of the policy on the generator GPU, and the
+generator reads the rest from the checkpoint's config files. ``TextConditioner`` loads the checkpoint's text
+encoders for a pipeline that cannot encode for the generator (``rollout.vllm_pipeline`` outside verl-digen);
+verl-digen's own pipelines answer through the engine's encoders (``workers.vllm_backend.EngineConditioner``).
 """
 
 from __future__ import annotations
