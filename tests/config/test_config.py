@@ -83,6 +83,7 @@ def test_unknown_trainer_mode_is_rejected_by_hydra():
         ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt rollout.vllm_memory_fraction=1.5",
          "rollout.vllm_memory_fraction"),
         ("rollout.backend=tensorrt", "rollout.backend"),
+        ("rollout.backend=vllm trainer.device=cuda model.path=/ckpt trainer=colocated", "rollout.backend"),  # no engine
         ("reward.weights={latent_mean:1.0} reward.kwargs={target:1.0}", "reward.kwargs"),
         ("digen.profile=no-such-preset", "digen.profile"),
     ],

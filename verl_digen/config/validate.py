@@ -82,6 +82,10 @@ def _check_vllm(cfg: RunConfig) -> None:
         raise ConfigError("rollout.vllm_memory_fraction", f, "a fraction of the GPU in (0, 1]")
     if cfg.trainer.device != "cuda":
         raise ConfigError("rollout.backend", r.backend, "'diffusers' unless trainer.device=cuda (vLLM-Omni needs GPUs)")
+    if cfg.trainer.mode == COLOCATED:  # the ranks would generate through their own weights and never start it
+        raise ConfigError("rollout.backend", r.backend, "'diffusers' with trainer=colocated (its ranks generate "
+                          "through their own weights; the vLLM-Omni engine runs on a generator pool: trainer=digen "
+                          "or separate, e.g. a recipe's -digen variant)")
     if cfg.model.path is None:
         raise ConfigError("model.path", cfg.model.path, "a local diffusers checkpoint with rollout.backend=vllm "
                           "(the engine serves real weights)")
