@@ -6,7 +6,7 @@ head is ``ray start --head --block`` in a session of its own, so a signal to the
 the driver finishes or abandons its step with a checkpoint and a resume line, then stops the head. The head
 dies with the driver even on a SIGKILL (the kernel's parent-death signal; Ray's own processes share its
 fate), and on a normal stop every process of its session is killed before the driver exits, so none
-outlives the run (docs/architecture.md, "Ray start-up and stopping").
+outlives the run (docs/cluster.md, "How a run stops").
 """
 
 from __future__ import annotations
