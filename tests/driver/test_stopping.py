@@ -6,6 +6,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -112,3 +113,38 @@ def test_session_processes_finds_a_whole_session_but_not_its_zombies():
     while session_processes(proc.pid) and time.monotonic() < deadline:
         time.sleep(0.05)
     assert session_processes(proc.pid) == []
+
+
+def test_the_heads_watchdog_kills_its_session_when_the_driver_dies_without_stopping_it(tmp_path):
+    """A driver killed with SIGKILL cannot stop its Ray head; the watchdog leading the head's session sees its
+    parent go and kills every process of the session (here a stand-in for ``ray start`` and a child of it
+    that, like Ray's agents, would outlive it)."""
+    pid_file = tmp_path / "watchdog.pid"
+    head = "import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)']); " \
+           "time.sleep(120)"
+    driver = ("import subprocess, sys, time; from pathlib import Path; "
+              f"p = subprocess.Popen([sys.executable, '-m', 'verl_digen.driver.cluster', 'watch', "
+              f"str(__import__('os').getpid()), sys.executable, '-c', {head!r}], start_new_session=True); "
+              f"Path({str(pid_file)!r}).write_text(str(p.pid)); time.sleep(120)")
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", driver], env=env)
+    try:
+        deadline = time.monotonic() + 60
+        while (not pid_file.exists() or len(session_processes(int(pid_file.read_text()))) < 3) \
+                and time.monotonic() < deadline:
+            time.sleep(0.05)
+        sid = int(pid_file.read_text())
+        assert len(session_processes(sid)) == 3  # the watchdog, the head stand-in and its child
+        proc.kill()  # the driver, as the OOM killer would
+        proc.wait()
+        killed = time.monotonic()
+        while session_processes(sid) and time.monotonic() < killed + 10:
+            time.sleep(0.05)
+        assert session_processes(sid) == [] and time.monotonic() - killed < 5.0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        if pid_file.exists():
+            for pid in session_processes(int(pid_file.read_text())):
+                os.kill(pid, signal.SIGKILL)

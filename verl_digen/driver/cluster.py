@@ -3,16 +3,15 @@
 A run never joins a cluster it found by chance (another user's ``ray start`` on the same machine). Its own
 head is ``ray start --head --block`` in a session of its own, so a signal to the run's process group
 (``timeout``, ``kill -- -PGID``, a pod stop of the driver's group) reaches the driver and not Ray's GCS:
-the driver finishes or abandons its step with a checkpoint and a resume line, then stops the head. The head
-dies with the driver even on a SIGKILL (the kernel's parent-death signal; Ray's own processes share its
-fate), and on a normal stop every process of its session is killed before the driver exits, so none
-outlives the run (docs/cluster.md, "How a run stops").
+the driver finishes or abandons its step with a checkpoint and a resume line, then stops the head. On a normal
+stop every process of the head's session is killed before the driver exits; when the driver dies without
+a stop (SIGKILL, the OOM killer), a watchdog leading that session (``watch``) kills it, Ray's dashboard
+and runtime-env agents included, so none outlives the run (docs/cluster.md, "How a run stops").
 """
 
 from __future__ import annotations
 
 import atexit
-import ctypes
 import os
 import signal
 import socket
@@ -26,7 +25,8 @@ from pathlib import Path
 HEAD_START_TIMEOUT_S = 120.0
 #: the line ``ray start`` prints once the head's processes run
 _STARTED = "Ray runtime started"
-_PR_SET_PDEATHSIG = 1
+#: how often the watchdog looks for its driver
+WATCH_S = 0.5
 
 
 def auth_env() -> None:
@@ -41,14 +41,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    """In the head's process before exec: SIGKILL when the driver dies (Linux; elsewhere a no-op)."""
-    try:
-        ctypes.CDLL(None).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (AttributeError, OSError):
-        pass
 
 
 def session_processes(sid: int) -> list[int]:
@@ -77,17 +69,19 @@ class OwnHead:
 
     @classmethod
     def start(cls, num_cpus: int | None, timeout_s: float = HEAD_START_TIMEOUT_S) -> OwnHead:
-        """``ray start --head --block`` on free ports, in a new session; returns once it runs."""
+        """``ray start --head --block`` on free ports, in a new session led by ``watch``; returns once it
+        runs."""
         port = _free_port()
-        cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
-               f"--ray-client-server-port={_free_port()}", "--include-dashboard=false",
-               "--disable-usage-stats", "--block"]
+        ray_cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                   f"--ray-client-server-port={_free_port()}", "--include-dashboard=false",
+                   "--disable-usage-stats", "--block"]
         if num_cpus is not None:
-            cmd.append(f"--num-cpus={num_cpus}")
+            ray_cmd.append(f"--num-cpus={num_cpus}")
+        cmd = [sys.executable, "-m", __name__, "watch", str(os.getpid()), *ray_cmd]
         fd, log_path = tempfile.mkstemp(prefix="digen-ray-head-", suffix=".log")
         with os.fdopen(fd, "w") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                    start_new_session=True, preexec_fn=_die_with_parent)
+                                    start_new_session=True)
         head = cls(proc, f"127.0.0.1:{port}", log_path)
         atexit.register(head.stop)  # any exit path the runtime's shutdown did not cover
         deadline = time.monotonic() + timeout_s
@@ -97,7 +91,7 @@ class OwnHead:
                 head.stop()
                 what = (f"exited with {proc.returncode}" if proc.returncode is not None
                         else f"did not start within {timeout_s:g} s")
-                raise RuntimeError(f"the run's own Ray head ({' '.join(cmd[2:])}) {what}; its output:\n{tail}")
+                raise RuntimeError(f"the run's own Ray head ({' '.join(ray_cmd[2:])}) {what}; its output:\n{tail}")
             time.sleep(0.2)
         return head
 
@@ -123,3 +117,28 @@ class OwnHead:
             time.sleep(0.1)
         Path(self.log_path).unlink(missing_ok=True)
         atexit.unregister(self.stop)
+
+
+def watch(driver: int, cmd: list[str]) -> None:
+    """The head session's leader: run ``cmd`` (``ray start --head --block``) until it ends or the driver
+    ``driver`` (this process's parent) is gone without stopping it, then kill every other process of the
+    session (Ray's agents outlive the GCS by minutes otherwise)."""
+    child = subprocess.Popen(cmd)
+    while child.poll() is None and os.getppid() == driver:
+        time.sleep(WATCH_S)
+    me = os.getpid()
+    for _ in range(50):
+        left = [pid for pid in session_processes(os.getsid(0)) if pid != me]
+        if not left:
+            break
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+        child.poll()  # reap it once dead
+        time.sleep(0.1)
+
+
+if __name__ == "__main__" and len(sys.argv) > 2 and sys.argv[1] == "watch":
+    watch(int(sys.argv[2]), sys.argv[3:])
