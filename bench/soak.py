@@ -194,7 +194,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
     bookkeeping), the floor under the real run's; the difference is verl-digen's share."""
     import ray
 
-    from verl_digen.driver.pools import ensure_ray
+    from verl_digen.driver.pools import ensure_ray, stop_own_ray
 
     ensure_ray(compose(["trainer.progress=false", "trainer.logger=[]"]))
 
@@ -220,7 +220,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
             time.sleep(max(0.0, step_s - (time.perf_counter() - start)))
         wall = time.perf_counter() - t0
     finally:
-        ray.shutdown()
+        stop_own_ray()
     return _row("ray", steps, driver_ms, {"driver": rss}, wall)
 
 

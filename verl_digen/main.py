@@ -8,6 +8,7 @@ worker on CPU, 10 steps, ending with a summary table.
 
 from __future__ import annotations
 
+import gc
 import re
 import sys
 
@@ -186,7 +187,12 @@ def main() -> None:
     if refused:
         print(refused, file=sys.stderr)
         raise SystemExit(2)
-    _hydra_main()
+    try:
+        _hydra_main()
+    finally:
+        # the interpreter's last collection walks every object the run created and imported (torch, diffusers,
+        # Ray): seconds on a busy machine, counted against a scheduler's grace; nothing is left to collect
+        gc.freeze()
 
 
 if __name__ == "__main__":

@@ -561,29 +561,69 @@ def test_failure_line_carries_the_errors_message_not_only_its_type(tmp_path):
         "the run failed: KeyError: 'x' (in ray::GeneratorWorker.score_rows() on pid 4242); ")
 
 
-@pytest.mark.parametrize("env,address,joined", [
-    ({}, "local", False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, "10.0.0.5:6379", True)])
-def test_a_cpu_run_starts_its_own_ray_and_says_which_cluster_it_joined(env, address, joined, monkeypatch, capsys):
-    """Without RAY_ADDRESS a CPU run starts its own Ray (never someone else's ``ray start`` cluster), with
-    no dashboard; with one it joins and says where in one line. (Ray's calls are recorded, not made: a
-    second Ray in the suite's process is not possible.)"""
+def test_a_run_starts_its_own_ray_head_unless_told_and_says_which_cluster(monkeypatch, capsys):
+    """Without RAY_ADDRESS a run (CPU or GPU) starts a head of its own (never someone else's ``ray start``
+    cluster on the machine) and says so; with one it joins and says where. (Ray's calls are recorded, not
+    made: a second Ray in the suite's process is not possible; tests/runtime/test_cluster_stop_runtime.py
+    starts real ones.)"""
     import ray
 
     from verl_digen.driver import pools
 
-    monkeypatch.delenv("RAY_ADDRESS", raising=False)
-    for k, v in env.items():
-        monkeypatch.setenv(k, v)
-    calls = []
+    calls, started = [], []
+
+    class FakeHead:
+        address, pid = "127.0.0.1:6399", 4242
+
+        @classmethod
+        def start(cls, num_cpus):
+            started.append(num_cpus)
+            return cls()
+
+    monkeypatch.setattr(pools, "OwnHead", FakeHead)
     monkeypatch.setattr(ray, "is_initialized", lambda: False)
     monkeypatch.setattr(ray, "init", lambda address=None, **kw: calls.append((address, kw)))
-    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"gcs_address": address})())
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"gcs_address": "10.0.0.5:6379"})())
     monkeypatch.setattr(ray, "nodes", lambda: [{}, {}])
-    pools.ensure_ray(compose(["trainer.device=cpu"]))
-    (got, kw), = calls
-    assert got == address and kw["include_dashboard"] is False
-    out = capsys.readouterr().out
-    assert (f"joined the Ray cluster at {address} (2 node(s))" in out) is joined
+    for device, env, address, line in [
+            ("cpu", None, "127.0.0.1:6399", "started a Ray cluster of its own at 127.0.0.1:6399 (head pid 4242"),
+            ("cuda", None, "127.0.0.1:6399", "started a Ray cluster of its own"),
+            ("cuda", "10.0.0.5:6379", "10.0.0.5:6379", "joined the Ray cluster at 10.0.0.5:6379 (2 node(s))")]:
+        monkeypatch.delenv("RAY_ADDRESS", raising=False)
+        if env:
+            monkeypatch.setenv("RAY_ADDRESS", env)
+        calls.clear()
+        pools.ensure_ray(compose([f"trainer.device={device}"]))
+        (got, kw), = calls
+        assert got == address and kw["include_dashboard"] is False, (device, env)
+        assert line in capsys.readouterr().out, (device, env)
+        pools._own_head = None
+    assert started[0] >= 2 and started[1] is None  # CPU: the cores; GPU: Ray counts them
+
+
+def test_the_stop_signal_handler_covers_ray_start_up(monkeypatch):
+    """A SIGTERM while ``ray.init`` runs reaches the run's handler (its line, its exit code), not Ray's
+    (``sys.exit(15)``, no line): signals are held while Ray connects and its handler is replaced."""
+    import signal
+
+    import ray
+
+    from verl_digen.driver import pools
+    from verl_digen.driver.stopping import StopSignals
+
+    def init_like_ray(address=None, **kw):
+        signal.signal(signal.SIGTERM, lambda *a: sys.exit(15))  # what ray.init does
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    monkeypatch.setenv("RAY_ADDRESS", "10.0.0.5:6379")
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    monkeypatch.setattr(ray, "init", init_like_ray)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"gcs_address": "x"})())
+    monkeypatch.setattr(ray, "nodes", lambda: [{}])
+    with StopSignals(lambda _: None, decide=lambda: (True, "fits")) as sig:
+        pools.ensure_ray(compose(["trainer.device=cpu"]))
+        assert sig.requested == signal.SIGTERM
+        assert signal.getsignal(signal.SIGTERM) == sig._handle
 
 
 def test_a_resave_keeps_a_complete_checkpoint_of_the_step_at_every_moment(tmp_path, monkeypatch):

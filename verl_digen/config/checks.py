@@ -99,6 +99,8 @@ def numbers(cfg: Any) -> None:
         raise ConfigError("trainer.on_nonfinite", t.on_nonfinite, f"one of {', '.join(NONFINITE_ACTIONS)}")
     if not (isinstance(t.max_nonfinite_steps, int) and t.max_nonfinite_steps >= 1):
         raise ConfigError("trainer.max_nonfinite_steps", t.max_nonfinite_steps, "an integer >= 1")
+    _finite("trainer.stop_grace_s", t.stop_grace_s, 0, True, " (seconds; null always finishes the step)",
+            optional=True)
     _finite("trainer.stall_timeout_s", t.stall_timeout_s, 0, True, " (seconds; null waits forever)", optional=True)
     if not (isinstance(t.generator_max_restarts, int) and not isinstance(t.generator_max_restarts, bool)
             and t.generator_max_restarts >= 0):

@@ -202,6 +202,7 @@ class TrainerConfig:
     resume_allow_changes: list[str] = field(default_factory=list)  # keys that may differ from the checkpoint's
     on_nonfinite: str = "skip"  # non-finite reward / loss / grad norm: skip the optimizer step, or stop the run
     max_nonfinite_steps: int = 3  # stop (exit non-zero) after this many consecutive non-finite steps
+    stop_grace_s: float | None = 25.0  # the scheduler's grace between SIGTERM and SIGKILL; None: always finish
     stall_timeout_s: float | None = 1800.0  # stop when no action finishes for this long (a hung worker); None waits
     generator_max_restarts: int = 3  # Ray restarts per generator actor; its in-flight actions are retried on it
     action_timeout_factor: float | None = 10.0  # a generator action over this x its estimate is hung; None: off

@@ -9,8 +9,10 @@ so Ray can only put the pool's workers on matching nodes.
 
 from __future__ import annotations
 
+import contextlib
 import os
-from typing import Any
+import signal
+import threading
 
 import ray
 from ray.util.placement_group import placement_group
@@ -18,6 +20,7 @@ from verl.single_controller.ray.base import RayResourcePool, sort_placement_grou
 
 from verl_digen.config.schema import RunConfig
 from verl_digen.driver import native_memory
+from verl_digen.driver.cluster import OwnHead, auth_env
 
 #: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
 NODE_RESOURCE_PER_WORKER = 1.0
@@ -79,23 +82,61 @@ def check_cluster_fits(pools: dict[str, tuple[int, str | None]], use_gpu: bool) 
 CPU_WORKER_ENV = {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
 
 
+#: the head this process started for its run (None: none, or the run joined a cluster it was given)
+_own_head: OwnHead | None = None
+
+
 def ensure_ray(cfg: RunConfig) -> None:
-    """Start (or join) Ray; CPU workers get the verl CPU platform through the runtime env."""
+    """Join the cluster ``RAY_ADDRESS`` names, or start a head of the run's own (driver/cluster.py; never
+    a cluster found on the machine); either way say which in one line. CPU workers get the verl CPU
+    platform through the runtime env."""
+    global _own_head
     if ray.is_initialized():
         return
     env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
-    # a CPU run without RAY_ADDRESS starts a Ray instance of its own (``address=None`` would join a cluster
-    # that ``ray start`` left on this host, someone else's, and refuse the num_cpus below); a GPU run joins
-    # the ``ray start`` cluster of its head node
-    address = os.environ.get("RAY_ADDRESS") or ("local" if cfg.trainer.device == "cpu" else None)
-    kwargs: dict[str, Any] = {"runtime_env": {"env_vars": env}, "include_dashboard": False,
-                              "log_to_driver": True}
-    if address == "local":
-        kwargs["num_cpus"] = max(os.cpu_count() or 1, cfg.total_workers + 1)
+    auth_env()
+    given = os.environ.get("RAY_ADDRESS")
     native_memory.limit_arenas()  # before Ray's threads start: they share the capped arenas
-    ray.init(address=address, **kwargs)
-    if address != "local":
+    if given:
+        address = given
+    else:
+        cpus = max(os.cpu_count() or 1, cfg.total_workers + 1) if cfg.trainer.device == "cpu" else None
+        _own_head = OwnHead.start(cpus)
+        address = _own_head.address
+    with deferred_stop_signals():  # ray.init puts in a SIGTERM handler of its own (exit 15, no line)
+        ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True)
+    if given:
         joined = ray.get_runtime_context().gcs_address
-        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s))", flush=True)
+        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s)), from RAY_ADDRESS", flush=True)
+    else:
+        print(f"started a Ray cluster of its own at {address} (head pid {_own_head.pid}, stopped with the run; "
+              f"set RAY_ADDRESS to join a running cluster instead)", flush=True)
+
+
+def stop_own_ray() -> None:
+    """Disconnect, and stop the head ``ensure_ray`` started (no-op when the run joined a given cluster)."""
+    global _own_head
+    if _own_head is None:
+        return
+    ray.shutdown()
+    _own_head.stop()
+    _own_head = None
+
+
+@contextlib.contextmanager
+def deferred_stop_signals():
+    """SIGINT / SIGTERM / SIGUSR1 held back while Ray connects, then delivered to the handlers that were in place
+    before (the run's ``StopSignals``: a stop during start-up gets its line and exit code)."""
+    main = threading.current_thread() is threading.main_thread()
+    held = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
+    before = {s: signal.getsignal(s) for s in held} if main else {}
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    try:
+        yield
+    finally:
+        for s, handler in before.items():
+            if handler is not None:
+                signal.signal(s, handler)
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)

@@ -49,6 +49,9 @@ from verl_digen.schedule.timeline import gen_worker, tag_slot
 from verl_digen.workers.actor import contiguous_share
 from verl_digen.workers.sync import WeightSync
 
+#: the longest the driver waits inside Ray at once (Python runs signal handlers only between such waits)
+WAIT_SLICE_S = 0.5
+
 #: the worker method each action kind runs (generator actions on one ``GeneratorWorker``, trainer ones
 #: on every rank of the trainer pool or, for TAG, one rank). A colocated ``generate`` runs the hybrid
 #: rank's ``tag_generate`` on every rank (its share of the batch); ``publish`` and ``weight_sync`` go
@@ -247,8 +250,8 @@ class RayBackend:
             deadlines = [c.deadline for c in self._calls() if c.deadline is not None]
             if deadlines:
                 limits.append(min(deadlines) - now)
-            ready, _ = ray.wait(list(self._inflight), num_returns=1,
-                                timeout=max(0.0, min(limits)) if limits else None)
+            # in slices: a signal's handler runs between them (a SIGTERM must not wait for a long action)
+            ready, _ = ray.wait(list(self._inflight), num_returns=1, timeout=max(0.0, min([*limits, WAIT_SLICE_S])))
             if ready:
                 self._arrive(ready[0])
                 return True

@@ -40,10 +40,19 @@ from verl_digen.data import PromptDataset
 from verl_digen.driver import native_memory, validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
 from verl_digen.driver.faults import fault_policy
-from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray
+from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray, stop_own_ray
 from verl_digen.driver.probe import probe_costs
 from verl_digen.driver.ray_backend import WORKER_METHODS
-from verl_digen.driver.stopping import AbandonStep, GuardedBackend, RunStopped, StopSignals
+from verl_digen.driver.stopping import (
+    AbandonStep,
+    GuardedBackend,
+    RunStopped,
+    StepClock,
+    StopSignals,
+    abandon_cause,
+    exit_code_of,
+    grace_decision,
+)
 from verl_digen.reporting import metric_names as names
 from verl_digen.reporting import run_log
 from verl_digen.reporting.metrics import measured_profile, schedule_metrics, window_metrics
@@ -114,6 +123,7 @@ class DigenRuntime:
         self._lock_root: str | None = None
         self._bad_streak = 0
         self._signals: StopSignals | None = None
+        self._clock = StepClock()  # the step in progress, for the SIGTERM grace decision
         self._partial: RunResult | None = None
         self._segments: list[tuple[int, Timeline]] = []  # (first step - start_step, timeline) per segment
         self.validator: validation.Validator | None = None
@@ -203,7 +213,8 @@ class DigenRuntime:
                  f"{self.parent_run or '?'})")
 
     def shutdown(self) -> None:
-        """Kill the workers and release their placement groups (the Ray session stays up)."""
+        """Kill the workers and release their placement groups; stop the Ray head the run started for
+        itself (a cluster it joined, or one started before the run, stays up)."""
         for wg in (self.gen_wg, self.trn_wg):
             if wg is not None:
                 for w in wg.workers:
@@ -216,6 +227,7 @@ class DigenRuntime:
         if self._lock_root is not None:
             ckpt.release_lock(self._lock_root, self.run_id)
             self._lock_root = None
+        stop_own_ray()
 
     # ---------------------------------------------------------------------------------- helpers
     def _prompts_of(self, step: int) -> tuple[list[int], list[str]]:
@@ -267,6 +279,7 @@ class DigenRuntime:
         t0 = time.perf_counter()
         ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints, t.export_on_save)
                  for w in self.trn_wg.workers])
+        self._clock.save_s = time.perf_counter() - t0
         self.last_checkpoint = path
         exported = f", export in {path}/export" if t.export_on_save else ""
         self._console.write(f"step {step}: saved checkpoint {path} ({time.perf_counter() - t0:.2f} s{exported})")
@@ -280,36 +293,46 @@ class DigenRuntime:
     def fit(self) -> RunResult:
         """Run ``trainer.total_steps`` global steps (from the resume point) and return the reports.
 
-        Stops early with ``RunStopped`` on SIGINT / SIGTERM (after the current step, which is
-        checkpointed when ``trainer.save_freq`` > 0; a second signal abandons the step) and on
-        non-finite values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps
-        so far is written before the error propagates."""
-        # Ray first: ray.init installs a SIGTERM handler of its own for the driver, which would replace ours
-        # (a preempted run then aborted with no checkpoint); a signal during Ray's start-up ends the process
-        ensure_ray(self.cfg)
-        with StopSignals(self.log) as sig:
+        Stops early with ``RunStopped`` on a signal (SIGINT: after the current step, checkpointed when
+        ``trainer.save_freq`` > 0, a second abandons it; SIGTERM: the same when the step fits
+        ``trainer.stop_grace_s``, else at once; SIGUSR1: after the step, for a requeue) and on non-finite
+        values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps so far is
+        written before the error propagates. The handlers are in place before Ray starts: a signal while
+        it starts stops the run with its line too."""
+        with StopSignals(self.log, decide=self._grace_decision) as sig:
             self._signals = sig
             exit_code = 1
             try:
+                ensure_ray(self.cfg)
                 result = self._fit()
                 exit_code = 0
                 return result
             except AbandonStep as ab:
-                name = signal.Signals(ab.signum).name
-                self._write_partial(f"{name}: step abandoned")
-                raise RunStopped(f"stopped by {name} (second signal: the current step was abandoned)",
-                                 128 + ab.signum, self.last_checkpoint) from None
+                raise self._abandoned(ab) from None
             except RunStopped as stop:
                 self._write_partial(stop.reason)
                 raise
             except TimelineError:
                 raise
             except Exception as err:  # a dead worker, a failed call: keep what was measured
+                ab = abandon_cause(err)
+                if ab is not None:
+                    raise self._abandoned(ab) from None
                 self._write_partial(f"failed: {type(err).__name__}")
                 raise
             finally:
                 self._signals = None
                 self._finish_tracking(exit_code)
+
+    def _abandoned(self, ab: AbandonStep) -> RunStopped:
+        name = signal.Signals(ab.signum).name
+        self._write_partial(f"{name}: step abandoned ({ab.why})")
+        return RunStopped(f"stopped by {name} (the step in progress was abandoned: {ab.why})",
+                          exit_code_of(ab.signum), self.last_checkpoint)
+
+    def _grace_decision(self) -> tuple[bool, str]:
+        """On SIGTERM: finish the step in progress, or abandon it (``stopping.grace_decision``)."""
+        return grace_decision(self._clock.remaining(), self.cfg.trainer.stop_grace_s)
 
     def _finish_tracking(self, exit_code: int) -> None:
         """Flush the loggers now (tensorboard's last events, wandb's run state: failed when
@@ -372,7 +395,8 @@ class DigenRuntime:
         run_log.write_json_atomic(Path(trace_dir, f"{mode}_timeline.json"),
                           {"mode": mode, **about, "staleness": result.timeline.staleness,
                            "workers": list(result.timeline.workers), "records": result.timeline.to_dicts()})
-        self._write_curves(trace_dir, mode)
+        if stopped is None or self._signals is None or self._signals.requested is None:
+            self._write_curves(trace_dir, mode)  # not on a signal's stop (seconds of the grace); a resume redraws
         if stopped is not None:
             return
         if violation is not None:
@@ -495,6 +519,7 @@ class DigenRuntime:
         last_end = prev_start = backend.now()  # a later segment's first step starts after the validation
         window = Recent(sched.timeline.records)
         decisions = Recent(getattr(sched, "decisions", []))
+        self._clock.begin()
 
         def on_complete(c: Completion) -> None:
             nonlocal last_end, prev_start
@@ -503,6 +528,7 @@ class DigenRuntime:
                 return
             a, end = c.action, c.end
             g = base + a.step
+            self._clock.finished()
             # this step's records end after the previous step's window began (a stale generation starts
             # once the version it uses exists): per-step work stays flat however long the run
             recent = window.since(lambda r: r.end >= prev_start - 1e-9)
@@ -520,6 +546,7 @@ class DigenRuntime:
             progress.update(g + 1, result.reports[-1].metrics)
             if stopping and g + 1 < total:
                 self._check_signal(after=g + 1)
+            self._clock.begin()
 
         run(sched, backend, on_complete, check=False)
         return backend.t0
@@ -559,7 +586,8 @@ class DigenRuntime:
             return
         name = signal.Signals(sig).name
         at = f"after step {after}" if after is not None else f"before step {self.start_step + 1}"
-        raise RunStopped(f"stopped by {name} {at}", 128 + sig, self.last_checkpoint)
+        requeue = " (the scheduler's advance warning: requeue the job)" if sig == signal.SIGUSR1 else ""
+        raise RunStopped(f"stopped by {name} {at}{requeue}", exit_code_of(sig), self.last_checkpoint)
 
     def _guard(self, step: int, done: StepResults) -> None:
         """The NaN guard's driver half: the trainer skipped the optimizer step of a non-finite step

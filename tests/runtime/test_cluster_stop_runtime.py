@@ -1,0 +1,139 @@
+"""Stopping as cluster schedulers do it, on command-line runs that start their own Ray head (driver/cluster.py):
+
+- a SIGTERM to the run's whole process group (``timeout``, ``scancel`` of a job step, a pod stop) stops it like
+  one to the driver: exit 143, the step's checkpoint, the trace marked incomplete, the resume line, and no
+  Ray process it started alive 5 s later;
+- SIGUSR1 (Slurm's ``--signal`` advance warning) saves after the step and exits ``REQUEUE_EXIT_CODE``;
+- ``trainer.resume_from=auto`` then continues to the end, bit-identical to an unstopped run;
+- with ``trainer.stop_grace_s`` shorter than a (slowed) step, the step is abandoned at once and the exit
+  comes within the grace, keeping the previous checkpoint.
+
+One chain of runs covers the first three (each run's Ray start costs ~10-20 s on 2 cores).
+"""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from runtime_helpers import TINY, compose_run, train
+
+from verl_digen.driver.cluster import session_processes
+from verl_digen.driver.stopping import REQUEUE_EXIT_CODE
+from verl_digen.workers import checkpoint as ckpt
+
+pytestmark = [pytest.mark.ray, pytest.mark.slow]
+
+ROOT = Path(__file__).resolve().parents[2]
+START_TIMEOUT_S = 300
+
+
+class Run:
+    """``python -m verl_digen.main`` in a session (and process group) of its own, output to a file."""
+
+    def __init__(self, tmp_path: Path, name: str, *overrides: str) -> None:
+        args = [a for a in TINY if not a.startswith("trainer.logger=")]
+        self.log = tmp_path / f"{name}.log"
+        cmd = [sys.executable, "-m", "verl_digen.main", *args, "trainer.logger=[console]", *overrides,
+               f"trainer.default_local_dir={tmp_path / 'ckpt'}", f"trainer.trace_dir={tmp_path / 'trace'}",
+               "hydra.run.dir=" + str(tmp_path / "hydra")]
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+        with open(self.log, "w") as out:
+            self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+
+    def text(self) -> str:
+        return self.log.read_text(errors="replace")
+
+    def wait_for(self, pattern: str, timeout: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout
+        while not re.search(pattern, self.text(), re.M):
+            assert self.proc.poll() is None, f"the run ended before {pattern!r}:\n{self.text()[-3000:]}"
+            assert time.monotonic() < deadline, f"no {pattern!r} within {timeout} s:\n{self.text()[-3000:]}"
+            time.sleep(0.1)
+
+    def finish(self, timeout: float = START_TIMEOUT_S) -> int:
+        try:
+            return self.proc.wait(timeout=timeout)
+        finally:
+            if self.proc.poll() is None:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+
+    def sessions(self) -> list[int]:
+        """The driver's session and its own Ray head's (the head's pid is its session id)."""
+        head = re.search(r"started a Ray cluster of its own at \S+ \(head pid (\d+)", self.text())
+        assert head, self.text()[-3000:]
+        return [self.proc.pid, int(head[1])]
+
+
+def _assert_nothing_left(run: Run, exited_at: float) -> None:
+    time.sleep(max(0.0, exited_at + 5.0 - time.monotonic()))
+    left = {sid: session_processes(sid) for sid in run.sessions()}
+    assert not any(left.values()), f"processes alive 5 s after the run exited: {left}"
+
+
+def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical(ray_session, tmp_path):
+    # tiny steps (~0.1 s): a signal after step k lands in step k + 1 or k + 2, well before the last
+    common = ["trainer.total_steps=10", "trainer.save_freq=7"]
+    # 1: the advance warning after step 1: saved after its step (save_freq=7 would not), exit 75, resume line
+    first = Run(tmp_path, "usr1", *common)
+    first.wait_for(r"^step 1/10")
+    first.proc.send_signal(signal.SIGUSR1)
+    assert first.finish() == REQUEUE_EXIT_CODE, first.text()[-3000:]
+    saved = [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")]
+    assert saved and saved[-1] < 7, first.text()[-3000:]
+    assert "stopped by SIGUSR1 after step" in first.text() and "resume with:" in first.text()
+
+    # 2: resumed with auto; a SIGTERM to the whole process group after its first step
+    second = Run(tmp_path, "group", *common, "trainer.resume_from=auto")
+    second.wait_for(rf"^step {saved[-1] + 1}/10")
+    os.killpg(second.proc.pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    assert second.finish() == 128 + signal.SIGTERM, second.text()[-3000:]
+    exited = time.monotonic()
+    assert exited - signalled < 10.0, second.text()[-3000:]
+    last = ckpt.complete_checkpoints(tmp_path / "ckpt")[-1]
+    assert last[0] > saved[-1], second.text()[-3000:]
+    assert "resume with: python -m verl_digen.main" in second.text()
+    assert f"trainer.resume_from={last[1]}" in second.text()
+    trace = json.loads((tmp_path / "trace" / "digen_trace.json").read_text())["otherData"]
+    assert trace["complete"] is False and "SIGTERM" in trace["stopped"], trace
+    assert "received SIGTERM: finishing the current step" in second.text()  # well within the default grace
+    _assert_nothing_left(second, exited)
+
+    # 3: resumed again to the end; equal to a run that was never stopped
+    third = Run(tmp_path, "rest", *common, "trainer.resume_from=auto")
+    assert third.finish() == 0, third.text()[-3000:]
+    _assert_nothing_left(third, time.monotonic())
+    resumed, _ = ckpt.read(tmp_path / "ckpt" / "global_step_10", 0)
+    _, straight = train(compose_run(*common, "trainer.save_freq=0", tmp_path=tmp_path / "straight"))
+    assert straight.keys() == resumed["params"].keys()
+    for name, value in straight.items():
+        assert torch.equal(value, resumed["params"][name]), name
+
+
+def test_a_step_longer_than_the_grace_is_abandoned_at_once_keeping_the_last_checkpoint(tmp_path):
+    reward = tmp_path / "slow_reward.py"
+    reward.write_text("import time\n\n\ndef compute_score(images, prompts, sleep_s=0.0):\n"
+                      "    time.sleep(sleep_s)\n    return [float(i.mean()) for i in images]\n")
+    run = Run(tmp_path, "grace", "trainer.total_steps=6", "trainer.save_freq=1", "trainer.stop_grace_s=5",
+              f"custom_reward_function.path={reward}", "custom_reward_function.reward_kwargs={sleep_s: 4}")
+    run.wait_for(r"^step 1/6")
+    time.sleep(0.5)  # into step 2, which takes as long as step 1 (two slow scores)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    assert run.finish() == 128 + signal.SIGTERM, run.text()[-3000:]
+    assert time.monotonic() - signalled < 8.0, run.text()[-3000:]  # the issue's bound for a 5 s grace
+    text = run.text()
+    assert "abandoning the current step at once" in text and "more than trainer.stop_grace_s=5" in text, text[-3000:]
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")] == [1]
+    assert f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}" in text
+    _assert_nothing_left(run, time.monotonic())
