@@ -264,7 +264,7 @@ class RunConfig:
             reward = self.reward.name
         from verl_digen.rewards.custom import with_custom_reward
 
-        files = [f for f in (self.data.train_files, self.data.val_files) if f]  # a per-sample function's rows
+        files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,

@@ -48,7 +48,7 @@ def data(cfg: Any) -> list[str]:
 
 def custom_reward(cfg: Any) -> None:
     """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
-    from verl_digen.data import load_reward_fields
+    from verl_digen.data import load_reward_rows
     from verl_digen.rewards.custom import CUSTOM, check_function, per_sample
 
     c, r = cfg.custom_reward_function, cfg.reward
@@ -68,14 +68,13 @@ def custom_reward(cfg: Any) -> None:
         key = "custom_reward_function.name" if "has no function" in str(err) else "custom_reward_function.path"
         raise ConfigError(key, c.name if key.endswith("name") else c.path,
                           f"a loadable reward function ({err})") from None
-    if per_sample(fn):  # it reads each prompt's row: the rows must be told apart
+    if per_sample(fn):  # it reads each sample's row: the files' extra columns must be readable
         for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
             try:
                 if path:
-                    load_reward_fields(path, cfg.data.prompt_key)
-            except ValueError as err:
-                raise ConfigError(key, path,
-                                  f"prompt rows a per-sample reward function can tell apart ({err})") from None
+                    load_reward_rows(path, cfg.data.prompt_key)
+            except (ValueError, TypeError) as err:
+                raise ConfigError(key, path, f"prompt rows a per-sample reward function can read ({err})") from None
     if r.weights:
         if CUSTOM not in r.weights:
             raise ConfigError("reward.weights", dict(r.weights), f"an entry '{CUSTOM}' (the custom function's weight, "

@@ -14,7 +14,8 @@ verl-omni's per-sample contract is taken too, recognised by its ``solution_image
     def compute_score(data_source, solution_image, ground_truth, extra_info, **reward_kwargs) -> float | dict:
         # solution_image: torch.uint8 (3, H, W), or (3, F, H, W) for video, on the CPU
         # data_source, ground_truth (the ``reward_model.ground_truth`` column), extra_info: the sample's
-        #   prompt row in data.train_files / data.val_files (verl's dataset layout); None / {} when absent
+        #   own row (by its prompt id) in data.train_files, or data.val_files when validating (verl's
+        #   dataset layout); None / {} when absent
         # returns: a number, or a dict whose "score" is the number
 
 It runs on the generator pool (where every reward model lives), under ``torch.no_grad``; the scores
@@ -36,7 +37,7 @@ from typing import Any
 
 import torch
 
-from .base import Reward
+from .base import Reward, Rows
 
 CUSTOM = "custom"
 #: verl-omni's (verl's) per-sample reward parameters, passed by keyword
@@ -108,31 +109,42 @@ class CustomReward(Reward):
     name = CUSTOM
 
     def __init__(self, path: str, function: str = "compute_score", reward_kwargs: dict[str, Any] | None = None,
-                 name: str | None = None, data_files: list[str] | tuple[str, ...] = (),
+                 name: str | None = None, train_file: str | None = None, val_file: str | None = None,
                  prompt_key: str = "prompt") -> None:
-        """``data_files``: the prompt files whose rows a per-sample function gets its ``data_source``,
-        ``ground_truth`` and ``extra_info`` from (read once, here)."""
+        """``train_file`` / ``val_file``: the prompt files whose rows a per-sample function gets its
+        ``data_source``, ``ground_truth`` and ``extra_info`` from (read once, here; looked up by row)."""
         self.path, self.function = path, function
         self.fn = load_function(path, function)
         self.reward_kwargs = dict(reward_kwargs or {})
         if name:
             self.name = name
-        self.fields: dict[str, dict[str, Any]] | None = None
+        self.tables: dict[str, list[dict[str, Any]]] | None = None
         if per_sample(self.fn):
-            from verl_digen.data import load_reward_fields
+            from verl_digen.data import load_reward_rows
 
             self.frame_wise = False  # verl-omni hands the function a whole video
-            self.fields = {}
-            for f in data_files:
-                self.fields.update(load_reward_fields(f, prompt_key))
+            self.uses_rows = True
+            self.tables = {split: load_reward_rows(f, prompt_key)
+                           for split, f in (("train", train_file), ("val", val_file)) if f}
 
-    def _call(self, images: torch.Tensor, prompts: list[str]) -> Any:
-        if self.fields is None:
+    def _row(self, rows: Rows | None, i: int, prompt: str) -> dict[str, Any]:
+        """Sample ``i``'s dataset row (empty fields when the run has no prompt file for its split)."""
+        table = self.tables.get(rows.split) if rows is not None else None
+        if table is None:
+            return {}
+        row_id = rows.ids[i]
+        if not 0 <= row_id < len(table) or table[row_id]["prompt"] != prompt:
+            raise RuntimeError(f"sample {i} (prompt {prompt[:60]!r}) claims {rows.split} row {row_id}, which "
+                               f"{'does not exist' if not 0 <= row_id < len(table) else 'has another prompt'}")
+        return table[row_id]
+
+    def _call(self, images: torch.Tensor, prompts: list[str], rows: Rows | None = None) -> Any:
+        if self.tables is None:
             return self.fn(images, list(prompts), **self.reward_kwargs)
         pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
         out = []
-        for pixel, prompt in zip(pixels, prompts):
-            row = self.fields.get(prompt, {})
+        for i, (pixel, prompt) in enumerate(zip(pixels, prompts)):
+            row = self._row(rows, i, prompt)
             res = self.fn(data_source=row.get("data_source"), solution_image=pixel,
                           ground_truth=row.get("ground_truth"), extra_info=dict(row.get("extra_info") or {}),
                           **self.reward_kwargs)
@@ -141,9 +153,10 @@ class CustomReward(Reward):
             out.append(res["score"] if isinstance(res, dict) else res)
         return out
 
-    def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None) -> torch.Tensor:
+    def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None,
+              rows: Rows | None = None) -> torch.Tensor:
         try:
-            out = self._call(images, prompts)
+            out = self._call(images, prompts, rows)
         except Exception as err:  # name the user's function: through Ray the worker's traceback comes first
             raise RuntimeError(f"custom reward {self.function} in {self.path} raised {type(err).__name__}: "
                                f"{str(err).strip().splitlines()[0] if str(err).strip() else ''}") from err
@@ -161,22 +174,23 @@ class CustomReward(Reward):
         return f"CustomReward({self.path!r}, {self.function!r})"
 
 
-def spec_of(cfg: Any, data_files: list[str] | tuple[str, ...] = (), prompt_key: str = "prompt") -> dict[str, Any]:
+def spec_of(cfg: Any, files: dict[str, str | None] | None = None, prompt_key: str = "prompt") -> dict[str, Any]:
     """The registry spec of ``custom_reward_function`` (a config section with path, name, reward_kwargs);
-    ``data_files`` / ``prompt_key``: where a per-sample function's row fields come from."""
+    ``files`` (``{"train": path, "val": path}``) / ``prompt_key``: where a per-sample function's rows are."""
     spec = {"name": CUSTOM, "path": cfg.path, "function": cfg.name, "reward_kwargs": dict(cfg.reward_kwargs or {})}
-    if data_files:
-        spec.update(data_files=list(data_files), prompt_key=prompt_key)
+    files = {k: v for k, v in (files or {}).items() if v}
+    if files:
+        spec.update({f"{split}_file": path for split, path in files.items()}, prompt_key=prompt_key)
     return spec
 
 
-def with_custom_reward(reward: Any, cfg: Any, data_files: list[str] | tuple[str, ...] = (),
+def with_custom_reward(reward: Any, cfg: Any, files: dict[str, str | None] | None = None,
                        prompt_key: str = "prompt") -> Any:
     """The worker's reward spec with the custom function in: the whole reward when ``reward.weights`` is
     unset, else the ``custom`` entry of the weights (``reward.weights={custom: 1.0, pickscore: 0.5}``)."""
     if cfg is None or cfg.path is None:
         return reward
-    custom = spec_of(cfg, data_files, prompt_key)
+    custom = spec_of(cfg, files, prompt_key)
     if isinstance(reward, dict) and "name" not in reward:
         if CUSTOM not in reward:
             return reward  # refused by validate: the function would be loaded and never used
