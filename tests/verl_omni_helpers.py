@@ -145,6 +145,16 @@ def _extract(tarball: Path, dest: Path) -> Path:
     return top
 
 
+def snapshot_file(relative: str, dest: Path) -> Path:
+    """One file of the verl-omni snapshot (``verl_omni/...``), extracted alone to ``dest`` (its name kept)."""
+    with tarfile.open(THIRD_PARTY / VERL_OMNI_TARBALL) as tar:
+        data = tar.extractfile(f"verl-omni/{relative}").read()
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / Path(relative).name
+    out.write_bytes(data)
+    return out
+
+
 def write_stubs(dest: Path) -> Path:
     """The vllm / vllm_omni import stubs, with dist-info so ``importlib.metadata`` finds their versions."""
     dest.mkdir(parents=True, exist_ok=True)

@@ -117,6 +117,7 @@ class RewardConfig:
     name: str = DEFAULT_LEARNABLE_REWARD  # replaced by the custom function when custom_reward_function.path is set
     weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
     kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
+    functions: dict[str, Any] | None = None  # verl-omni's reward_functions: {key: {path, name, weight, required}}
 
 
 @dataclass
@@ -262,10 +263,12 @@ class RunConfig:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
-        from verl_digen.rewards.custom import with_custom_reward
+        from verl_digen.rewards.custom import functions_spec, with_custom_reward
 
         files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
+        if self.reward.functions:
+            reward = functions_spec(dict(self.reward.functions), files, self.data.prompt_key)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,

@@ -46,9 +46,20 @@ def data(cfg: Any) -> list[str]:
     return warnings
 
 
+def custom_rows(cfg: Any) -> None:
+    """A per-sample function reads each sample's row: the prompt files' extra columns must be readable."""
+    from verl_digen.data import load_reward_rows
+
+    for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        try:
+            if path:
+                load_reward_rows(path, cfg.data.prompt_key)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(key, path, f"prompt rows a per-sample reward function can read ({err})") from None
+
+
 def custom_reward(cfg: Any) -> None:
     """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
-    from verl_digen.data import load_reward_rows
     from verl_digen.rewards.custom import CUSTOM, check_function, per_sample
 
     c, r = cfg.custom_reward_function, cfg.reward
@@ -69,12 +80,7 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError(key, c.name if key.endswith("name") else c.path,
                           f"a loadable reward function ({err})") from None
     if per_sample(fn):  # it reads each sample's row: the files' extra columns must be readable
-        for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-            try:
-                if path:
-                    load_reward_rows(path, cfg.data.prompt_key)
-            except (ValueError, TypeError) as err:
-                raise ConfigError(key, path, f"prompt rows a per-sample reward function can read ({err})") from None
+        custom_rows(cfg)
     if r.weights:
         if CUSTOM not in r.weights:
             raise ConfigError("reward.weights", dict(r.weights), f"an entry '{CUSTOM}' (the custom function's weight, "
@@ -88,6 +94,37 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError("reward.kwargs", dict(r.kwargs),
                           "null with custom_reward_function (pass the function's options "
                           "as custom_reward_function.reward_kwargs)")
+
+
+def reward_functions(cfg: Any) -> None:
+    """``reward.functions`` (verl-omni's multi-reward manager): the whole reward, so alone; each entry's
+    function loads and takes the keywords it declares."""
+    from verl_digen.rewards.custom import check_functions
+
+    r = cfg.reward
+    if r.functions is None:
+        return
+    others = [(k, v) for k, v in (("reward.weights", r.weights), ("reward.kwargs", r.kwargs),
+                                  ("custom_reward_function.path", cfg.custom_reward_function.path)) if v]
+    if others:
+        key, value = others[0]
+        raise ConfigError(key, dict(value) if isinstance(value, dict) else value,
+                          "null when reward.functions is set (reward.functions is the whole reward)")
+    try:
+        check_functions(dict(r.functions))
+    except ValueError as err:
+        key, expected = err.args
+        raise ConfigError(key, _at(r.functions, key), expected) from None
+    if r.name != DEFAULT_LEARNABLE_REWARD:
+        raise ConfigError("reward.name", r.name, "left at its default when reward.functions is set")
+    custom_rows(cfg)
+
+
+def _at(functions: Any, key: str) -> Any:
+    node: Any = {"reward": {"functions": functions}}
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) or hasattr(node, "get") else None
+    return dict(node) if hasattr(node, "items") else node
 
 
 def vlm_judge(cfg: Any) -> None:
@@ -123,5 +160,6 @@ def check(cfg: Any) -> list[str]:
     """All of the above; returns warnings."""
     warnings = data(cfg)
     custom_reward(cfg)
+    reward_functions(cfg)
     vlm_judge(cfg)
     return warnings

@@ -18,6 +18,10 @@ verl-omni's per-sample contract is taken too, recognised by its ``solution_image
         #   dataset layout); None / {} when absent
         # returns: a number, or a dict whose "score" is the number
 
+``reward.functions`` (verl-omni's multi-reward manager, ``reward.reward_functions``) sums several such
+functions, weighted; each is called per sample with only the keyword arguments its signature declares (all
+of them when it takes ``**kwargs``), and one that is not ``required`` scores 0 for a sample it raises on.
+
 It runs on the generator pool (where every reward model lives), under ``torch.no_grad``; the scores
 become float64 like every other reward's. ``check_function`` loads the file on the driver before Ray
 starts (file exists, imports, function found and callable), so a typo in the path or the name costs a
@@ -30,6 +34,8 @@ import asyncio
 import hashlib
 import importlib.util
 import inspect
+import logging
+import math
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +45,11 @@ import torch
 
 from .base import Reward, Rows
 
+logger = logging.getLogger(__name__)
+
 CUSTOM = "custom"
+#: the keys of a ``reward.functions`` entry that are not the function's own keyword arguments
+FUNCTION_KEYS = ("path", "name", "weight", "required")
 #: verl-omni's (verl's) per-sample reward parameters, passed by keyword
 PER_SAMPLE_PARAMS = ("data_source", "solution_image", "ground_truth", "extra_info")
 
@@ -83,12 +93,36 @@ def per_sample(fn: Callable[..., Any]) -> bool:
         return False
 
 
-def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = None) -> Callable[..., Any]:
+def declared(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The ``kwargs`` that ``fn``'s signature declares (all of them when it takes ``**kwargs``), as verl-omni's
+    multi-reward manager passes them."""
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return kwargs
+    if any(p.kind == inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return kwargs
+    return {k: v for k, v in kwargs.items() if k in params}
+
+
+def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = None,
+                   filter_kwargs: bool = False) -> Callable[..., Any]:
     """What the driver checks before Ray: loadable, and callable as ``fn(images, prompts, **reward_kwargs)``
-    or, per sample, as verl-omni calls it (by its signature; the function is not run). Returns it."""
+    or, per sample, as verl-omni calls it (by its signature; the function is not run). ``filter_kwargs``:
+    called as verl-omni's multi-reward manager calls it (per sample, with the keywords it declares). Returns it."""
     fn = load_function(path, name)
     kwargs = dict(reward_kwargs or {})
     one = per_sample(fn)
+    if filter_kwargs:
+        offered = {**dict.fromkeys(PER_SAMPLE_PARAMS), **kwargs}
+        try:
+            inspect.signature(fn).bind(**declared(fn, offered))
+        except TypeError as err:
+            raise ValueError(f"{path}: {name}{inspect.signature(fn)} cannot be called with the keywords it "
+                             f"declares among {', '.join(offered)} ({err})") from None
+        except ValueError:  # no signature: checked at the first call
+            pass
+        return fn
     try:
         if one:
             inspect.signature(fn).bind(**dict.fromkeys(PER_SAMPLE_PARAMS), **kwargs)
@@ -110,16 +144,18 @@ class CustomReward(Reward):
 
     def __init__(self, path: str, function: str = "compute_score", reward_kwargs: dict[str, Any] | None = None,
                  name: str | None = None, train_file: str | None = None, val_file: str | None = None,
-                 prompt_key: str = "prompt") -> None:
+                 prompt_key: str = "prompt", filter_kwargs: bool = False, required: bool = True) -> None:
         """``train_file`` / ``val_file``: the prompt files whose rows a per-sample function gets its
-        ``data_source``, ``ground_truth`` and ``extra_info`` from (read once, here; looked up by row)."""
+        ``data_source``, ``ground_truth`` and ``extra_info`` from (read once, here; looked up by row).
+        ``filter_kwargs`` / ``required``: a ``reward.functions`` entry (see the module docstring)."""
         self.path, self.function = path, function
         self.fn = load_function(path, function)
         self.reward_kwargs = dict(reward_kwargs or {})
+        self.filter_kwargs, self.required = filter_kwargs, required
         if name:
             self.name = name
         self.tables: dict[str, list[dict[str, Any]]] | None = None
-        if per_sample(self.fn):
+        if filter_kwargs or per_sample(self.fn):
             from verl_digen.data import load_reward_rows
 
             self.frame_wise = False  # verl-omni hands the function a whole video
@@ -145,13 +181,25 @@ class CustomReward(Reward):
         out = []
         for i, (pixel, prompt) in enumerate(zip(pixels, prompts)):
             row = self._row(rows, i, prompt)
-            res = self.fn(data_source=row.get("data_source"), solution_image=pixel,
-                          ground_truth=row.get("ground_truth"), extra_info=dict(row.get("extra_info") or {}),
-                          **self.reward_kwargs)
+            kwargs = {"data_source": row.get("data_source"), "solution_image": pixel,
+                      "ground_truth": row.get("ground_truth"), "extra_info": dict(row.get("extra_info") or {}),
+                      **self.reward_kwargs}
+            out.append(self._one(declared(self.fn, kwargs) if self.filter_kwargs else kwargs))
+        return out
+
+    def _one(self, kwargs: dict[str, Any]) -> float:
+        """One sample's score; a function that is not ``required`` scores 0 where it raises (verl-omni's rule)."""
+        try:
+            res = self.fn(**kwargs)
             if inspect.isawaitable(res):  # verl-omni's reward functions may be coroutines
                 res = asyncio.run(res)
-            out.append(res["score"] if isinstance(res, dict) else res)
-        return out
+            return float(res["score"] if isinstance(res, dict) else res)
+        except Exception as err:
+            if self.required:
+                raise
+            logger.error("reward %s (%s in %s) raised %s: %s; it adds 0 for this sample", self.name, self.function,
+                         self.path, type(err).__name__, err)
+            return 0.0
 
     def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None,
               rows: Rows | None = None) -> torch.Tensor:
@@ -182,6 +230,63 @@ def spec_of(cfg: Any, files: dict[str, str | None] | None = None, prompt_key: st
     if files:
         spec.update({f"{split}_file": path for split, path in files.items()}, prompt_key=prompt_key)
     return spec
+
+
+def functions_spec(functions: dict[str, Any], files: dict[str, str | None] | None = None,
+                   prompt_key: str = "prompt") -> dict[str, Any]:
+    """``reward.functions`` (``{key: {path, name, weight, required, **kwargs}}``) as a weighted reward spec:
+    one per-sample, keyword-filtered ``custom`` component per key."""
+    files = {f"{split}_file": path for split, path in (files or {}).items() if path}
+    spec = {}
+    for key, entry in functions.items():
+        entry = dict(entry)
+        spec[key] = {"name": CUSTOM, "weight": float(entry.get("weight", 1.0)), "path": entry["path"],
+                     "function": entry["name"], "required": parse_required(entry.get("required", False), key),
+                     "reward_kwargs": {k: v for k, v in entry.items() if k not in FUNCTION_KEYS},
+                     "filter_kwargs": True, **files, **({"prompt_key": prompt_key} if files else {})}
+    return spec
+
+
+def parse_required(value: Any, key: str = "?") -> bool:
+    """verl-omni's ``required``: a bool, or the string ``true`` / ``false`` (any case)."""
+    if isinstance(value, bool):
+        return value
+    if isinstance(value, str) and value.lower() in ("true", "false"):
+        return value.lower() == "true"
+    raise ValueError(f"reward.functions.{key}.required = {value!r}: expected true or false")
+
+
+def check_functions(functions: Any) -> list[tuple[str, str]]:
+    """``reward.functions`` before Ray: every entry names a loadable function that verl-omni's keyword filter
+    can call, a finite weight, a boolean ``required``; the weights sum to more than 0. Raises ``ValueError``
+    as ``(key, message)`` in its args; returns the (key, path) pairs."""
+    if not isinstance(functions, dict) or not functions:
+        raise ValueError("reward.functions", "a mapping {name: {path, name, weight, required}} with an entry")
+    total, out = 0.0, []
+    for key, entry in functions.items():
+        where = f"reward.functions.{key}"
+        if not isinstance(entry, dict) or not isinstance(entry.get("path"), str):
+            raise ValueError(where, f"a mapping with a path (a .py file) and a name (got {entry!r})")
+        name = entry.get("name")
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"{where}.name", f"the name of a function in {entry['path']} (got {name!r})")
+        weight = entry.get("weight", 1.0)
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not math.isfinite(weight):
+            raise ValueError(f"{where}.weight", f"a finite number (got {weight!r})")
+        try:
+            parse_required(entry.get("required", False), key)
+        except ValueError:
+            raise ValueError(f"{where}.required", f"true or false (got {entry.get('required')!r})") from None
+        total += float(weight)
+        kwargs = {k: v for k, v in entry.items() if k not in FUNCTION_KEYS}
+        try:
+            check_function(entry["path"], name, kwargs, filter_kwargs=True)
+        except ValueError as err:
+            raise ValueError(f"{where}.path", f"a loadable reward function ({err})") from None
+        out.append((key, entry["path"]))
+    if total <= 0:
+        raise ValueError("reward.functions", f"weights that sum to more than 0 (they sum to {total})")
+    return out
 
 
 def with_custom_reward(reward: Any, cfg: Any, files: dict[str, str | None] | None = None,

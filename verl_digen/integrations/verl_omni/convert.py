@@ -27,6 +27,9 @@ ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen mode
 )
 
 ARR = "actor_rollout_ref"
+#: verl-omni's multi-reward manager: its names in reward.reward_manager.name, and its placeholder function's module
+MULTI_MANAGERS = ("MultiVisualRewardManager", "multi")
+MULTI_PLACEHOLDER = "reward_loop.reward_manager.multi"
 DEVICES = {"cuda": "cuda", "gpu": "cuda", "cpu": "cpu"}  # verl-omni's trainer.device -> verl-digen's
 LOSS_MODES = ("flow_grpo", "dance_grpo")  # verl-omni loss modes verl-digen implements
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
@@ -332,8 +335,11 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 
     # -- reward function (verl's custom_reward_function, batched or verl-omni's per-sample signature) -----
     crf = "reward.custom_reward_function"
-    own = [k for k in ("reward.name", "reward.weights") if _get(cfg, k) is not None]  # verl-digen's, written in
-    if get(f"{crf}.path") and own:
+    own = [k for k in ("reward.name", "reward.weights", "reward.functions")
+           if _get(cfg, k) is not None]  # verl-digen's, written in
+    if _multi_reward(get, put, notes, own):
+        pass
+    elif get(f"{crf}.path") and own:
         notes.append(f"{crf}.path={_get(cfg, f'{crf}.path')!r}: not used; {own[0]} (verl-digen's reward) replaces it")
     elif get(f"{crf}.path"):
         take("custom_reward_function.path", f"{crf}.path", str)
@@ -393,6 +399,29 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):  # the pool split replaces them (resources.*)
         used.add(key)
     return out
+
+
+def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:
+    """verl-omni's multi-reward manager (``reward.reward_manager.name=MultiVisualRewardManager``, its placeholder
+    ``custom_reward_function``, ``reward.reward_functions``) as ``reward.functions``. Returns whether it is one."""
+    crf = "reward.custom_reward_function"
+    manager, path = get("reward.reward_manager.name"), get(f"{crf}.path")
+    if manager not in MULTI_MANAGERS and not str(path or "").endswith(MULTI_PLACEHOLDER):
+        return False
+    for key in (f"{crf}.name", "reward.reward_manager.module.path", "reward.reward_manager.source"):
+        get(key)  # the placeholder and the manager's module: read, nothing to carry
+    functions = get("reward.reward_functions")
+    if own:
+        notes.append(f"reward.reward_manager.name={manager!r}: not used; {own[0]} (verl-digen's reward) replaces it")
+        return True
+    if not functions:
+        raise _refuse("reward.reward_functions", functions, "one entry or more, {name: {path, name, weight, "
+                      f"required}} (reward.reward_manager.name={manager} sums them)")
+    aggregation = get("reward.aggregation")
+    if aggregation not in (None, "weighted_sum"):
+        raise _refuse("reward.aggregation", aggregation, "weighted_sum (what the multi-reward manager computes)")
+    put("reward.functions", {str(k): dict(v) for k, v in dict(functions).items()}, src="reward.reward_functions")
+    return True
 
 
 def _image_size(height: Any, width: Any, vae: int, put: Callable[..., None], notes: list[str]) -> None:
@@ -725,6 +754,9 @@ def in_verl_omni_keys(err: Any, raw: Mapping[str, Any], sources: Mapping[str, st
 
     src = sources.get(err.key)
     section, _, leaf = err.key.partition(".")
+    parent = next((k for k in sources if err.key.startswith(k + ".")), None)  # reward.functions.<name>.path
+    if src is None and parent is not None and leaf.split(".")[0] not in native.get(section, {}):
+        return ConfigError(sources[parent] + err.key[len(parent):], err.value, err.expected)
     if src is None or leaf in native.get(section, {}):
         return err
     return ConfigError(src, _get(raw, src), f"{err.expected} (verl-digen's {err.key} = {err.value!r} is converted "
