@@ -674,3 +674,27 @@ def test_multi_reward_manager_refusals_before_ray(case, tmp_path):
     with pytest.raises(ConfigError) as err:
         vo.to_run_config(raw, log=lambda _: None)
     assert err.value.key == key and part in str(err.value), str(err.value)
+
+
+def test_a_finished_run_says_nothing_to_do_before_ray_through_verl_omnis_entry(tmp_path, capsys):
+    """verl-omni's driver calls the entry guard before ray.init: a run resuming a checkpoint already at
+    trainer.total_training_steps stops there, as verl-digen's own entry does (it used to start Ray and both
+    pools first)."""
+    import torch
+
+    from verl_digen.config import checks
+    from verl_digen.workers import checkpoint as ckpt
+
+    raw = _runnable(tmp_path)
+    ck = ckpt.step_dir(tmp_path / "ckpt", 2)  # written by this recipe's own run
+    mine = checks.fingerprint(vo.to_run_config(raw, log=lambda _: None))
+    ckpt.save(ck, 0, {"params": {"w": torch.arange(2.0)}, "optim": {}, "param_groups": [], "version": 2,
+                      "lora": False}, {"step": 2, "run_id": "old", "config": mine}, barrier=lambda: None)
+    raw["trainer"] = {**raw["trainer"], "resume_mode": "resume_path", "resume_from_path": str(ck),
+                      "total_training_steps": 2}
+    with pytest.raises(SystemExit) as stop:
+        vo.entry_guard(OmegaConf.create(raw))
+    out, err = capsys.readouterr()
+    assert stop.value.code == 0 and f"nothing to do: the checkpoint resumed ({ck}) is at step 2" in out, err
+    raw["trainer"]["total_training_steps"] = 3
+    vo.entry_guard(OmegaConf.create(raw))  # steps left: the guard lets verl-omni go on

@@ -250,3 +250,32 @@ def test_a_reward_file_is_imported_once_per_process_until_it_changes(tmp_path):
     f.write_text(f"open({str(log)!r}, 'a').write('y')\ndef compute_score(images, prompts):\n    return [2.0]\n")
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))  # a new version, even within a tick
     assert load_function(str(f), "compute_score")([0], ["p"]) == [2.0] and log.read_text() == "xy"
+
+
+#: verl-omni's HPSv3 reward's shape: it loads $custom_reward_model_path (else model_name) on its first call
+CHECKPOINT_FILE = """
+def compute_score_hpsv3(data_source, solution_image, ground_truth, extra_info, model_name=None, **kwargs):
+    raise AssertionError("not called before Ray")
+"""
+
+
+def test_a_reward_checkpoint_not_on_this_machine_is_refused_before_ray(tmp_path, monkeypatch):
+    """The HPSv3 script exports custom_reward_model_path; a missing file, or a hub id not in the cache, used
+    to fail in the first reward call, minutes after Ray and the pools started."""
+    f = tmp_path / "hpsv3_reward.py"
+    f.write_text(CHECKPOINT_FILE)
+    overrides = [f"custom_reward_function.path={f}", "custom_reward_function.name=compute_score_hpsv3"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    for where, why in ((str(tmp_path / "CKPT" / "HPSv3.safetensors"), "which does not exist"),
+                       ("nobody/hpsv3-not-cached", "which is not in the Hugging Face cache")):
+        monkeypatch.setenv("custom_reward_model_path", where)
+        with pytest.raises(ConfigError) as err:
+            validate(_cfg(tmp_path, *overrides))
+        assert err.value.key == "custom_reward_function.path"
+        assert f"compute_score_hpsv3 loads its model from $custom_reward_model_path = {where!r}, {why}" in str(
+            err.value)
+    ckpt = tmp_path / "HPSv3.safetensors"
+    ckpt.write_bytes(b"weights")
+    monkeypatch.setenv("custom_reward_model_path", str(ckpt))
+    assert validate(_cfg(tmp_path, *overrides)) == []

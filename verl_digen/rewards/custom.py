@@ -36,6 +36,7 @@ import importlib.util
 import inspect
 import logging
 import math
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -93,6 +94,45 @@ def per_sample(fn: Callable[..., Any]) -> bool:
         return False
 
 
+#: verl-omni's convention for where a reward function's own model lives (its HPSv3 reward reads it first, then
+#: its ``model_name`` argument)
+CHECKPOINT_ENV = "custom_reward_model_path"
+
+
+def checkpoint_missing(path: str) -> str | None:
+    """Why a reward checkpoint (a local file or directory, or a hub id) is not on this machine; None when it
+    is. Nothing is downloaded at run time, so a hub id must be in the Hugging Face cache."""
+    from .external import _looks_local
+
+    if os.path.exists(os.path.expanduser(path)):
+        return None
+    if _looks_local(path) or path.count("/") != 1:
+        return "does not exist"
+    try:
+        from huggingface_hub import snapshot_download
+
+        snapshot_download(path, local_files_only=True)
+        return None
+    except Exception:  # the hub raises several "not cached" types across versions
+        return (f"is not in the Hugging Face cache and is not downloaded at run time (fetch it beforehand: "
+                f"`huggingface-cli download {path}`)")
+
+
+def check_checkpoint(fn: Callable[..., Any], path: str, name: str) -> None:
+    """A per-sample function that takes ``model_name`` loads a model: the one ``$custom_reward_model_path``
+    names (verl-omni's convention), when set, must be on this machine. ``ValueError`` otherwise."""
+    try:
+        takes = "model_name" in inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return
+    where = os.environ.get(CHECKPOINT_ENV)
+    if not takes or not where:
+        return
+    why = checkpoint_missing(where)
+    if why is not None:
+        raise ValueError(f"{path}: {name} loads its model from ${CHECKPOINT_ENV} = {where!r}, which {why}")
+
+
 def declared(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The ``kwargs`` that ``fn``'s signature declares (all of them when it takes ``**kwargs``), as verl-omni's
     multi-reward manager passes them."""
@@ -122,6 +162,7 @@ def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = 
                              f"declares among {', '.join(offered)} ({err})") from None
         except ValueError:  # no signature: checked at the first call
             pass
+        check_checkpoint(fn, path, name)
         return fn
     try:
         if one:
@@ -134,6 +175,8 @@ def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = 
                          f"{''.join(f', {k}=...' for k in kwargs)}) ({err})") from None
     except ValueError:  # no signature (a builtin or C callable): accepted, checked at the first call
         pass
+    if one:
+        check_checkpoint(fn, path, name)
     return fn
 
 
