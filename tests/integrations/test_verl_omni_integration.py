@@ -590,7 +590,7 @@ def _multi(tmp_path: Path, functions: dict) -> dict:
                             for i, (p, g) in enumerate([("a sign", "2"), ("a cat", "3"), ("a sign", "5")])))
     raw = _runnable(tmp_path)
     raw["data"] = {**raw["data"], "train_files": str(rows)}
-    raw["reward"] = {**raw["reward"], "reward_manager": {"name": "MultiVisualRewardManager",
+    raw["reward"] = {"reward_model": {"enable": False}, "reward_manager": {"name": "MultiVisualRewardManager",
                                                          "module": {"path": "pkg://verl_omni.reward_loop.reward_manager"}},
                      "custom_reward_function": {"path": "pkg://verl_omni.reward_loop.reward_manager.multi",
                                                 "name": "_multi_reward_placeholder"},

@@ -74,7 +74,7 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError("custom_reward_function.name", c.name,
                           "the name of a function in custom_reward_function.path")
     try:
-        fn = check_function(c.path, c.name, c.reward_kwargs)
+        fn = check_function(c.path, c.name, c.reward_kwargs, served=bool(r.served.model_path))
     except ValueError as err:
         key = "custom_reward_function.name" if "has no function" in str(err) else "custom_reward_function.path"
         raise ConfigError(key, c.name if key.endswith("name") else c.path,
@@ -111,7 +111,7 @@ def reward_functions(cfg: Any) -> None:
         raise ConfigError(key, dict(value) if isinstance(value, dict) else value,
                           "null when reward.functions is set (reward.functions is the whole reward)")
     try:
-        check_functions(dict(r.functions))
+        check_functions(dict(r.functions), served=bool(r.served.model_path))
     except ValueError as err:
         key, expected = err.args
         raise ConfigError(key, _at(r.functions, key), expected) from None
@@ -125,6 +125,39 @@ def _at(functions: Any, key: str) -> Any:
     for part in key.split("."):
         node = node.get(part) if isinstance(node, dict) or hasattr(node, "get") else None
     return dict(node) if hasattr(node, "items") else node
+
+
+def served_reward(cfg: Any) -> None:
+    """``reward.served``: a model on this machine, settings in range, a function that calls it, and what
+    serving it needs installed (vLLM unless ``command`` replaces it)."""
+    from verl_digen.rewards.custom import checkpoint_missing
+
+    s = cfg.reward.served
+    if not s.model_path:
+        return
+    if not (cfg.custom_reward_function.path or cfg.reward.functions):
+        raise ConfigError("reward.served.model_path", s.model_path, "null unless a reward function calls it "
+                          "(custom_reward_function.path or reward.functions)")
+    why = checkpoint_missing(str(s.model_path))
+    if why is not None:
+        raise ConfigError("reward.served.model_path", s.model_path, f"a checkpoint on this machine (it {why})")
+    if not (isinstance(s.tensor_parallel_size, int) and s.tensor_parallel_size == 1):
+        raise ConfigError("reward.served.tensor_parallel_size", s.tensor_parallel_size,
+                          "1 (each generator worker serves one replica on its own GPU; a replica across GPUs "
+                          "is not implemented)")
+    if not (0 < s.gpu_memory_utilization <= 1):
+        raise ConfigError("reward.served.gpu_memory_utilization", s.gpu_memory_utilization, "a fraction in (0, 1]")
+    if not s.startup_timeout_s > 0:
+        raise ConfigError("reward.served.startup_timeout_s", s.startup_timeout_s, "a number of seconds > 0")
+    if s.command is not None and not (s.command and all(isinstance(c, str) for c in s.command)
+                                      and any("{port}" in c for c in s.command)):
+        raise ConfigError("reward.served.command", s.command, "null (vLLM's server) or a command line as a list "
+                          "of strings, one of them holding {port}")
+    import importlib.util
+
+    if s.command is None and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("reward.served.model_path", s.model_path, "vLLM installed to serve it "
+                          "(pip install verl-digen[vllm]), or reward.served.command naming another server")
 
 
 def vlm_judge(cfg: Any) -> None:
@@ -161,5 +194,6 @@ def check(cfg: Any) -> list[str]:
     warnings = data(cfg)
     custom_reward(cfg)
     reward_functions(cfg)
+    served_reward(cfg)
     vlm_judge(cfg)
     return warnings

@@ -72,7 +72,11 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
         try:
             spec.loader.exec_module(module)
         except Exception as err:
-            raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err})") from None
+            from .served import JUDGE_EXTRA, JUDGE_PACKAGES
+
+            hint = (f"; install it with `pip install {JUDGE_EXTRA}`" if isinstance(err, ImportError)
+                    and (getattr(err, "name", None) or "").split(".")[0] in JUDGE_PACKAGES else "")
+            raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err}){hint}") from None
         module.__digen_stamp__ = stamp
         sys.modules[mod_name] = module
     if not hasattr(module, name):
@@ -133,6 +137,16 @@ def check_checkpoint(fn: Callable[..., Any], path: str, name: str) -> None:
         raise ValueError(f"{path}: {name} loads its model from ${CHECKPOINT_ENV} = {where!r}, which {why}")
 
 
+def _served_hint(err: Exception, served: bool) -> str:
+    """What to do when a function wants a served reward model that the config does not serve."""
+    from .served import SERVED_PARAMS
+
+    if served or not any(f"'{p}'" in str(err) for p in SERVED_PARAMS):
+        return ""
+    return ("; it calls a served reward model: set reward.served.model_path (verl-omni: "
+            "reward.reward_model.enable=True with reward.reward_model.model_path)")
+
+
 def declared(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
     """The ``kwargs`` that ``fn``'s signature declares (all of them when it takes ``**kwargs``), as verl-omni's
     multi-reward manager passes them."""
@@ -146,20 +160,23 @@ def declared(fn: Callable[..., Any], kwargs: dict[str, Any]) -> dict[str, Any]:
 
 
 def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = None,
-                   filter_kwargs: bool = False) -> Callable[..., Any]:
+                   filter_kwargs: bool = False, served: bool = False) -> Callable[..., Any]:
     """What the driver checks before Ray: loadable, and callable as ``fn(images, prompts, **reward_kwargs)``
     or, per sample, as verl-omni calls it (by its signature; the function is not run). ``filter_kwargs``:
-    called as verl-omni's multi-reward manager calls it (per sample, with the keywords it declares). Returns it."""
+    called as verl-omni's multi-reward manager calls it (per sample, with the keywords it declares). ``served``:
+    a reward model is served, so a per-sample function also gets its address, tokenizer and name. Returns it."""
+    from .served import SERVED_PARAMS
+
     fn = load_function(path, name)
-    kwargs = dict(reward_kwargs or {})
-    one = per_sample(fn)
+    one = filter_kwargs or per_sample(fn)
+    kwargs = {**(dict.fromkeys(SERVED_PARAMS) if served and one else {}), **dict(reward_kwargs or {})}
     if filter_kwargs:
         offered = {**dict.fromkeys(PER_SAMPLE_PARAMS), **kwargs}
         try:
             inspect.signature(fn).bind(**declared(fn, offered))
         except TypeError as err:
             raise ValueError(f"{path}: {name}{inspect.signature(fn)} cannot be called with the keywords it "
-                             f"declares among {', '.join(offered)} ({err})") from None
+                             f"declares among {', '.join(offered)} ({err}){_served_hint(err, served)}") from None
         except ValueError:  # no signature: checked at the first call
             pass
         check_checkpoint(fn, path, name)
@@ -172,7 +189,7 @@ def check_function(path: str, name: str, reward_kwargs: dict[str, Any] | None = 
     except TypeError as err:
         call = ", ".join(f"{p}=..." for p in PER_SAMPLE_PARAMS) if one else "images, prompts"
         raise ValueError(f"{path}: {name}{inspect.signature(fn)} cannot be called as {name}({call}"
-                         f"{''.join(f', {k}=...' for k in kwargs)}) ({err})") from None
+                         f"{''.join(f', {k}=...' for k in kwargs)}) ({err}){_served_hint(err, served)}") from None
     except ValueError:  # no signature (a builtin or C callable): accepted, checked at the first call
         pass
     if one:
@@ -187,14 +204,17 @@ class CustomReward(Reward):
 
     def __init__(self, path: str, function: str = "compute_score", reward_kwargs: dict[str, Any] | None = None,
                  name: str | None = None, train_file: str | None = None, val_file: str | None = None,
-                 prompt_key: str = "prompt", filter_kwargs: bool = False, required: bool = True) -> None:
+                 prompt_key: str = "prompt", filter_kwargs: bool = False, required: bool = True,
+                 served: dict[str, Any] | None = None) -> None:
         """``train_file`` / ``val_file``: the prompt files whose rows a per-sample function gets its
         ``data_source``, ``ground_truth`` and ``extra_info`` from (read once, here; looked up by row).
-        ``filter_kwargs`` / ``required``: a ``reward.functions`` entry (see the module docstring)."""
+        ``filter_kwargs`` / ``required``: a ``reward.functions`` entry (see the module docstring). ``served``:
+        a ``served.ServedSpec`` as a dict, the reward model this process serves for the function."""
         self.path, self.function = path, function
         self.fn = load_function(path, function)
         self.reward_kwargs = dict(reward_kwargs or {})
         self.filter_kwargs, self.required = filter_kwargs, required
+        self.served, self._tokenizer = dict(served) if served else None, None
         if name:
             self.name = name
         self.tables: dict[str, list[dict[str, Any]]] | None = None
@@ -221,28 +241,61 @@ class CustomReward(Reward):
         if self.tables is None:
             return self.fn(images, list(prompts), **self.reward_kwargs)
         pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-        out = []
+        extra = {**self._served_kwargs(), **self.reward_kwargs}
+        calls = []
         for i, (pixel, prompt) in enumerate(zip(pixels, prompts)):
             row = self._row(rows, i, prompt)
             kwargs = {"data_source": row.get("data_source"), "solution_image": pixel,
                       "ground_truth": row.get("ground_truth"), "extra_info": dict(row.get("extra_info") or {}),
-                      **self.reward_kwargs}
-            out.append(self._one(declared(self.fn, kwargs) if self.filter_kwargs else kwargs))
-        return out
+                      **extra}
+            calls.append(declared(self.fn, kwargs) if self.filter_kwargs else kwargs)
+        if inspect.iscoroutinefunction(self.fn):  # the micro-batch's requests in flight together, as verl-omni's
+            return asyncio.run(self._gather(calls))  # reward loop sends them
+        return [self._one(kwargs) for kwargs in calls]
+
+    def _served_kwargs(self) -> dict[str, Any]:
+        """What verl-omni's reward loop adds when a reward model is served: its address (the server starts
+        on first use), its tokenizer and its name."""
+        if not self.served:
+            return {}
+        from . import served
+
+        command = self.served.get("command")
+        spec = served.ServedSpec(**{**self.served, "command": tuple(command) if command else None})
+        if self._tokenizer is None:
+            self._tokenizer = (served.tokenizer(spec.model_path),)
+        return {"reward_router_address": served.server(spec).address, "reward_model_tokenizer": self._tokenizer[0],
+                "model_name": spec.model_path}
+
+    async def _gather(self, calls: list[dict[str, Any]]) -> list[float]:
+        async def one(kwargs: dict[str, Any]) -> float:
+            try:
+                return self._value(await self.fn(**kwargs))
+            except Exception as err:
+                return self._failed(err)
+
+        return list(await asyncio.gather(*(one(kwargs) for kwargs in calls)))
 
     def _one(self, kwargs: dict[str, Any]) -> float:
-        """One sample's score; a function that is not ``required`` scores 0 where it raises (verl-omni's rule)."""
         try:
             res = self.fn(**kwargs)
-            if inspect.isawaitable(res):  # verl-omni's reward functions may be coroutines
+            if inspect.isawaitable(res):  # a callable object returning a coroutine
                 res = asyncio.run(res)
-            return float(res["score"] if isinstance(res, dict) else res)
+            return self._value(res)
         except Exception as err:
-            if self.required:
-                raise
-            logger.error("reward %s (%s in %s) raised %s: %s; it adds 0 for this sample", self.name, self.function,
-                         self.path, type(err).__name__, err)
-            return 0.0
+            return self._failed(err)
+
+    @staticmethod
+    def _value(res: Any) -> float:
+        return float(res["score"] if isinstance(res, dict) else res)
+
+    def _failed(self, err: Exception) -> float:
+        """A function that is not ``required`` scores 0 for a sample it raises on (verl-omni's rule)."""
+        if self.required:
+            raise err
+        logger.error("reward %s (%s in %s) raised %s: %s; it adds 0 for this sample", self.name, self.function,
+                     self.path, type(err).__name__, err)
+        return 0.0
 
     def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None,
               rows: Rows | None = None) -> torch.Tensor:
@@ -299,7 +352,7 @@ def parse_required(value: Any, key: str = "?") -> bool:
     raise ValueError(f"reward.functions.{key}.required = {value!r}: expected true or false")
 
 
-def check_functions(functions: Any) -> list[tuple[str, str]]:
+def check_functions(functions: Any, served: bool = False) -> list[tuple[str, str]]:
     """``reward.functions`` before Ray: every entry names a loadable function that verl-omni's keyword filter
     can call, a finite weight, a boolean ``required``; the weights sum to more than 0. Raises ``ValueError``
     as ``(key, message)`` in its args; returns the (key, path) pairs."""
@@ -323,13 +376,30 @@ def check_functions(functions: Any) -> list[tuple[str, str]]:
         total += float(weight)
         kwargs = {k: v for k, v in entry.items() if k not in FUNCTION_KEYS}
         try:
-            check_function(entry["path"], name, kwargs, filter_kwargs=True)
+            check_function(entry["path"], name, kwargs, filter_kwargs=True, served=served)
         except ValueError as err:
             raise ValueError(f"{where}.path", f"a loadable reward function ({err})") from None
         out.append((key, entry["path"]))
     if total <= 0:
         raise ValueError("reward.functions", f"weights that sum to more than 0 (they sum to {total})")
     return out
+
+
+def with_served(reward: Any, cfg: Any) -> Any:
+    """The worker's reward spec with ``reward.served`` given to every custom function in it (they share the
+    one server, as verl-omni's functions share its reward model's address)."""
+    from .served import spec_of
+
+    spec = spec_of(cfg)
+    if spec is None:
+        return reward
+    served = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()}
+    if isinstance(reward, dict) and reward.get("name") == CUSTOM:
+        return {**reward, "served": served}
+    if isinstance(reward, dict) and "name" not in reward:
+        return {k: ({**v, "served": served} if isinstance(v, dict) and v.get("name") == CUSTOM else v)
+                for k, v in reward.items()}
+    return reward
 
 
 def with_custom_reward(reward: Any, cfg: Any, files: dict[str, str | None] | None = None,

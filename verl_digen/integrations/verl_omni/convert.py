@@ -342,6 +342,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     elif get(f"{crf}.path") and own:
         notes.append(f"{crf}.path={_get(cfg, f'{crf}.path')!r}: not used; {own[0]} (verl-digen's reward) replaces it")
     elif get(f"{crf}.path"):
+        _served_reward(get, put, notes)
         take("custom_reward_function.path", f"{crf}.path", str)
         take("custom_reward_function.name", f"{crf}.name", str)
         kwargs = get(f"{crf}.reward_kwargs")
@@ -401,6 +402,29 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     return out
 
 
+def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str]) -> None:
+    """verl-omni's ``reward.reward_model`` (a judge served with vLLM, called by the reward functions through
+    ``reward_router_address``) as ``reward.served``: served on the generator pool. Called only where verl-omni's
+    reward functions are carried (a verl-digen reward written in replaces them, and nothing would call it)."""
+    rm = "reward.reward_model"
+    if not get(f"{rm}.enable"):
+        return
+    path = get(f"{rm}.model_path")
+    if not path:
+        raise _refuse(f"{rm}.model_path", path, f"the served reward model's checkpoint ({rm}.enable=True)")
+    engine = get(f"{rm}.rollout.name")
+    if engine not in (None, "vllm"):
+        raise _refuse(f"{rm}.rollout.name", engine, "vllm (the engine verl-digen serves a reward model with)")
+    put("reward.served.model_path", str(path), src=f"{rm}.model_path")
+    put("reward.served.tensor_parallel_size", get(f"{rm}.rollout.tensor_model_parallel_size"), int,
+        src=f"{rm}.rollout.tensor_model_parallel_size")
+    put("reward.served.gpu_memory_utilization", get(f"{rm}.rollout.gpu_memory_utilization"), float,
+        src=f"{rm}.rollout.gpu_memory_utilization")
+    if get(f"{rm}.enable_resource_pool"):
+        notes.append(f"{rm}.enable_resource_pool=True: the reward model is served on the generator pool, one "
+                     "replica per generator worker (its own pool is not implemented)")
+
+
 def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:
     """verl-omni's multi-reward manager (``reward.reward_manager.name=MultiVisualRewardManager``, its placeholder
     ``custom_reward_function``, ``reward.reward_functions``) as ``reward.functions``. Returns whether it is one."""
@@ -421,6 +445,7 @@ def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list
     if aggregation not in (None, "weighted_sum"):
         raise _refuse("reward.aggregation", aggregation, "weighted_sum (what the multi-reward manager computes)")
     put("reward.functions", {str(k): dict(v) for k, v in dict(functions).items()}, src="reward.reward_functions")
+    _served_reward(get, put, notes)
     return True
 
 
