@@ -597,7 +597,8 @@ def _classify(raw: Mapping[str, Any], used: set[str], defaults: Mapping[str, Any
     for key, value in _leaves(raw).items():
         if key.split(".")[0] in DIGEN_ONLY_SECTIONS or covered(key, ENTRY_KEYS) or covered(key, interpolated):
             continue
-        if key in schema and key not in base:  # a verl-digen key written into a shared section
+        ours = key in schema or any(key.startswith(f + ".") for f in schema)  # reward.served.command too
+        if ours and key not in base:  # a verl-digen key written into a shared section
             continue
         considered.add(key)
         if covered(key, used):
