@@ -345,9 +345,17 @@ RUN_TINY = {
 }
 
 
+#: scripts run tiny only with their own reward (tests/integrations/test_verl_omni_real.py, OWN_REWARD)
+RUN_TINY_OWN_REWARD = {
+    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_multi_reward.sh": (
+        "yes (2 steps, pinned verl; switched to v1; with its own reward: compute_score_ocr and a stub judge, "
+        "tensor parallel 1, and its JPEG function)"),
+}
+
+
 def table_row(r: ExampleRow) -> str:
     """One row of the example table in docs/migrating-from-verl-omni.md."""
-    runs = RUN_TINY.get(r.script) or ("—" if r.validates != "yes" else "not run")
+    runs = RUN_TINY.get(r.script) or RUN_TINY_OWN_REWARD.get(r.script) or ("—" if r.validates != "yes" else "not run")
     differs = list(r.differs)
     if r.entry == "v0":
         differs.insert(0, "v0 entry: refused until switched to `main_diffusion_v1 trainer.use_v1=true`")
