@@ -273,7 +273,8 @@ class RunConfig:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
-        from verl_digen.rewards.custom import functions_spec, with_custom_reward, with_served
+        from verl_digen.rewards.custom import with_custom_reward, with_served
+        from verl_digen.rewards.functions import functions_spec
 
         files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)

@@ -99,7 +99,7 @@ def custom_reward(cfg: Any) -> None:
 def reward_functions(cfg: Any) -> None:
     """``reward.functions`` (verl-omni's multi-reward manager): the whole reward, so alone; each entry's
     function loads and takes the keywords it declares."""
-    from verl_digen.rewards.custom import check_functions
+    from verl_digen.rewards.functions import check_functions
 
     r = cfg.reward
     if r.functions is None:
