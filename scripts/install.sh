@@ -46,7 +46,7 @@ build = f"CUDA {torch.version.cuda}" if torch.version.cuda else "CPU"
 print(f"torch {torch.__version__} ({build} build)")
 EOF
 
-python -m pip install -q -e ".[test]"
+python -m pip install -q -e ".[test,judge]"
 # verl-omni's own registry dependencies that verl-digen lacks, for tests/integrations/test_verl_omni_real.py
 # (verl-omni itself is not on the registry; the tests use the snapshot in ../shared/third_party)
 python -m pip install -q "TransferQueue==0.1.8" cachetools uvicorn fastapi

@@ -145,6 +145,16 @@ def _extract(tarball: Path, dest: Path) -> Path:
     return top
 
 
+def snapshot_file(relative: str, dest: Path) -> Path:
+    """One file of the verl-omni snapshot (``verl_omni/...``), extracted alone to ``dest`` (its name kept)."""
+    with tarfile.open(THIRD_PARTY / VERL_OMNI_TARBALL) as tar:
+        data = tar.extractfile(f"verl-omni/{relative}").read()
+    dest.mkdir(parents=True, exist_ok=True)
+    out = dest / Path(relative).name
+    out.write_bytes(data)
+    return out
+
+
 def write_stubs(dest: Path) -> Path:
     """The vllm / vllm_omni import stubs, with dist-info so ``importlib.metadata`` finds their versions."""
     dest.mkdir(parents=True, exist_ok=True)
@@ -326,16 +336,26 @@ def example_scripts(omni: Path) -> list[Path]:
 #: the examples the tests run for real (tests/integrations/test_verl_omni_real.py) -> the table's "runs tiny" cell
 RUN_TINY = {
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, both verls)",
-    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1)",
+    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1; "
+                                                              "also with its own compute_score_ocr and a "
+                                                              "stub judge, tensor parallel 1)",
     "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh": "yes (2 steps, pinned verl; switched to v1, "
                                                                "trainer.device=cpu)",
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh": "yes (2 steps, pinned verl)",
 }
 
 
+#: scripts run tiny only with their own reward (tests/integrations/test_verl_omni_real.py, OWN_REWARD)
+RUN_TINY_OWN_REWARD = {
+    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_multi_reward.sh": (
+        "yes (2 steps, pinned verl; switched to v1; with its own reward: compute_score_ocr and a stub judge, "
+        "tensor parallel 1, and its JPEG function)"),
+}
+
+
 def table_row(r: ExampleRow) -> str:
     """One row of the example table in docs/migrating-from-verl-omni.md."""
-    runs = RUN_TINY.get(r.script) or ("—" if r.validates != "yes" else "not run")
+    runs = RUN_TINY.get(r.script) or RUN_TINY_OWN_REWARD.get(r.script) or ("—" if r.validates != "yes" else "not run")
     differs = list(r.differs)
     if r.entry == "v0":
         differs.insert(0, "v0 entry: refused until switched to `main_diffusion_v1 trainer.use_v1=true`")

@@ -138,14 +138,15 @@ def load_prompts(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> list
 REWARD_FIELDS = ("data_source", "reward_model", "extra_info")
 
 
-def load_reward_fields(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> dict[str, dict[str, Any]]:
-    """Per prompt text, what verl's dataset layout gives a reward function besides the image:
-    ``data_source``, ``ground_truth`` (from the ``reward_model`` column) and ``extra_info``, read from a
-    ``.parquet`` or ``.jsonl`` file (a ``.txt`` file has none: empty). Keyed by the prompt, which is what
-    a generator scores with; a prompt listed twice with different fields is a ``ValueError``."""
+def load_reward_rows(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -> list[dict[str, Any]]:
+    """Per row, in ``load_prompts``' order (a sample's prompt id indexes it), what verl's dataset layout gives
+    a reward function besides the image: ``data_source``, ``ground_truth`` (from the ``reward_model``
+    column) and ``extra_info``, plus the row's ``prompt``. Read from a ``.parquet`` or ``.jsonl`` file; a
+    ``.txt`` file's rows have only their prompt. Two rows may share a prompt text and differ in the rest."""
     path = Path(path)
     if path.suffix == ".txt":
-        return {}
+        return [{"prompt": p, "data_source": None, "ground_truth": None, "extra_info": {}}
+                for p in load_prompts(path, prompt_key)]
     if path.suffix == ".parquet":
         import pyarrow.parquet as pq
 
@@ -159,15 +160,10 @@ def load_reward_fields(path: str | Path, prompt_key: str = DEFAULT_PROMPT_KEY) -
             if ln.strip():
                 rows.append(json.loads(ln))
                 where.append(f"{path}:{no}")
-    out: dict[str, dict[str, Any]] = {}
+    out: list[dict[str, Any]] = []
     for at, row in zip(where, rows):
         reward_model = row.get("reward_model") or {}
-        fields = {"data_source": row.get("data_source"),
-                  "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
-                  "extra_info": dict(row.get("extra_info") or {})}
-        prompt = _row_prompt(at, row, prompt_key)
-        if out.setdefault(prompt, fields) != fields:
-            raise ValueError(f"{at}: the prompt {prompt[:80]!r} is listed earlier with another data_source, "
-                             "ground_truth or extra_info; a reward function could not tell them apart")
+        out.append({"prompt": _row_prompt(at, row, prompt_key), "data_source": row.get("data_source"),
+                    "ground_truth": reward_model.get("ground_truth") if isinstance(reward_model, dict) else None,
+                    "extra_info": dict(row.get("extra_info") or {})})
     return out
-

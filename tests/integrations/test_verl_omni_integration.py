@@ -565,3 +565,136 @@ def test_a_cpu_run_through_verl_omnis_entry_sets_the_cpu_platform_before_verl_de
     ]:
         before = dict(environ)
         assert not vo.keep_cpu_on_cpu(argv, environ) and environ == before
+
+
+# what verl-omni's multi-reward manager sums: functions that each declare only some keywords
+MULTI_FILE = '''
+def from_row(ground_truth, extra_info, scale=1.0):
+    return {"score": float(ground_truth) * scale + extra_info["index"], "detail": "kept out of the sum"}
+
+def flaky(solution_image):
+    raise ValueError("down")
+
+async def needs_data_source(data_source, **kwargs):
+    assert set(kwargs) == {"solution_image", "ground_truth", "extra_info", "tag"}, kwargs
+    return 100.0 if data_source == "ocr" else -1.0
+'''
+
+
+def _multi(tmp_path: Path, functions: dict) -> dict:
+    """The Qwen-Image multi-reward script's reward keys (its placeholder, its manager) on the runnable recipe,
+    with a prompt file that repeats a prompt in two rows."""
+    rows = tmp_path / "ocr.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": p, "data_source": "ocr", "reward_model": {"ground_truth": g},
+                                        "extra_info": {"index": i}}) + "\n"
+                            for i, (p, g) in enumerate([("a sign", "2"), ("a cat", "3"), ("a sign", "5")])))
+    raw = _runnable(tmp_path)
+    raw["data"] = {**raw["data"], "train_files": str(rows)}
+    raw["reward"] = {"reward_model": {"enable": False}, "reward_manager": {"name": "MultiVisualRewardManager",
+                                                         "module": {"path": "pkg://verl_omni.reward_loop.reward_manager"}},
+                     "custom_reward_function": {"path": "pkg://verl_omni.reward_loop.reward_manager.multi",
+                                                "name": "_multi_reward_placeholder"},
+                     "reward_functions": functions, "aggregation": "weighted_sum"}
+    return raw
+
+
+def test_multi_reward_manager_converts_to_weighted_functions_with_keyword_filtering(tmp_path):
+    """reward.reward_manager.name=MultiVisualRewardManager: each reward.reward_functions entry is called per
+    sample with the keywords its signature declares (verl-omni's jpeg_compressibility.compute_score takes only
+    solution_image), its extra keys as keywords, weighted; one that is not required scores 0 where it raises."""
+    import torch
+    from verl_omni_helpers import snapshot_file, tarballs_present
+
+    from verl_digen.rewards import MultiReward, Rows, build_reward
+
+    f = tmp_path / "multi_fns.py"
+    f.write_text(MULTI_FILE)
+    jpeg = (snapshot_file("verl_omni/utils/reward_score/jpeg_compressibility.py", tmp_path / "omni")
+            if tarballs_present() else None)
+    functions = {"row": {"path": str(f), "name": "from_row", "weight": 0.5, "required": "True", "scale": 2.0},
+                 "flaky": {"path": str(f), "name": "flaky", "weight": 3.0},
+                 "source": {"path": str(f), "name": "needs_data_source", "weight": 0.25, "tag": "x"}}
+    if jpeg is not None:  # verl-omni's own function, which refuses any keyword but solution_image
+        functions["jpeg"] = {"path": str(jpeg), "name": "compute_score", "weight": 0.5}
+    logged: list[str] = []
+    cfg = vo.to_run_config(_multi(tmp_path, functions), log=logged.append)
+    assert not [line for line in logged if "reward_functions" in line or "reward_manager" in line], logged
+    reward = build_reward(cfg.worker_config().reward)
+    assert isinstance(reward, MultiReward) and set(reward.rewards) == set(functions)
+    images = torch.rand(3, 3, 16, 16, generator=torch.Generator().manual_seed(0))
+    parts = reward.components(images, ["a sign", "a cat", "a sign"], rows=Rows("train", (2, 1, 0)))
+    assert parts["row"].tolist() == [12.0, 7.0, 4.0]  # ground truth x 2 + extra_info.index, from each own row
+    assert parts["flaky"].tolist() == [0.0, 0.0, 0.0] and parts["source"].tolist() == [100.0] * 3
+    want = 0.5 * parts["row"] + 25.0
+    if jpeg is not None:
+        import importlib.util
+
+        spec = importlib.util.spec_from_file_location("jpeg_ref", jpeg)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        pixels = (images.clamp(0, 1) * 255).round().to(torch.uint8)
+        assert parts["jpeg"].tolist() == [mod.compute_score(p) for p in pixels]
+        want = want + 0.5 * parts["jpeg"]
+    assert torch.allclose(reward.weighted_sum(parts), want, rtol=0, atol=1e-12)
+    # required: its failure stops the run, named
+    required = {**functions, "flaky": {**functions["flaky"], "required": True}}
+    strict = build_reward(vo.to_run_config(_multi(tmp_path, required), log=lambda _: None).worker_config().reward)
+    with pytest.raises(RuntimeError, match="custom reward flaky in .*multi_fns.py raised ValueError: down"):
+        strict(images, ["a sign"] * 3, rows=Rows("train", (0, 0, 0)))
+
+
+@pytest.mark.parametrize("case", ["undeclared-required-keyword", "weights-sum-zero", "required-not-bool",
+                                  "no-functions", "other-aggregation"])
+def test_multi_reward_manager_refusals_before_ray(case, tmp_path):
+    from verl_digen.config import ConfigError
+
+    f = tmp_path / "fns.py"
+    f.write_text("def judge(solution_image, reward_router_address):\n    return 1.0\n"
+                 "def ok(solution_image):\n    return 1.0\n")
+    functions = {"a": {"path": str(f), "name": "ok", "weight": 1.0}}
+    key, part = {
+        "undeclared-required-keyword": ("reward.reward_functions.j.path", "missing a required argument: "
+                                        "'reward_router_address'"),
+        "weights-sum-zero": ("reward.reward_functions", "weights that sum to more than 0 (they sum to 0.0)"),
+        "required-not-bool": ("reward.reward_functions.a.required", "true or false (got 'maybe')"),
+        "no-functions": ("reward.reward_functions", "one entry or more"),
+        "other-aggregation": ("reward.aggregation", "weighted_sum"),
+    }[case]
+    if case == "undeclared-required-keyword":
+        functions["j"] = {"path": str(f), "name": "judge", "weight": 1.0}
+    elif case == "weights-sum-zero":
+        functions["b"] = {"path": str(f), "name": "ok", "weight": -1.0}
+    elif case == "required-not-bool":
+        functions["a"]["required"] = "maybe"
+    elif case == "no-functions":
+        functions = {}
+    raw = _multi(tmp_path, functions)
+    if case == "other-aggregation":
+        raw["reward"]["aggregation"] = "max"
+    with pytest.raises(ConfigError) as err:
+        vo.to_run_config(raw, log=lambda _: None)
+    assert err.value.key == key and part in str(err.value), str(err.value)
+
+
+def test_a_finished_run_says_nothing_to_do_before_ray_through_verl_omnis_entry(tmp_path, capsys):
+    """verl-omni's driver calls the entry guard before ray.init: a run resuming a checkpoint already at
+    trainer.total_training_steps stops there, as verl-digen's own entry does (it used to start Ray and both
+    pools first)."""
+    import torch
+
+    from verl_digen.config import checks
+    from verl_digen.workers import checkpoint as ckpt
+
+    raw = _runnable(tmp_path)
+    ck = ckpt.step_dir(tmp_path / "ckpt", 2)  # written by this recipe's own run
+    mine = checks.fingerprint(vo.to_run_config(raw, log=lambda _: None))
+    ckpt.save(ck, 0, {"params": {"w": torch.arange(2.0)}, "optim": {}, "param_groups": [], "version": 2,
+                      "lora": False}, {"step": 2, "run_id": "old", "config": mine}, barrier=lambda: None)
+    raw["trainer"] = {**raw["trainer"], "resume_mode": "resume_path", "resume_from_path": str(ck),
+                      "total_training_steps": 2}
+    with pytest.raises(SystemExit) as stop:
+        vo.entry_guard(OmegaConf.create(raw))
+    out, err = capsys.readouterr()
+    assert stop.value.code == 0 and f"nothing to do: the checkpoint resumed ({ck}) is at step 2" in out, err
+    raw["trainer"]["total_training_steps"] = 3
+    vo.entry_guard(OmegaConf.create(raw))  # steps left: the guard lets verl-omni go on

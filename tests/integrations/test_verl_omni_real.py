@@ -77,6 +77,37 @@ def _digen_flags(tmp: Path, small: bool = True) -> list[str]:
             *(["+verl_omni=small"] if small else [])]
 
 
+#: Qwen-Image scripts run with their own reward (verl-omni's compute_score_ocr; the multi-reward one adds its
+#: JPEG function) against a served judge stub
+OWN_REWARD = {"ocr": "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh",
+              "multi": "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_multi_reward.sh"}
+
+
+def own_reward_args(snaps: Snapshots, tmp: Path, script: str) -> list[str]:
+    """A Qwen-Image OCR script, shrunk and switched to v1, keeping its own reward: verl-omni's
+    compute_score_ocr against a served judge (a chat-completions stub in place of vLLM: tests/chat_stub.py),
+    each prompt row with its own ground truth."""
+    _, args = _overrides(snaps, script, tmp / "capture")
+    args = [a for a in args if not a.startswith(("trainer.use_v1=", "trainer.v1.trainer_mode="))]
+    crf = "reward.custom_reward_function.path="  # relative to verl-omni's root, where its scripts run
+    args = [f"{crf}{snaps.omni / a[len(crf):]}" if a.startswith(crf) else a for a in args]
+    rows = tmp / "ocr.jsonl"
+    rows.write_text("".join(json.dumps({"prompt": f"a sign that says {t}", "data_source": "ocr", "reward_model":
+                                        {"ground_truth": t}, "extra_info": {"index": i}}) + "\n"
+                            for i, t in enumerate(["bright sign", "dark sign"])))
+    judge = tmp / "Qwen3-VL-8B-Instruct"
+    judge.mkdir(exist_ok=True)
+    stub = ROOT / "tests" / "chat_stub.py"
+    flags = [f if not f.startswith(("data.train_files=", "data.val_files=")) else f.split("=")[0] + f"={rows}"
+             for f in _digen_flags(tmp)]
+    return ["-m", ENTRY_V1, *args, *flags, *[s for s in SHRINK if s != "+reward.name=latent_mean"],
+            f"reward.reward_model.model_path={judge}",
+            "reward.reward_model.rollout.tensor_model_parallel_size=1",  # the script's 4: one replica per GPU here
+            "+model.arch=qwen_image",  # the multi-reward script's model path ($HOME/huggingface/...) names no arch
+            f"+reward.served.command=[{sys.executable},{stub},--port,'{{port}}',--log,{tmp / 'judge.jsonl'}]",
+            f"+trainer.trace_dir={tmp / 'trace'}"]
+
+
 def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned, platform), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
@@ -127,6 +158,9 @@ class Launched:
             trace = f"+trainer.trace_dir={tmp / 'trace'}"
             self._start(f"script-{script}", ["-m", ENTRY_V1, *args, *_digen_flags(tmp), *SHRINK, trace], True, tmp,
                         platform=False)
+        for name, script in OWN_REWARD.items():  # Qwen-Image OCR scripts with their own reward, served judge
+            tmp = tmp_factory.mktemp(f"own_reward_{name}")
+            self._start(f"own-reward-{name}", own_reward_args(snaps, tmp, script), True, tmp, platform=False)
         tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
         module, args = _overrides(snaps, SD35_V0, tmp / "capture")
         flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
@@ -252,3 +286,35 @@ def test_example_trains_two_steps_through_verl_omnis_v1_entry(launched, version)
                    "converted", "verl-omni -> verl-digen: actor_rollout_ref.model.attn_backend=",
                    "verl-omni keys at their defaults have no verl-digen counterpart"):
         assert needle in out, f"missing log line {needle!r} ({version})"
+
+
+@pytest.mark.parametrize("name", list(OWN_REWARD))
+def test_qwen_image_ocr_scripts_train_with_their_own_reward_own_reward(launched, name):
+    """The Qwen-Image OCR LoRA and multi-reward scripts through verl-omni's v1 entry with trainer=digen and no
+    +reward.name: compute_score_ocr scores every sample by asking the served judge (the chat-completions stub,
+    started on the generator) and comparing the reply with the sample's own row's ground truth; the multi-reward
+    script adds verl-omni's JPEG function (0.5 each), which takes only solution_image."""
+    import itertools
+
+    import Levenshtein
+
+    rc, out, tmp = launched.result(f"own-reward-{name}")
+    assert rc == 0, f"own-reward run failed:\n{out[-6000:]}"
+    rows = [json.loads(line) for line in (tmp / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2] and all(r["actor/grad_norm"] > 0 for r in rows)
+    sent = [json.loads(line) for line in (tmp / "judge.jsonl").read_text().splitlines()]
+    # 2 steps x 2 prompts x 2 samples, then the validation's 2 prompts; model_name is the served model's path
+    assert len(sent) == 10 and {s["model"] for s in sent} == {str(tmp / "Qwen3-VL-8B-Instruct")}
+
+    def ocr(mean: float, truth: str) -> float:  # the stub's reply scored by genrm_ocr's rule
+        got, gt = ("BRIGHT SIGN" if mean > 127.5 else "DARK SIGN").replace(" ", "").lower(), truth.replace(" ", "")
+        return 1 - (0 if gt in got else min(Levenshtein.distance(got, gt), len(gt))) / len(gt)
+
+    truths = ["bright sign", "bright sign", "dark sign", "dark sign"]  # step 1: rows 0, 1, each sampled twice
+    means = [s["mean"] for s in sent[:4]]
+    possible = {round(sum(ocr(m, t) for m, t in zip(means, perm)) / 4, 12) for perm in itertools.permutations(truths)}
+    if name == "ocr":
+        assert round(rows[0]["reward/mean"], 12) in possible, (rows[0]["reward/mean"], possible)
+    else:  # 0.5 x the OCR part as above + 0.5 x the JPEG part, -kB / 500: a 64 x 64 image's is a few -0.001
+        jpeg = [(rows[0]["reward/mean"] - 0.5 * p) / 0.5 for p in possible]
+        assert any(-0.05 < j < 0 for j in jpeg), (rows[0]["reward/mean"], possible)

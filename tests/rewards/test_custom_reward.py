@@ -54,6 +54,7 @@ def test_custom_function_is_the_reward_generators_build(tmp_path, reward_file):
     # the generator's scoring path: rewards and the 'custom' component filled, images dropped
     traj = Trajectories.__new__(Trajectories)
     traj.images, traj.prompts, traj.final_latents = images, prompts, torch.zeros(3, 4)
+    traj.prompt_ids = torch.arange(3)
     scored = score_trajectories(reward, traj)
     assert torch.equal(scored.rewards, _expected(images, prompts, 2.0)) and set(scored.reward_components) == {"custom"}
     assert scored.images is None
@@ -111,6 +112,8 @@ def test_verl_omnis_per_sample_function_gets_the_rows_ground_truth(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
 
+    from verl_digen.rewards import Rows
+
     data = tmp_path / "ocr.parquet"
     pq.write_table(pa.table({
         "data_source": ["ocr", "ocr"],
@@ -123,16 +126,55 @@ def test_verl_omnis_per_sample_function_gets_the_rows_ground_truth(tmp_path):
                "+custom_reward_function.reward_kwargs={bonus: 0.5}")
     assert validate(cfg) == []
     reward = build_reward(cfg.worker_config().reward)  # what the generator builds, with the data files' rows
-    images = torch.rand(3, 3, 8, 8, generator=torch.Generator().manual_seed(0))
-    prompts = ["a cat", 'a sign that says "hi"', "not in the data"]
+    images = torch.rand(2, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    prompts = ["a cat", 'a sign that says "hi"']
     pixels = [float((im.clamp(0, 1) * 255).round().to(torch.uint8).float().mean()) / 255 for im in images]
-    want = torch.tensor([pixels[0] + 5 + 20 + 0.5, pixels[1] + 2 + 10 + 0.5, pixels[2] + 0.5], dtype=torch.float64)
-    assert torch.allclose(reward(images, prompts), want, rtol=0, atol=1e-12)
+    want = torch.tensor([pixels[0] + 5 + 20 + 0.5, pixels[1] + 2 + 10 + 0.5], dtype=torch.float64)
+    assert torch.allclose(reward(images, prompts, rows=Rows("train", (1, 0))), want, rtol=0, atol=1e-12)
+    # without rows (the built-in prompts, a .txt file): no row fields
+    assert torch.allclose(reward(images, prompts), torch.tensor(pixels, dtype=torch.float64) + 0.5, atol=1e-12)
+    with pytest.raises(RuntimeError, match=r"sample 0 \(prompt 'a cat'\) claims train row 0, which has another"):
+        reward(images, prompts, rows=Rows("train", (0, 0)))
     # video: the whole (3, F, H, W) sample in one call, as verl-omni passes it (HPSv3 picks its own frames)
     video = torch.rand(2, 3, 4, 6, 6)
-    out = reward(video, ["a cat", "a cat"])
+    out = reward(video, ["a cat", "a cat"], rows=Rows("train", (1, 1)))
     assert torch.allclose(out, torch.tensor([float((v.clamp(0, 1) * 255).round().mean()) / 255 + 25.5
                                              for v in video], dtype=torch.float64), atol=1e-12)
+
+
+#: ground truth and extra_info echoed: score = ground truth's number + extra_info's index / 100
+ROW_ECHO = """
+def compute_score(data_source, solution_image, ground_truth, extra_info):
+    return float(ground_truth) + extra_info["index"] / 100 + (1000.0 if data_source == "val_src" else 0.0)
+"""
+
+
+def test_rows_are_rows_repeated_prompts_and_a_prompt_in_both_files(tmp_path):
+    """verl-omni's data_process writes every row with its own extra_info.index: a train file that repeats a
+    prompt is accepted, each sample gets its own row (by prompt id), and a training prompt that is also in the
+    val file gets its training row in training and the val row in validation (through score_trajectories)."""
+    import json
+
+    train, val, f = tmp_path / "train.jsonl", tmp_path / "val.jsonl", tmp_path / "echo.py"
+    rows = [("a", "1"), ("b", "2"), ("a", "3")]
+    train.write_text("".join(json.dumps({"prompt": p, "data_source": "train_src", "reward_model": {"ground_truth": g},
+                                         "extra_info": {"index": i}}) + "\n" for i, (p, g) in enumerate(rows)))
+    val.write_text(json.dumps({"prompt": "a", "data_source": "val_src", "reward_model": {"ground_truth": "7"},
+                               "extra_info": {"index": 0}}) + "\n")
+    f.write_text(ROW_ECHO)
+    cfg = _cfg(tmp_path, f"data.train_files={train}", f"data.val_files={val}", "trainer.test_freq=1",
+               "data.train_batch_size=3", f"custom_reward_function.path={f}")
+    assert validate(cfg) == []
+    reward = build_reward(cfg.worker_config().reward)
+
+    def scored(ids, prompts, split):
+        traj = Trajectories.__new__(Trajectories)
+        traj.images, traj.prompts, traj.final_latents = torch.rand(len(ids), 3, 4, 4), prompts, None
+        traj.prompt_ids = torch.tensor(ids)
+        return score_trajectories(reward, traj, split=split).rewards.tolist()
+
+    assert scored([0, 1, 2, 2], ["a", "b", "a", "a"], "train") == [1.0, 2.01, 3.02, 3.02]
+    assert scored([0], ["a"], "val") == [1007.0]
 
 
 def test_an_async_per_sample_function_is_awaited(tmp_path):
@@ -145,17 +187,6 @@ def test_an_async_per_sample_function_is_awaited(tmp_path):
     images = torch.rand(2, 3, 4, 4)
     want = torch.tensor([float((im * 255).round().mean()) / 255 for im in images], dtype=torch.float64)
     assert torch.allclose(CustomReward(str(f))(images, ["a", "b"]), want, atol=1e-12)
-
-
-def test_load_reward_fields_refuses_a_prompt_with_two_ground_truths(tmp_path):
-    from verl_digen.data import load_reward_fields
-
-    f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "a", "reward_model": {"ground_truth": "x"}}\n\n{"prompt": "a", "reward_model": '
-                 '{"ground_truth": "y"}}\n')
-    with pytest.raises(ValueError, match=r"p.jsonl:3: the prompt 'a' is listed earlier with another"):
-        load_reward_fields(f)
-    assert load_reward_fields(tmp_path / "x.txt") == {}
 
 
 BAD = {
@@ -183,17 +214,7 @@ BAD = {
                                              "+custom_reward_function.reward_kwargs={k: 1}"],
                                "custom_reward_function.path", "cannot be called as compute_score(data_source=..., "
                                "solution_image=..., ground_truth=..., extra_info=..., k=...)"),
-    "per-sample-duplicate-prompt": (lambda t, f: [f"custom_reward_function.path={_per_sample(t)}",
-                                                  f"data.train_files={_twice(t)}"],
-                                    "data.train_files", "p.jsonl:2: the prompt 'a' is listed earlier"),
 }
-
-
-def _twice(tmp_path) -> str:
-    f = tmp_path / "p.jsonl"
-    f.write_text('{"prompt": "a", "reward_model": {"ground_truth": "x"}}\n'
-                 '{"prompt": "a", "reward_model": {"ground_truth": "y"}}\n')
-    return str(f)
 
 
 def _per_sample(tmp_path) -> str:
@@ -229,3 +250,32 @@ def test_a_reward_file_is_imported_once_per_process_until_it_changes(tmp_path):
     f.write_text(f"open({str(log)!r}, 'a').write('y')\ndef compute_score(images, prompts):\n    return [2.0]\n")
     os.utime(f, ns=(f.stat().st_atime_ns, f.stat().st_mtime_ns + 10**9))  # a new version, even within a tick
     assert load_function(str(f), "compute_score")([0], ["p"]) == [2.0] and log.read_text() == "xy"
+
+
+#: verl-omni's HPSv3 reward's shape: it loads $custom_reward_model_path (else model_name) on its first call
+CHECKPOINT_FILE = """
+def compute_score_hpsv3(data_source, solution_image, ground_truth, extra_info, model_name=None, **kwargs):
+    raise AssertionError("not called before Ray")
+"""
+
+
+def test_a_reward_checkpoint_not_on_this_machine_is_refused_before_ray(tmp_path, monkeypatch):
+    """The HPSv3 script exports custom_reward_model_path; a missing file, or a hub id not in the cache, used
+    to fail in the first reward call, minutes after Ray and the pools started."""
+    f = tmp_path / "hpsv3_reward.py"
+    f.write_text(CHECKPOINT_FILE)
+    overrides = [f"custom_reward_function.path={f}", "custom_reward_function.name=compute_score_hpsv3"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf"))  # an empty cache
+    for where, why in ((str(tmp_path / "CKPT" / "HPSv3.safetensors"), "which does not exist"),
+                       ("nobody/hpsv3-not-cached", "which is not in the Hugging Face cache")):
+        monkeypatch.setenv("custom_reward_model_path", where)
+        with pytest.raises(ConfigError) as err:
+            validate(_cfg(tmp_path, *overrides))
+        assert err.value.key == "custom_reward_function.path"
+        assert f"compute_score_hpsv3 loads its model from $custom_reward_model_path = {where!r}, {why}" in str(
+            err.value)
+    ckpt = tmp_path / "HPSv3.safetensors"
+    ckpt.write_bytes(b"weights")
+    monkeypatch.setenv("custom_reward_model_path", str(ckpt))
+    assert validate(_cfg(tmp_path, *overrides)) == []

@@ -160,7 +160,7 @@ def reward_memory(cfg: RunConfig) -> tuple[float, list[str]]:
     from verl_digen.rewards.custom import CUSTOM
 
     names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-    if cfg.custom_reward_function.path is not None:
+    if cfg.custom_reward_function.path is not None or cfg.reward.functions:
         names.append(CUSTOM)
     total, notes = 0.0, []
     for name in dict.fromkeys(names):

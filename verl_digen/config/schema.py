@@ -118,10 +118,21 @@ class AlgorithmConfig:
 
 
 @dataclass
+class ServedRewardConfig:
+    model_path: str | None = None  # a reward model served over OpenAI's chat API (verl-omni's reward_model); null: none
+    tensor_parallel_size: int = 1  # GPUs of one replica (vLLM's --tensor-parallel-size)
+    gpu_memory_utilization: float = 0.5  # the share of a generator GPU vLLM may take
+    command: list[str] | None = None  # replaces vLLM's server: argv with {port}, {model_path}
+    startup_timeout_s: float = 600.0  # how long the server may take to answer /v1/models
+
+
+@dataclass
 class RewardConfig:
     name: str = DEFAULT_LEARNABLE_REWARD  # replaced by the custom function when custom_reward_function.path is set
     weights: dict[str, float] | None = None  # several rewards: {name: weight}; overrides name
     kwargs: dict[str, Any] | None = None  # options of the single reward `name` (e.g. a local weights path)
+    functions: dict[str, Any] | None = None  # verl-omni's reward_functions: {key: {path, name, weight, required}}
+    served: ServedRewardConfig = field(default_factory=ServedRewardConfig)  # a judge the functions call
 
 
 @dataclass
@@ -268,10 +279,14 @@ class RunConfig:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
-        from verl_digen.rewards.custom import with_custom_reward
+        from verl_digen.rewards.custom import with_custom_reward, with_served
+        from verl_digen.rewards.functions import functions_spec
 
-        files = [f for f in (self.data.train_files, self.data.val_files) if f]  # a per-sample function's rows
+        files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
+        if self.reward.functions:
+            reward = functions_spec(dict(self.reward.functions), files, self.data.prompt_key)
+        reward = with_served(reward, self.reward.served)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,

@@ -46,9 +46,20 @@ def data(cfg: Any) -> list[str]:
     return warnings
 
 
+def custom_rows(cfg: Any) -> None:
+    """A per-sample function reads each sample's row: the prompt files' extra columns must be readable."""
+    from verl_digen.data import load_reward_rows
+
+    for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
+        try:
+            if path:
+                load_reward_rows(path, cfg.data.prompt_key)
+        except (ValueError, TypeError) as err:
+            raise ConfigError(key, path, f"prompt rows a per-sample reward function can read ({err})") from None
+
+
 def custom_reward(cfg: Any) -> None:
     """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
-    from verl_digen.data import load_reward_fields
     from verl_digen.rewards.custom import CUSTOM, check_function, per_sample
 
     c, r = cfg.custom_reward_function, cfg.reward
@@ -63,19 +74,13 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError("custom_reward_function.name", c.name,
                           "the name of a function in custom_reward_function.path")
     try:
-        fn = check_function(c.path, c.name, c.reward_kwargs)
+        fn = check_function(c.path, c.name, c.reward_kwargs, served=bool(r.served.model_path))
     except ValueError as err:
         key = "custom_reward_function.name" if "has no function" in str(err) else "custom_reward_function.path"
         raise ConfigError(key, c.name if key.endswith("name") else c.path,
                           f"a loadable reward function ({err})") from None
-    if per_sample(fn):  # it reads each prompt's row: the rows must be told apart
-        for key, path in (("data.train_files", cfg.data.train_files), ("data.val_files", cfg.data.val_files)):
-            try:
-                if path:
-                    load_reward_fields(path, cfg.data.prompt_key)
-            except ValueError as err:
-                raise ConfigError(key, path,
-                                  f"prompt rows a per-sample reward function can tell apart ({err})") from None
+    if per_sample(fn):  # it reads each sample's row: the files' extra columns must be readable
+        custom_rows(cfg)
     if r.weights:
         if CUSTOM not in r.weights:
             raise ConfigError("reward.weights", dict(r.weights), f"an entry '{CUSTOM}' (the custom function's weight, "
@@ -89,6 +94,70 @@ def custom_reward(cfg: Any) -> None:
         raise ConfigError("reward.kwargs", dict(r.kwargs),
                           "null with custom_reward_function (pass the function's options "
                           "as custom_reward_function.reward_kwargs)")
+
+
+def reward_functions(cfg: Any) -> None:
+    """``reward.functions`` (verl-omni's multi-reward manager): the whole reward, so alone; each entry's
+    function loads and takes the keywords it declares."""
+    from verl_digen.rewards.functions import check_functions
+
+    r = cfg.reward
+    if r.functions is None:
+        return
+    others = [(k, v) for k, v in (("reward.weights", r.weights), ("reward.kwargs", r.kwargs),
+                                  ("custom_reward_function.path", cfg.custom_reward_function.path)) if v]
+    if others:
+        key, value = others[0]
+        raise ConfigError(key, dict(value) if isinstance(value, dict) else value,
+                          "null when reward.functions is set (reward.functions is the whole reward)")
+    try:
+        check_functions(dict(r.functions), served=bool(r.served.model_path))
+    except ValueError as err:
+        key, expected = err.args
+        raise ConfigError(key, _at(r.functions, key), expected) from None
+    if r.name != DEFAULT_LEARNABLE_REWARD:
+        raise ConfigError("reward.name", r.name, "left at its default when reward.functions is set")
+    custom_rows(cfg)
+
+
+def _at(functions: Any, key: str) -> Any:
+    node: Any = {"reward": {"functions": functions}}
+    for part in key.split("."):
+        node = node.get(part) if isinstance(node, dict) or hasattr(node, "get") else None
+    return dict(node) if hasattr(node, "items") else node
+
+
+def served_reward(cfg: Any) -> None:
+    """``reward.served``: a model on this machine, settings in range, a function that calls it, and what
+    serving it needs installed (vLLM unless ``command`` replaces it)."""
+    from verl_digen.rewards.custom import checkpoint_missing
+
+    s = cfg.reward.served
+    if not s.model_path:
+        return
+    if not (cfg.custom_reward_function.path or cfg.reward.functions):
+        raise ConfigError("reward.served.model_path", s.model_path, "null unless a reward function calls it "
+                          "(custom_reward_function.path or reward.functions)")
+    why = checkpoint_missing(str(s.model_path))
+    if why is not None:
+        raise ConfigError("reward.served.model_path", s.model_path, f"a checkpoint on this machine (it {why})")
+    if not (isinstance(s.tensor_parallel_size, int) and s.tensor_parallel_size == 1):
+        raise ConfigError("reward.served.tensor_parallel_size", s.tensor_parallel_size,
+                          "1 (each generator worker serves one replica on its own GPU; a replica across GPUs "
+                          "is not implemented)")
+    if not (0 < s.gpu_memory_utilization <= 1):
+        raise ConfigError("reward.served.gpu_memory_utilization", s.gpu_memory_utilization, "a fraction in (0, 1]")
+    if not s.startup_timeout_s > 0:
+        raise ConfigError("reward.served.startup_timeout_s", s.startup_timeout_s, "a number of seconds > 0")
+    if s.command is not None and not (s.command and all(isinstance(c, str) for c in s.command)
+                                      and any("{port}" in c for c in s.command)):
+        raise ConfigError("reward.served.command", s.command, "null (vLLM's server) or a command line as a list "
+                          "of strings, one of them holding {port}")
+    import importlib.util
+
+    if s.command is None and importlib.util.find_spec("vllm") is None:
+        raise ConfigError("reward.served.model_path", s.model_path, "vLLM installed to serve it "
+                          "(pip install verl-digen[vllm]), or reward.served.command naming another server")
 
 
 def vlm_judge(cfg: Any) -> None:
@@ -124,5 +193,7 @@ def check(cfg: Any) -> list[str]:
     """All of the above; returns warnings."""
     warnings = data(cfg)
     custom_reward(cfg)
+    reward_functions(cfg)
+    served_reward(cfg)
     vlm_judge(cfg)
     return warnings

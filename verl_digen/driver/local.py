@@ -18,7 +18,7 @@ from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.tsp import TrainMetrics, tsp_backward
 from verl_digen.data import PromptDataset
 from verl_digen.models.base import DiffusionModel
-from verl_digen.rewards import DEFAULT_LEARNABLE_REWARD, build_reward
+from verl_digen.rewards import DEFAULT_LEARNABLE_REWARD, Rows, build_reward
 from verl_digen.rollout.sampler import SamplerConfig, sample_trajectories
 
 
@@ -97,7 +97,8 @@ def run_local(
                                    cfg.seed, step, version=step)
         t_gen = time.perf_counter()
         with torch.no_grad():
-            traj.rewards = reward(traj.images, traj.prompts, traj.final_latents).to(torch.float64)
+            rows = Rows("train", tuple(prompt_ids))
+            traj.rewards = reward(traj.images, traj.prompts, traj.final_latents, rows=rows).to(torch.float64)
         traj.advantages, _ = group_advantages(traj.rewards, traj.prompt_ids, cfg.advantage)
         t_score = time.perf_counter()
         model.transformer.train()

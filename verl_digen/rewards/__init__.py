@@ -1,6 +1,6 @@
 """Rewards: offline rewards, a seeded random-CNN stand-in, real reward-model loaders, registry, combiner.
 
-Every reward is called as ``reward(images, prompts, latents=None)`` with decoded pixels in [0, 1] of
+Every reward is called as ``reward(images, prompts, latents=None, rows=None)`` with decoded pixels in [0, 1] of
 shape (B, 3, H, W) or (B, 3, F, H, W) and returns float64 scores of shape (B,).
 """
 
@@ -9,6 +9,7 @@ from .base import (
     MissingRewardDependencyError,
     MissingRewardWeightsError,
     Reward,
+    Rows,
     check_inputs,
     to_pil,
     to_uint8_hwc,
@@ -47,6 +48,7 @@ __all__ = [
     "PickScore",
     "RandomCNN",
     "Reward",
+    "Rows",
     "build_reward",
     "check_inputs",
     "extract_quoted_text",

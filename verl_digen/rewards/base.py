@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import abc
 import importlib
+from dataclasses import dataclass
 from types import ModuleType
 
 import numpy as np
@@ -18,6 +19,16 @@ from PIL import Image
 #: Every reward returns this dtype: scores feed group normalisation, where float64 costs nothing and
 #: keeps hand-computed advantages exact in tests.
 REWARD_DTYPE = torch.float64
+
+
+@dataclass(frozen=True)
+class Rows:
+    """Which dataset rows a batch's samples come from: the ``split`` (``"train"``: data.train_files, ``"val"``:
+    data.val_files) and each sample's row index there (its prompt id). A reward reading per-row columns
+    (verl-omni's ``ground_truth``) looks them up by row, never by prompt text, which two rows may share."""
+
+    split: str
+    ids: tuple[int, ...]
 
 
 class MissingRewardDependencyError(ImportError):
@@ -94,16 +105,24 @@ class Reward(abc.ABC):
     frame_wise: bool = True
     #: score every k-th video frame (1 = all frames)
     frame_stride: int = 1
+    #: :meth:`score` takes ``rows=`` (a :class:`Rows` or None): the reward reads its samples' dataset rows
+    uses_rows: bool = False
 
     @abc.abstractmethod
     def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None) -> torch.Tensor:
         """Score a batch: images (N, 3, H, W) in [0, 1] (or raw input if not frame_wise) -> (N,)."""
 
     @torch.no_grad()
-    def __call__(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None = None) -> torch.Tensor:
-        """Score a batch of decoded images or videos; returns float64 of shape (B,)."""
+    def __call__(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None = None,
+                 rows: Rows | None = None) -> torch.Tensor:
+        """Score a batch of decoded images or videos; returns float64 of shape (B,). ``rows``: where each
+        sample's prompt row is (passed on to a reward that ``uses_rows``)."""
         batch = check_inputs(images, prompts, latents)
+        if rows is not None and len(rows.ids) != batch:
+            raise ValueError(f"got {len(rows.ids)} row ids for a batch of {batch} samples")
         images = images.clamp(0, 1)
+        if self.uses_rows:  # whole samples: a row belongs to a sample, not to a frame
+            return self._as_output(self.score(images, list(prompts), latents, rows=rows), batch, images.device)
         if images.ndim == 5 and self.frame_wise:
             frames = images[:, :, :: self.frame_stride].transpose(1, 2)  # (B, F', 3, H, W)
             n_frames = frames.shape[1]

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from .base import REWARD_DTYPE, Reward, check_inputs
+from .base import REWARD_DTYPE, Reward, Rows, check_inputs
 from .registry import build_named
 
 
@@ -51,6 +51,7 @@ class MultiReward(Reward):
 
     name = "multi"
     frame_wise = False
+    uses_rows = True  # passed on to the components that read rows
 
     def __init__(
         self, weights: Mapping[str, float | Mapping[str, Any]], rewards: Mapping[str, Reward] | None = None
@@ -77,11 +78,11 @@ class MultiReward(Reward):
 
     @torch.no_grad()
     def components(
-        self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None = None
+        self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None = None, rows: Rows | None = None
     ) -> dict[str, torch.Tensor]:
         """Each component's unweighted (B,) float64 scores, keyed like ``weights``."""
         check_inputs(images, prompts, latents)
-        return {key: reward(images, prompts, latents) for key, reward in self.rewards.items()}
+        return {key: reward(images, prompts, latents, rows=rows) for key, reward in self.rewards.items()}
 
     def weighted_sum(self, values: Mapping[str, torch.Tensor]) -> torch.Tensor:
         """sum_k weight_k * values[k]: combine components, or per-reward advantages, the same way."""
@@ -90,8 +91,9 @@ class MultiReward(Reward):
             raise KeyError(f"missing reward components: {sorted(missing)}")
         return sum(self.weights[key] * values[key].to(REWARD_DTYPE) for key in self.weights)
 
-    def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None) -> torch.Tensor:
-        return self.weighted_sum(self.components(images, prompts, latents))
+    def score(self, images: torch.Tensor, prompts: list[str], latents: torch.Tensor | None,
+              rows: Rows | None = None) -> torch.Tensor:
+        return self.weighted_sum(self.components(images, prompts, latents, rows=rows))
 
     def __repr__(self) -> str:
         return f"MultiReward({self.weights})"

@@ -23,7 +23,7 @@ from verl_digen.models import (
 )
 from verl_digen.models.base import DiffusionModel
 from verl_digen.models.lora import ADAPTER_NAME
-from verl_digen.rewards import MultiReward, Reward
+from verl_digen.rewards import MultiReward, Reward, Rows
 from verl_digen.rollout.sampler import sample_trajectories
 from verl_digen.workers.config import WorkerConfig
 
@@ -196,19 +196,21 @@ def generate_rows(
 
 
 @torch.no_grad()
-def score_trajectories(reward: Reward, traj: Trajectories) -> Trajectories:
+def score_trajectories(reward: Reward, traj: Trajectories, split: str = "train") -> Trajectories:
     """Fill float64 rewards (and per-component scores) and drop the images, which the trainer never
-    needs and which dominate the transfer size."""
+    needs and which dominate the transfer size. ``split``: the prompt file the rows' prompt ids index
+    (``"val"`` in a validation pass), for a reward that reads each sample's row."""
     if traj.images is None:
         raise ValueError(
             "trajectories carry no decoded images to score: sample with sampler.decode=True "
             "(or score before the images are dropped)"
         )
+    rows = Rows(split, tuple(traj.prompt_ids.tolist()))
     if isinstance(reward, MultiReward):
-        parts = reward.components(traj.images, traj.prompts, traj.final_latents)
+        parts = reward.components(traj.images, traj.prompts, traj.final_latents, rows=rows)
         rewards = reward.weighted_sum(parts)
     else:
-        rewards = reward(traj.images, traj.prompts, traj.final_latents)
+        rewards = reward(traj.images, traj.prompts, traj.final_latents, rows=rows)
         parts = {getattr(reward, "name", "reward"): rewards}
     traj.rewards = rewards.to(device="cpu", dtype=torch.float64)
     traj.reward_components = {k: v.to(device="cpu", dtype=torch.float64) for k, v in parts.items()}
@@ -233,7 +235,7 @@ def validation_rows(model: DiffusionModel, reward: Reward, cfg: WorkerConfig, ve
         images = images[:, :, 0]
     pixels = (None if images is None or images.shape[0] == 0 else
               (images.float().clamp(0, 1) * 255).round().to(torch.uint8).permute(0, 2, 3, 1).contiguous().cpu())
-    scored = score_trajectories(reward, traj)
+    scored = score_trajectories(reward, traj, split="val")
     return {"prompt_ids": scored.prompt_ids.tolist(), "rewards": scored.rewards.tolist(),
             "components": {k: v.tolist() for k, v in scored.reward_components.items()}, "images": pixels}
 

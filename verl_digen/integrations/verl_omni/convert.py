@@ -27,6 +27,9 @@ ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen mode
 )
 
 ARR = "actor_rollout_ref"
+#: verl-omni's multi-reward manager: its names in reward.reward_manager.name, and its placeholder function's module
+MULTI_MANAGERS = ("MultiVisualRewardManager", "multi")
+MULTI_PLACEHOLDER = "reward_loop.reward_manager.multi"
 DEVICES = {"cuda": "cuda", "gpu": "cuda", "cpu": "cpu"}  # verl-omni's trainer.device -> verl-digen's
 LOSS_MODES = ("flow_grpo", "dance_grpo")  # verl-omni loss modes verl-digen implements
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
@@ -332,10 +335,14 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 
     # -- reward function (verl's custom_reward_function, batched or verl-omni's per-sample signature) -----
     crf = "reward.custom_reward_function"
-    own = [k for k in ("reward.name", "reward.weights") if _get(cfg, k) is not None]  # verl-digen's, written in
-    if get(f"{crf}.path") and own:
+    own = [k for k in ("reward.name", "reward.weights", "reward.functions")
+           if _get(cfg, k) is not None]  # verl-digen's, written in
+    if _multi_reward(get, put, notes, own):
+        pass
+    elif get(f"{crf}.path") and own:
         notes.append(f"{crf}.path={_get(cfg, f'{crf}.path')!r}: not used; {own[0]} (verl-digen's reward) replaces it")
     elif get(f"{crf}.path"):
+        _served_reward(get, put, notes)
         take("custom_reward_function.path", f"{crf}.path", str)
         take("custom_reward_function.name", f"{crf}.name", str)
         kwargs = get(f"{crf}.reward_kwargs")
@@ -393,6 +400,53 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):  # the pool split replaces them (resources.*)
         used.add(key)
     return out
+
+
+def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str]) -> None:
+    """verl-omni's ``reward.reward_model`` (a judge served with vLLM, called by the reward functions through
+    ``reward_router_address``) as ``reward.served``: served on the generator pool. Called only where verl-omni's
+    reward functions are carried (a verl-digen reward written in replaces them, and nothing would call it)."""
+    rm = "reward.reward_model"
+    if not get(f"{rm}.enable"):
+        return
+    path = get(f"{rm}.model_path")
+    if not path:
+        raise _refuse(f"{rm}.model_path", path, f"the served reward model's checkpoint ({rm}.enable=True)")
+    engine = get(f"{rm}.rollout.name")
+    if engine not in (None, "vllm"):
+        raise _refuse(f"{rm}.rollout.name", engine, "vllm (the engine verl-digen serves a reward model with)")
+    put("reward.served.model_path", str(path), src=f"{rm}.model_path")
+    put("reward.served.tensor_parallel_size", get(f"{rm}.rollout.tensor_model_parallel_size"), int,
+        src=f"{rm}.rollout.tensor_model_parallel_size")
+    put("reward.served.gpu_memory_utilization", get(f"{rm}.rollout.gpu_memory_utilization"), float,
+        src=f"{rm}.rollout.gpu_memory_utilization")
+    if get(f"{rm}.enable_resource_pool"):
+        notes.append(f"{rm}.enable_resource_pool=True: the reward model is served on the generator pool, one "
+                     "replica per generator worker (its own pool is not implemented)")
+
+
+def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:
+    """verl-omni's multi-reward manager (``reward.reward_manager.name=MultiVisualRewardManager``, its placeholder
+    ``custom_reward_function``, ``reward.reward_functions``) as ``reward.functions``. Returns whether it is one."""
+    crf = "reward.custom_reward_function"
+    manager, path = get("reward.reward_manager.name"), get(f"{crf}.path")
+    if manager not in MULTI_MANAGERS and not str(path or "").endswith(MULTI_PLACEHOLDER):
+        return False
+    for key in (f"{crf}.name", "reward.reward_manager.module.path", "reward.reward_manager.source"):
+        get(key)  # the placeholder and the manager's module: read, nothing to carry
+    functions = get("reward.reward_functions")
+    if own:
+        notes.append(f"reward.reward_manager.name={manager!r}: not used; {own[0]} (verl-digen's reward) replaces it")
+        return True
+    if not functions:
+        raise _refuse("reward.reward_functions", functions, "one entry or more, {name: {path, name, weight, "
+                      f"required}} (reward.reward_manager.name={manager} sums them)")
+    aggregation = get("reward.aggregation")
+    if aggregation not in (None, "weighted_sum"):
+        raise _refuse("reward.aggregation", aggregation, "weighted_sum (what the multi-reward manager computes)")
+    put("reward.functions", {str(k): dict(v) for k, v in dict(functions).items()}, src="reward.reward_functions")
+    _served_reward(get, put, notes)
+    return True
 
 
 def _image_size(height: Any, width: Any, vae: int, put: Callable[..., None], notes: list[str]) -> None:
@@ -543,7 +597,8 @@ def _classify(raw: Mapping[str, Any], used: set[str], defaults: Mapping[str, Any
     for key, value in _leaves(raw).items():
         if key.split(".")[0] in DIGEN_ONLY_SECTIONS or covered(key, ENTRY_KEYS) or covered(key, interpolated):
             continue
-        if key in schema and key not in base:  # a verl-digen key written into a shared section
+        ours = key in schema or any(key.startswith(f + ".") for f in schema)  # reward.served.command too
+        if ours and key not in base:  # a verl-digen key written into a shared section
             continue
         considered.add(key)
         if covered(key, used):
@@ -725,6 +780,9 @@ def in_verl_omni_keys(err: Any, raw: Mapping[str, Any], sources: Mapping[str, st
 
     src = sources.get(err.key)
     section, _, leaf = err.key.partition(".")
+    parent = next((k for k in sources if err.key.startswith(k + ".")), None)  # reward.functions.<name>.path
+    if src is None and parent is not None and leaf.split(".")[0] not in native.get(section, {}):
+        return ConfigError(sources[parent] + err.key[len(parent):], err.value, err.expected)
     if src is None or leaf in native.get(section, {}):
         return err
     return ConfigError(src, _get(raw, src), f"{err.expected} (verl-digen's {err.key} = {err.value!r} is converted "

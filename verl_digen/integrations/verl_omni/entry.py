@@ -103,7 +103,8 @@ def entry_guard(config: Any) -> None:
     Refuses the v0 entry (exit 2, message on stderr); converts and validates the config, so conversion
     notes and errors show before any worker starts (exit 2 on an invalid config); refuses a local CPU run
     that would wait forever for Ray CPUs (``ray_cpu_shortfall``); with ``+trainer.dry_run=true`` prints the
-    converted config and the resource plan and exits 0.
+    converted config and the resource plan and exits 0; a run whose resumed checkpoint is already at
+    ``trainer.total_steps`` says "nothing to do" and exits 0.
     """
     if not wants_digen(config):
         return
@@ -127,6 +128,12 @@ def entry_guard(config: Any) -> None:
         from verl_digen.main import dry_run
 
         print(dry_run(run_config))
+        raise SystemExit(0)
+    from verl_digen.config import checks
+
+    done = checks.finished(run_config)
+    if done is not None:  # as verl-digen's own entry says it: before Ray, the TaskRunner and the pools start
+        print(done)
         raise SystemExit(0)
 
 
