@@ -88,6 +88,55 @@ def test_a_truncated_checkpoint_file_is_a_clear_error(tmp_path):
         ckpt.read(path, 0)  # and the loader itself refuses the torn file
 
 
+def flip_byte(file: Path, at: int | None = None, mask: int = 0xFF) -> None:
+    """Flip the ``mask`` bits of one byte of ``file`` (the middle one unless ``at``): its size is unchanged."""
+    data = bytearray(file.read_bytes())
+    at = len(data) // 2 if at is None else at
+    data[at] ^= mask
+    file.write_bytes(bytes(data))
+
+
+def strip_checksums(path: Path) -> None:
+    """Make ``path`` look like a checkpoint saved before the digests: no ``*.xxh3`` files, no ``checksum``."""
+    for f in path.glob(f"*{ckpt.CHECKSUM_SUFFIX}"):
+        f.unlink()
+    meta = json.loads((path / ckpt.META_FILE).read_text())
+    meta.pop("checksum")
+    meta["files"] = {k: v for k, v in meta["files"].items() if not k.endswith(ckpt.CHECKSUM_SUFFIX)}
+    (path / ckpt.META_FILE).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", [ckpt.TRAINER_FILE, ckpt.rng_file(0), ckpt.CONFIG_FILE, ckpt.META_FILE])
+def test_a_flipped_byte_in_any_checkpoint_file_is_refused_naming_it(tmp_path, name):
+    path = ckpt.step_dir(tmp_path / "ckpt", 1)
+    payload = {"params": {"w": torch.arange(4.0)}, "optim": {}, "param_groups": [], "version": 1, "lora": False}
+    extra = {"step": 1, "run_id": "r", "config": checks.fingerprint(compose([])), ckpt.CONFIG_YAML_KEY: "a: 1\n"}
+    ckpt.save(path, 0, payload, extra, barrier=lambda: None)
+    assert ckpt.verify(path) is True
+    size = (path / name).stat().st_size
+    if name == ckpt.META_FILE:  # a digit of the saved time into another digit: it still parses, sizes still match
+        flip_byte(path / name, (path / name).read_text().index('"saved_at": ') + 13, mask=0x01)
+    else:
+        flip_byte(path / name)
+    assert (path / name).stat().st_size == size and ckpt.problem(path) is None  # the size check cannot see it
+    with pytest.raises(ckpt.CheckpointError, match=rf"{name}' is corrupt: its xxh3_64 is [0-9a-f]+, but"):
+        ckpt.verify(path)
+
+
+def test_a_checkpoint_without_checksums_loads_unverified(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    strip_checksums(path)
+    assert ckpt.verify(path) is False
+    warnings = validate(compose([f"trainer.resume_from={path}", f"trainer.trace_dir={tmp_path}/trace"]))
+    assert [w for w in warnings if "unverified" in w and str(path) in w], warnings
+    ckpt.read(path, 0)
+    # a checkpoint that records digests but lost its meta.json.xxh3 is not taken for an old one
+    path = fake_checkpoint(tmp_path / "ckpt2", 1)
+    ckpt.checksum_file(path / ckpt.META_FILE).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="meta.json.xxh3 is missing"):
+        ckpt.verify(path)
+
+
 def test_rng_state_round_trips_through_tensors_and_json(tmp_path):
     random.seed(1)
     np.random.seed(2)
@@ -284,6 +333,12 @@ def _ckpt_truncated(tmp_path: Path) -> str:
     return str(path)
 
 
+def _ckpt_flipped(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    flip_byte(path / ckpt.TRAINER_FILE)
+    return str(path)
+
+
 def _ckpt_partial(tmp_path: Path) -> str:
     path = fake_checkpoint(tmp_path / "c", 1)
     return str(path.rename(path.parent / ".partial-global_step_1"))
@@ -356,6 +411,8 @@ BAD_INPUT = {
                         "unreadable"),
     "resume-truncated": (lambda t: [f"trainer.resume_from={_ckpt_truncated(t)}"], "trainer.resume_from",
                          "trainer.pt is 100 bytes, but"),
+    "resume-corrupt": (lambda t: [f"trainer.resume_from={_ckpt_flipped(t)}"], "trainer.resume_from",
+                       "trainer.pt' is corrupt: its xxh3_64 is"),
     "resume-partial": (lambda t: [f"trainer.resume_from={_ckpt_partial(t)}"], "trainer.resume_from",
                        "partial checkpoint"),
     "resume-changed-key": (lambda t: [f"trainer.resume_from={_ckpt(t)}", "actor.lr=0.001"], "actor.lr",

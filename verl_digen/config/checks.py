@@ -277,10 +277,17 @@ def check_resume(cfg: Any, path: str) -> list[str]:
     if why is not None:
         raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
                           f"a complete verl-digen checkpoint directory, but {path!r} is not one: {why}")
+    warnings = []
+    try:
+        if not ckpt.verify(path):
+            warnings.append(f"resuming {path}: unverified, it has no checksums (saved by a verl-digen from before "
+                            "they were written), so a change to its bytes would go unnoticed")
+    except ckpt.CheckpointError as err:
+        raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
+                          f"a checkpoint whose files have the bytes they were saved with: {err}") from None
     meta = json.loads((Path(path) / ckpt.META_FILE).read_text())
     saved = (meta.get("extra") or {}).get("config") or {}
     run = (meta.get("extra") or {}).get("run_id", "?")
-    warnings = []
     mine = fingerprint(cfg)
     for key in RESUME_KEYS:
         if key not in saved or _same(saved[key], mine[key]):
