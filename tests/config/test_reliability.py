@@ -353,11 +353,18 @@ def _foreign_checkpoint(tmp_path: Path) -> str:
     return str(tmp_path / "omni")
 
 
+def _reward(tmp_path: Path, name: str, head: str) -> str:
+    """A reward file whose module-level code runs ``head`` before defining a valid ``compute_score``."""
+    return _file(tmp_path, name, (head + "\ndef compute_score(images, prompts):\n"
+                                  "    return [0.0] * len(images)\n").encode())
+
+
 def _ckpt(tmp_path: Path, *overrides: str) -> str:
     return str(fake_checkpoint(tmp_path / "c", 1, compose(list(overrides))))
 
 
 SAVE = ["trainer.save_freq=1"]
+_EXIT = "import sys; sys.exit(0)"
 #: class id (the first column of docs/config.md's "Bad input" table) -> (overrides of tmp_path, key, message part)
 BAD_INPUT = {
     "lr-nan": (lambda t: ["actor.lr=nan"], "actor.lr", "a finite number > 0"),
@@ -483,6 +490,33 @@ BAD_INPUT = {
     "mini-batch-splits-updates": (lambda t: ["data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=2",
                                              "actor.ppo_mini_batch_size=2", "digen.update_units=4"],
                                   "actor.ppo_mini_batch_size", "mini-batches of whole updates"),
+    "lora-rank-huge": (lambda t: ["model.lora_rank=100000"], "model.lora_rank",
+                       "at most 32, the smaller side of the smallest layer it adapts"),
+    "window-range-reversed": (lambda t: ["rollout.window_range=[5,2]"], "rollout.window_range",
+                              "[lo, hi] with 0 <= lo < hi <= 6"),
+    "staleness-inf": (lambda t: ["digen.tcss.staleness=inf"], "digen.tcss.staleness", "a finite number in [0, 1]"),
+    "staleness-nan": (lambda t: ["digen.tcss.staleness=nan"], "digen.tcss.staleness", "a finite number in [0, 1]"),
+    "ckpt-dir-name-too-long": (lambda t: [*SAVE, f"trainer.default_local_dir={t}/{'c' * 300}"],
+                               "trainer.default_local_dir", "a path whose every name is at most"),
+    "trace-dir-name-too-long": (lambda t: [f"trainer.trace_dir={t}/{'t' * 300}"], "trainer.trace_dir",
+                                "a path whose every name is at most"),
+    "trace-dir-path-too-long": (lambda t: [f"trainer.trace_dir={t}/{'/'.join(['d' * 200] * 25)}"],
+                                "trainer.trace_dir", "the file system's limit, less 64"),
+    "seed-huge": (lambda t: [f"trainer.seed={2**64}"], "trainer.seed", "an integer in [0, 2^64 - 1]"),
+    "model-seed-huge": (lambda t: [f"model.seed={2**65}"], "model.seed", "an integer in [0, 2^64 - 1]"),
+    "keep-extremes-negative": (lambda t: ["algorithm.keep_extremes=-1"], "algorithm.keep_extremes",
+                               "null or an even integer >= 2"),
+    "experiment-name-not-ascii": (lambda t: ["trainer.experiment_name='r\u00e9sum\u00e9-\u5b9e\u9a8c'",
+                                             "trainer.logger=[console,tensorboard]"],
+                                  "trainer.experiment_name", "printable ASCII name without '/' with trainer.logger"),
+    "resume-other-arch": (lambda t: [f"trainer.resume_from={_ckpt(t, 'model.arch=wan')}"], "model.arch",
+                          "'wan' as in the checkpoint being resumed"),
+    "model-hub-id-not-cached": (lambda t: ["model.path=nobody-digen/no-such-pipeline"], "model.path",
+                                "a hub id whose pipeline is in the Hugging Face cache"),
+    "reward-exits-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', _EXIT)}"],
+                               "custom_reward_function.path", "r.py: importing it called sys.exit(0)"),
+    "reward-raises-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', 'raise KeyError(1)')}"],
+                                "custom_reward_function.path", "r.py: importing it failed (KeyError: 1)"),
 }
 #: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
 _J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'

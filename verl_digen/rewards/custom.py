@@ -61,6 +61,9 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
             spec.loader.exec_module(module)
         except Exception as err:
             raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err})") from None
+        except SystemExit as err:  # sys.exit() at import would end the run, with exit code 0 and no line
+            raise ValueError(f"{path}: importing it called sys.exit({err.code!r}); a reward module must not "
+                             "exit") from None
         module.__digen_stamp__ = stamp
         sys.modules[mod_name] = module
     if not hasattr(module, name):
