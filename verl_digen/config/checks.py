@@ -123,7 +123,7 @@ def numbers(cfg: Any) -> None:
             raise ConfigError(key, seed, f"an integer in [0, 2^64 - 1] (torch's seed range; {MAX_SEED})")
     st = cfg.digen.tcss.staleness
     if not (_real(st) and math.isfinite(st) and 0 <= st <= 1):
-        raise ConfigError("digen.tcss.staleness", st, "a finite number in [0, 1] (the fraction of a step's "
+        raise ConfigError("digen.tcss.staleness", st, "a fraction in [0, 1], finite (the share of a step's "
                           "micro-batches that may come from the previous policy version)")
     ke = g.keep_extremes
     if ke is not None and not (isinstance(ke, int) and not isinstance(ke, bool) and ke >= 2 and ke % 2 == 0):
