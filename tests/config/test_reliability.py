@@ -652,6 +652,37 @@ def test_failure_line_carries_the_errors_message_not_only_its_type(tmp_path):
         "the run failed: KeyError: 'x' (in ray::GeneratorWorker.score_rows() on pid 4242); ")
 
 
+def test_failure_line_names_the_dead_worker_not_the_call_that_noticed_and_drops_colours(tmp_path):
+    """A trainer rank killed mid-step surfaced as a generator's failed ``score_rows`` with Ray's colour codes;
+    the driver finds the dead workers (``faults.note_dead_workers``) and the line names them instead."""
+    import ray.exceptions as rex
+
+    from verl_digen.driver import faults
+    from verl_digen.main import failure_line
+
+    cfg = compose([f"trainer.default_local_dir={tmp_path}/ckpt"])
+    head = "\x1b[36mray::GeneratorWorker.score_rows()\x1b[39m (pid=77, ip=10.0.0.1, actor_id=ab, repr=<x>)"
+    task = rex.RayTaskError("GeneratorWorker.score_rows", head + "\n  File ...\nRuntimeError: \x1b[31mboom\x1b[0m",
+                            RuntimeError("\x1b[31mpeer gone\x1b[0m"), proctitle="ray::GeneratorWorker.score_rows()",
+                            pid=77, ip="10.0.0.1").as_instanceof_cause()
+    plain = failure_line(task, cfg, argv=[])
+    assert "GeneratorWorker.score_rows() on pid 77" in plain and "\x1b" not in plain, plain
+    task.__notes__ = [faults.DEAD_NOTE + "trainer rank 1 (pid 4242 on 10.0.0.2)"]
+    line = failure_line(task, cfg, argv=[])
+    assert line.startswith("the run failed: trainer rank 1 (pid 4242 on 10.0.0.2) died (noticed as "), line
+    assert "\x1b" not in line and "[36m" not in line
+    died = rex.ActorDiedError()
+    died.__notes__ = [faults.DEAD_NOTE + "generator rank 0 (pid 9 on 10.0.0.3)"]
+    assert failure_line(died, cfg, argv=[]).startswith(
+        "the run failed: generator rank 0 (pid 9 on 10.0.0.3) died (ActorDiedError: ")
+    # Ray's death message carries the process: pid and ip lines
+    assert faults._process(RuntimeError("The actor died\n\tclass_name: X\n\tpid: 123\n\tip: 10.1.2.3")) == \
+        " (pid 123 on 10.1.2.3)"
+    seen: list[str] = []
+    faults.plain_log(seen.append)("\x1b[33mwarning\x1b[0m: x")
+    assert seen == ["warning: x"]
+
+
 @pytest.mark.parametrize("env,address,joined", [
     ({}, "local", False), ({"RAY_ADDRESS": "10.0.0.5:6379"}, "10.0.0.5:6379", True)])
 def test_a_cpu_run_starts_its_own_ray_and_says_which_cluster_it_joined(env, address, joined, monkeypatch, capsys):

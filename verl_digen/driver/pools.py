@@ -86,6 +86,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the workers' lines Ray prints here: no colour codes
     # a CPU run without RAY_ADDRESS starts a Ray instance of its own (``address=None`` would join a cluster
     # that ``ray start`` left on this host, someone else's, and refuse the num_cpus below); a GPU run joins
     # the ``ray start`` cluster of its head node
