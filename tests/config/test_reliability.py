@@ -123,6 +123,23 @@ def test_a_flipped_byte_in_any_checkpoint_file_is_refused_naming_it(tmp_path, na
         ckpt.verify(path)
 
 
+def test_a_checkpoint_is_read_once_per_process_until_a_file_changes(tmp_path, monkeypatch):
+    """The command line and the runtime both validate a resume: the second verify reads nothing while the
+    files' sizes and mtimes are those it verified; a changed file is read (and refused) again."""
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    old = 1_000_000_000
+    for f in path.iterdir():  # saved long ago: only files that settled are remembered
+        os.utime(f, (old, old))
+    reads: list[str] = []
+    digest_of = ckpt._digest_of
+    monkeypatch.setattr(ckpt, "_digest_of", lambda f: reads.append(f.name) or digest_of(f))
+    assert ckpt.verify(path) and ckpt.verify(path)
+    assert sorted(reads) == sorted([ckpt.META_FILE, ckpt.TRAINER_FILE, ckpt.rng_file(0)])
+    flip_byte(path / ckpt.TRAINER_FILE)
+    with pytest.raises(ckpt.CheckpointError, match="trainer.pt' is corrupt"):
+        ckpt.verify(path)
+
+
 def test_a_checkpoint_without_checksums_loads_unverified(tmp_path):
     path = fake_checkpoint(tmp_path / "ckpt", 1)
     strip_checksums(path)

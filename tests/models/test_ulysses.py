@@ -111,6 +111,11 @@ def test_sequence_groups_are_consecutive_ranks_and_the_data_rank_is_the_group_in
         assert made == [tuple(range(s, s + size)) for s in range(0, world, size)]  # every rank makes every group
         assert rank in group and group == made[dp_rank]
         assert (dp_rank, dp_world) == (rank // size, world // size)
+        assert isinstance(dp_rank, int) and isinstance(dp_world, int)  # sizes and slice bounds downstream
+    for bad in (0, world + 1, 5):
+        if bad < 1 or world % bad:
+            with pytest.raises(ValueError, match=f"ulysses_sequence_parallel_size={bad} must divide the {world}"):
+                ulysses.sequence_groups(bad)
 
 
 def _one_rank_never_joins(rank: int, world: int) -> None:

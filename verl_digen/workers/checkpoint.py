@@ -337,11 +337,23 @@ def _check_digest(file: Path) -> None:
                               f"when it was saved ({side.name}); refused")
 
 
+_VERIFIED: dict[str, tuple] = {}  # checkpoint -> its files' (name, size, mtime) when this process verified it
+
+
+def _signature(p: Path) -> tuple:
+    return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in p.iterdir() if f.is_file()
+                        for st in (f.stat(),)))
+
+
 def verify(path: str | Path) -> bool:
     """Check every file of the complete checkpoint at ``path`` against the digest written beside it at save
     time; raises ``CheckpointError`` naming the first file whose bytes changed. False: the checkpoint
-    predates the digests (nothing to verify against), True: every file verified. Reads every file once."""
+    predates the digests (nothing to verify against), True: every file verified. Reads every file once per
+    process (the command line and the runtime both validate): again only when a file's size or mtime moved."""
     p = Path(path)
+    key, started = str(p.resolve()), time.time_ns()
+    if _VERIFIED.get(key) == _signature(p):
+        return True
     meta_sum = checksum_file(p / META_FILE)
     if not meta_sum.is_file():
         meta = read_meta(p)
@@ -354,6 +366,9 @@ def verify(path: str | Path) -> bool:
     for name in sorted(meta.get("files") or {}):
         if not name.endswith(CHECKSUM_SUFFIX):
             _check_digest(p / name)
+    signature = _signature(p)
+    if all(mtime < started - 2 * 10**9 for _, _, mtime in signature):  # mtimes are coarse: a file written
+        _VERIFIED[key] = signature  # within the last ticks could change again without its mtime moving
     return True
 
 
