@@ -70,6 +70,7 @@ setup(
         "pillow",
         "pyyaml",
         "matplotlib",
+        "xxhash>=3",  # the checkpoint files' digests (verl_digen/workers/checkpoint.py)
     ],
     extras_require={
         # pytest-xdist: the suite's two workers (pytest.ini); setuptools: the pip check's offline build of

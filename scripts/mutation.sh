@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# Mutation testing of the RL math and the scheduler (docs/testing.md). Not part of CI: tens of minutes
-# on 2 cores. Usage: scripts/mutation.sh [algo|schedule|all] [MUTANT_NAME_OR_GLOB...] (default all; names, e.g.
+# Mutation testing of the RL math, the scheduler, the workers, the vLLM-Omni rollout and the models
+# (docs/testing.md). Not part of CI: tens of minutes to hours on 2 cores. Usage:
+# scripts/mutation.sh [algo|schedule|workers|omni|models|all] [MUTANT_NAME_OR_GLOB...] (default all; names, e.g.
 # 'verl_digen.schedule.costs.*', re-test only those mutants, whatever their verdict). Runs on a copy of the
 # working tree under $MUTATION_DIR (default /tmp/verl-digen-mutation), so the checkout stays clean;
 # prints the score per package and every surviving mutant (`mutmut show <name>` there shows one).
@@ -10,12 +11,24 @@ scope="${1:-all}"
 shift || true
 work="${MUTATION_DIR:-/tmp/verl-digen-mutation}"
 python -m pip install -q "mutmut==3.8.1"
+# the fast tests (no Ray, no subprocess benchmarks) that exercise each package
+algo_tests="tests/algo/test_algo_exact.py tests/algo/test_advantages_selection_loss.py tests/algo/test_sde.py
+  tests/rollout/test_rollout.py tests/algo/test_tsp.py"
+schedule_tests="tests/schedule/"
+workers_tests="tests/workers/test_optimizer_step.py tests/workers/test_policy.py tests/workers/test_switch.py
+  tests/workers/test_sync_registry.py tests/workers/test_weight_transfer.py tests/config/test_reliability.py
+  tests/test_export.py"
+omni_tests="tests/workers/test_vllm_rollout.py"
+models_tests="tests/models/ tests/test_registry.py"
 case "$scope" in
-  algo) sources="verl_digen/algo/" ;;
-  schedule) sources="verl_digen/schedule/" ;;
-  all) sources=$'verl_digen/algo/\n    verl_digen/schedule/' ;;
-  *) echo "usage: $0 [algo|schedule|all]" >&2; exit 2 ;;
+  algo|schedule|workers|models) sources="verl_digen/$scope/"; tests_var="${scope}_tests"; tests="${!tests_var}" ;;
+  omni) sources="verl_digen/rollout/omni/"; tests="$omni_tests" ;;
+  all) sources="verl_digen/algo/ verl_digen/schedule/"; tests="$algo_tests $schedule_tests" ;;
+  *) echo "usage: $0 [algo|schedule|workers|omni|models|all]" >&2; exit 2 ;;
 esac
+# one per line, as setup.cfg lists them
+sources=$(printf '    %s\n' $sources)
+tests=$(printf '    %s\n' $tests)
 # MUTATION_RESUME=1 keeps $work/mutants: mutmut keeps a verdict while the mutated function's source hash is
 # unchanged, so a stopped run continues where it was and an edited function is re-tested.
 if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
@@ -32,7 +45,7 @@ git ls-files --cached --others --exclude-standard | grep -E '^(verl_digen|tests|
 cat > "$work/setup.cfg" <<CFG
 [mutmut]
 source_paths=
-    $sources
+$sources
 also_copy=
     verl_digen/
     recipes/
@@ -44,12 +57,7 @@ mutate_only_covered_lines=true
 # 30x lets one mutant that blows up the BTS search hold a core for over 10 minutes
 timeout_multiplier=3
 pytest_add_cli_args_test_selection=
-    tests/algo/test_algo_exact.py
-    tests/algo/test_advantages_selection_loss.py
-    tests/algo/test_sde.py
-    tests/rollout/test_rollout.py
-    tests/algo/test_tsp.py
-    tests/schedule/
+$tests
 CFG
 cd "$work"
 start=$(date +%s)

@@ -83,3 +83,26 @@ def test_bad_checkpoint_path_is_one_clear_line(tmp_path, capsys, make, part):
     err = capsys.readouterr().err
     assert err.startswith("digen: error: no trainer checkpoint at") and part in err and "Traceback" not in err
     assert not (tmp_path / "out").exists()
+
+
+def test_a_corrupt_checkpoint_is_refused_and_an_old_one_exported_unverified(tmp_path, capsys):
+    path, _ = _trained_checkpoint(tmp_path)
+    good = (path / ckpt.TRAINER_FILE).read_bytes()
+    bad = bytearray(good)
+    bad[len(bad) // 2] ^= 0xFF
+    (path / ckpt.TRAINER_FILE).write_bytes(bytes(bad))
+    assert main(["export", str(path), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert f"{path / ckpt.TRAINER_FILE}' is corrupt" in err and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+    (path / ckpt.TRAINER_FILE).write_bytes(good)
+    for f in path.glob("*.xxh3"):  # as saved before the digests existed
+        f.unlink()
+    meta = json.loads((path / ckpt.META_FILE).read_text())
+    meta.pop("checksum")
+    meta["files"] = {k: v for k, v in meta["files"].items() if not k.endswith(".xxh3")}
+    (path / ckpt.META_FILE).write_text(json.dumps(meta))
+    assert main(["export", str(path), str(tmp_path / "out")]) == 0
+    out = capsys.readouterr().out
+    assert "unverified" in out and "exported step 3" in out
+    assert json.loads((tmp_path / "out" / "export.json").read_text())["verified"] is False

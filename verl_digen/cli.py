@@ -373,6 +373,9 @@ def cmd_export(args: argparse.Namespace) -> int:
         info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)
     except CheckpointError as err:
         raise ValueError(str(err)) from None
+    if not info["verified"]:
+        print(f"{args.checkpoint}: unverified, it has no checksums (saved by a verl-digen from before they were "
+              "written)")
     where = Path(args.out) / (info.get("adapter") or info.get("transformer"))
     what = "the EMA of step" if args.ema else "step"
     print(f"exported {what} {info['step']} of {args.checkpoint} ({info['kind']}, {info['transformer_class']}) -> "

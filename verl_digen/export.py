@@ -56,6 +56,7 @@ def load_trained_policy(path: str | Path, ema: bool = False):
     from verl_digen.workers.config import WorkerConfig
 
     meta = ckpt.read_meta(path)
+    meta["verified"] = ckpt.verify(path)  # refuses a file whose bytes changed since the save
     pcfg = _policy_config(meta)
     model = P.build_policy(WorkerConfig(policy=pcfg), "cpu")
     saved = ckpt.safe_load(Path(path) / ckpt.TRAINER_FILE)
@@ -86,7 +87,8 @@ def export_checkpoint(path: str | Path, out_dir: str | Path, ema: bool = False) 
     info: dict[str, Any] = {"checkpoint": str(Path(path).resolve()), "step": (meta.get("extra") or {}).get("step"),
                             "version": meta.get("version"), "arch": pcfg.arch, "base_model": pcfg.pretrained,
                             "dtype": pcfg.dtype, "transformer_class": type(model.transformer).__name__,
-                            "run_id": (meta.get("extra") or {}).get("run_id"), "ema": ema}
+                            "run_id": (meta.get("extra") or {}).get("run_id"), "ema": ema,
+                            "verified": meta["verified"]}
     if pcfg.lora:
         from peft import get_peft_model_state_dict
 

@@ -125,7 +125,9 @@ def _hydra_main(raw: DictConfig) -> None:
         if not isinstance(err, ray.exceptions.RayActorError):  # a dead worker: its traceback says nothing more
             import traceback
 
-            traceback.print_exc()
+            from verl_digen.driver.faults import plain
+
+            print(plain(traceback.format_exc()), file=sys.stderr, end="")
         print(failure_line(err, cfg), file=sys.stderr)
         raise SystemExit(1) from None
 
@@ -135,19 +137,24 @@ def failure_line(err: BaseException, cfg: RunConfig, argv: list[str] | None = No
     what happened, and the exact command to resume from the latest complete checkpoint."""
     import ray
 
+    from verl_digen.driver.faults import dead_note, plain
     from verl_digen.workers.checkpoint import latest
 
+    dead = dead_note(err)  # who died, as the driver found out (the error names the call that noticed)
     if isinstance(err, ray.exceptions.RayActorError):
-        what = f"a worker died ({type(err).__name__}: {str(err).strip().splitlines()[0][:200]})"
+        who = f"{dead} died" if dead else "a worker died"
+        what = f"{who} ({type(err).__name__}: {plain(str(err)).strip().splitlines()[0][:200]})"
+    elif dead:
+        what = f"{dead} died (noticed as {type(err).__name__}: {plain(str(err)).strip().splitlines()[0][:200]})"
     elif isinstance(err, ray.exceptions.RayTaskError) and isinstance(err.cause, BaseException):
         # the worker's own error first, then the call and its process (Ray's first line: ray::Class.method() (pid=..))
-        cause = str(err.cause).strip()
-        head = re.sub(r"\x1b\[[0-9;]*m", "", str(err).strip().split("\n", 1)[0])  # Ray colours its first line
+        cause = plain(str(err.cause)).strip()
+        head = plain(str(err).strip().split("\n", 1)[0])  # Ray colours its first line
         call = re.match(r"\s*(ray::\S+?\(\)).*?pid=(\d+)", head)
         where = f"{call[1]} on pid {call[2]}" if call else (head[:120] or "a worker call")
         what = f"{type(err.cause).__name__}" + (f": {cause.splitlines()[0][:300]}" if cause else "") + f" (in {where})"
     else:  # the message's first line: a failed call carries the worker and its error there
-        first = str(err).strip().splitlines()[0][:300] if str(err).strip() else ""
+        first = plain(str(err)).strip().splitlines()[0][:300] if str(err).strip() else ""
         what = f"{type(err).__name__}: {first}" if first else type(err).__name__
     found = latest(cfg.trainer.default_local_dir) if cfg.trainer.save_freq > 0 else None
     reason = f"the run failed: {what}"

@@ -88,6 +88,72 @@ def test_a_truncated_checkpoint_file_is_a_clear_error(tmp_path):
         ckpt.read(path, 0)  # and the loader itself refuses the torn file
 
 
+def flip_byte(file: Path, at: int | None = None, mask: int = 0xFF) -> None:
+    """Flip the ``mask`` bits of one byte of ``file`` (the middle one unless ``at``): its size is unchanged."""
+    data = bytearray(file.read_bytes())
+    at = len(data) // 2 if at is None else at
+    data[at] ^= mask
+    file.write_bytes(bytes(data))
+
+
+def strip_checksums(path: Path) -> None:
+    """Make ``path`` look like a checkpoint saved before the digests: no ``*.xxh3`` files, no ``checksum``."""
+    for f in path.glob(f"*{ckpt.CHECKSUM_SUFFIX}"):
+        f.unlink()
+    meta = json.loads((path / ckpt.META_FILE).read_text())
+    meta.pop("checksum")
+    meta["files"] = {k: v for k, v in meta["files"].items() if not k.endswith(ckpt.CHECKSUM_SUFFIX)}
+    (path / ckpt.META_FILE).write_text(json.dumps(meta))
+
+
+@pytest.mark.parametrize("name", [ckpt.TRAINER_FILE, ckpt.rng_file(0), ckpt.CONFIG_FILE, ckpt.META_FILE])
+def test_a_flipped_byte_in_any_checkpoint_file_is_refused_naming_it(tmp_path, name):
+    path = ckpt.step_dir(tmp_path / "ckpt", 1)
+    payload = {"params": {"w": torch.arange(4.0)}, "optim": {}, "param_groups": [], "version": 1, "lora": False}
+    extra = {"step": 1, "run_id": "r", "config": checks.fingerprint(compose([])), ckpt.CONFIG_YAML_KEY: "a: 1\n"}
+    ckpt.save(path, 0, payload, extra, barrier=lambda: None)
+    assert ckpt.verify(path) is True
+    size = (path / name).stat().st_size
+    if name == ckpt.META_FILE:  # a digit of the saved time into another digit: it still parses, sizes still match
+        flip_byte(path / name, (path / name).read_text().index('"saved_at": ') + 13, mask=0x01)
+    else:
+        flip_byte(path / name)
+    assert (path / name).stat().st_size == size and ckpt.problem(path) is None  # the size check cannot see it
+    with pytest.raises(ckpt.CheckpointError, match=rf"{name}' is corrupt: its xxh3_64 is [0-9a-f]+, but"):
+        ckpt.verify(path)
+
+
+def test_a_checkpoint_is_read_once_per_process_until_a_file_changes(tmp_path, monkeypatch):
+    """The command line and the runtime both validate a resume: the second verify reads nothing while the
+    files' sizes and mtimes are those it verified; a changed file is read (and refused) again."""
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    old = 1_000_000_000
+    for f in path.iterdir():  # saved long ago: only files that settled are remembered
+        os.utime(f, (old, old))
+    reads: list[str] = []
+    digest_of = ckpt._digest_of
+    monkeypatch.setattr(ckpt, "_digest_of", lambda f: reads.append(f.name) or digest_of(f))
+    assert ckpt.verify(path) and ckpt.verify(path)
+    assert sorted(reads) == sorted([ckpt.META_FILE, ckpt.TRAINER_FILE, ckpt.rng_file(0)])
+    flip_byte(path / ckpt.TRAINER_FILE)
+    with pytest.raises(ckpt.CheckpointError, match="trainer.pt' is corrupt"):
+        ckpt.verify(path)
+
+
+def test_a_checkpoint_without_checksums_loads_unverified(tmp_path):
+    path = fake_checkpoint(tmp_path / "ckpt", 1)
+    strip_checksums(path)
+    assert ckpt.verify(path) is False
+    warnings = validate(compose([f"trainer.resume_from={path}", f"trainer.trace_dir={tmp_path}/trace"]))
+    assert [w for w in warnings if "unverified" in w and str(path) in w], warnings
+    ckpt.read(path, 0)
+    # a checkpoint that records digests but lost its meta.json.xxh3 is not taken for an old one
+    path = fake_checkpoint(tmp_path / "ckpt2", 1)
+    ckpt.checksum_file(path / ckpt.META_FILE).unlink()
+    with pytest.raises(ckpt.CheckpointError, match="meta.json.xxh3 is missing"):
+        ckpt.verify(path)
+
+
 def test_rng_state_round_trips_through_tensors_and_json(tmp_path):
     random.seed(1)
     np.random.seed(2)
@@ -284,6 +350,12 @@ def _ckpt_truncated(tmp_path: Path) -> str:
     return str(path)
 
 
+def _ckpt_flipped(tmp_path: Path) -> str:
+    path = fake_checkpoint(tmp_path / "c", 1)
+    flip_byte(path / ckpt.TRAINER_FILE)
+    return str(path)
+
+
 def _ckpt_partial(tmp_path: Path) -> str:
     path = fake_checkpoint(tmp_path / "c", 1)
     return str(path.rename(path.parent / ".partial-global_step_1"))
@@ -298,11 +370,18 @@ def _foreign_checkpoint(tmp_path: Path) -> str:
     return str(tmp_path / "omni")
 
 
+def _reward(tmp_path: Path, name: str, head: str) -> str:
+    """A reward file whose module-level code runs ``head`` before defining a valid ``compute_score``."""
+    return _file(tmp_path, name, (head + "\ndef compute_score(images, prompts):\n"
+                                  "    return [0.0] * len(images)\n").encode())
+
+
 def _ckpt(tmp_path: Path, *overrides: str) -> str:
     return str(fake_checkpoint(tmp_path / "c", 1, compose(list(overrides))))
 
 
 SAVE = ["trainer.save_freq=1"]
+_EXIT = "import sys; sys.exit(0)"
 #: class id (the first column of docs/config.md's "Bad input" table) -> (overrides of tmp_path, key, message part)
 BAD_INPUT = {
     "lr-nan": (lambda t: ["actor.lr=nan"], "actor.lr", "a finite number > 0"),
@@ -356,6 +435,8 @@ BAD_INPUT = {
                         "unreadable"),
     "resume-truncated": (lambda t: [f"trainer.resume_from={_ckpt_truncated(t)}"], "trainer.resume_from",
                          "trainer.pt is 100 bytes, but"),
+    "resume-corrupt": (lambda t: [f"trainer.resume_from={_ckpt_flipped(t)}"], "trainer.resume_from",
+                       "trainer.pt' is corrupt: its xxh3_64 is"),
     "resume-partial": (lambda t: [f"trainer.resume_from={_ckpt_partial(t)}"], "trainer.resume_from",
                        "partial checkpoint"),
     "resume-changed-key": (lambda t: [f"trainer.resume_from={_ckpt(t)}", "actor.lr=0.001"], "actor.lr",
@@ -426,6 +507,33 @@ BAD_INPUT = {
     "mini-batch-splits-updates": (lambda t: ["data.train_batch_size=4", "rollout.n=4", "rollout.micro_batch_size=2",
                                              "actor.ppo_mini_batch_size=2", "digen.update_units=4"],
                                   "actor.ppo_mini_batch_size", "mini-batches of whole updates"),
+    "lora-rank-huge": (lambda t: ["model.lora_rank=100000"], "model.lora_rank",
+                       "at most 32, the smaller side of the smallest layer it adapts"),
+    "window-range-reversed": (lambda t: ["rollout.window_range=[5,2]"], "rollout.window_range",
+                              "[lo, hi] with 0 <= lo < hi <= 6"),
+    "staleness-inf": (lambda t: ["digen.tcss.staleness=inf"], "digen.tcss.staleness", "a fraction in [0, 1], finite"),
+    "staleness-nan": (lambda t: ["digen.tcss.staleness=nan"], "digen.tcss.staleness", "a fraction in [0, 1], finite"),
+    "ckpt-dir-name-too-long": (lambda t: [*SAVE, f"trainer.default_local_dir={t}/{'c' * 300}"],
+                               "trainer.default_local_dir", "a path whose every name is at most"),
+    "trace-dir-name-too-long": (lambda t: [f"trainer.trace_dir={t}/{'t' * 300}"], "trainer.trace_dir",
+                                "a path whose every name is at most"),
+    "trace-dir-path-too-long": (lambda t: [f"trainer.trace_dir={t}/{'/'.join(['d' * 200] * 25)}"],
+                                "trainer.trace_dir", "the file system's limit, less 64"),
+    "seed-huge": (lambda t: [f"trainer.seed={2**64}"], "trainer.seed", "an integer in [0, 2^64 - 1]"),
+    "model-seed-huge": (lambda t: [f"model.seed={2**65}"], "model.seed", "an integer in [0, 2^64 - 1]"),
+    "keep-extremes-negative": (lambda t: ["algorithm.keep_extremes=-1"], "algorithm.keep_extremes",
+                               "null or an even integer >= 2"),
+    "experiment-name-not-ascii": (lambda t: ["trainer.experiment_name='r\u00e9sum\u00e9-\u5b9e\u9a8c'",
+                                             "trainer.logger=[console,tensorboard]"],
+                                  "trainer.experiment_name", "printable ASCII name without '/' with trainer.logger"),
+    "resume-other-arch": (lambda t: [f"trainer.resume_from={_ckpt(t, 'model.arch=wan')}"], "model.arch",
+                          "'wan' as in the checkpoint being resumed"),
+    "model-hub-id-not-cached": (lambda t: ["model.path=nobody-digen/no-such-pipeline"], "model.path",
+                                "a hub id whose pipeline is in the Hugging Face cache"),
+    "reward-exits-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', _EXIT)}"],
+                               "custom_reward_function.path", "r.py: importing it called sys.exit(0)"),
+    "reward-raises-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', 'raise KeyError(1)')}"],
+                                "custom_reward_function.path", "r.py: importing it failed (KeyError: 1)"),
 }
 #: line 1 valid, line 2 blank, line 3 malformed: the error must say line 3
 _J = b'{"prompt": "a cat"}\n\n{"prompt": "a dog"\n'
@@ -559,6 +667,37 @@ def test_failure_line_carries_the_errors_message_not_only_its_type(tmp_path):
                             proctitle="ray::GeneratorWorker.score_rows()", pid=4242, ip="10.0.0.1")
     assert failure_line(task.as_instanceof_cause(), cfg, argv=[]).startswith(
         "the run failed: KeyError: 'x' (in ray::GeneratorWorker.score_rows() on pid 4242); ")
+
+
+def test_failure_line_names_the_dead_worker_not_the_call_that_noticed_and_drops_colours(tmp_path):
+    """A trainer rank killed mid-step surfaced as a generator's failed ``score_rows`` with Ray's colour codes;
+    the driver finds the dead workers (``faults.note_dead_workers``) and the line names them instead."""
+    import ray.exceptions as rex
+
+    from verl_digen.driver import faults
+    from verl_digen.main import failure_line
+
+    cfg = compose([f"trainer.default_local_dir={tmp_path}/ckpt"])
+    head = "\x1b[36mray::GeneratorWorker.score_rows()\x1b[39m (pid=77, ip=10.0.0.1, actor_id=ab, repr=<x>)"
+    task = rex.RayTaskError("GeneratorWorker.score_rows", head + "\n  File ...\nRuntimeError: \x1b[31mboom\x1b[0m",
+                            RuntimeError("\x1b[31mpeer gone\x1b[0m"), proctitle="ray::GeneratorWorker.score_rows()",
+                            pid=77, ip="10.0.0.1").as_instanceof_cause()
+    plain = failure_line(task, cfg, argv=[])
+    assert "GeneratorWorker.score_rows() on pid 77" in plain and "\x1b" not in plain, plain
+    task.__notes__ = [faults.DEAD_NOTE + "trainer rank 1 (pid 4242 on 10.0.0.2)"]
+    line = failure_line(task, cfg, argv=[])
+    assert line.startswith("the run failed: trainer rank 1 (pid 4242 on 10.0.0.2) died (noticed as "), line
+    assert "\x1b" not in line and "[36m" not in line
+    died = rex.ActorDiedError()
+    died.__notes__ = [faults.DEAD_NOTE + "generator rank 0 (pid 9 on 10.0.0.3)"]
+    assert failure_line(died, cfg, argv=[]).startswith(
+        "the run failed: generator rank 0 (pid 9 on 10.0.0.3) died (ActorDiedError: ")
+    # Ray's death message carries the process: pid and ip lines
+    assert faults._process(RuntimeError("The actor died\n\tclass_name: X\n\tpid: 123\n\tip: 10.1.2.3")) == \
+        " (pid 123 on 10.1.2.3)"
+    seen: list[str] = []
+    faults.plain_log(seen.append)("\x1b[33mwarning\x1b[0m: x")
+    assert seen == ["warning: x"]
 
 
 def test_a_run_starts_its_own_ray_head_unless_told_and_says_which_cluster(monkeypatch, capsys):

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
+from verl_digen.config import checks
 from verl_digen.integrations import verl_omni as vo
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -458,6 +459,7 @@ def test_a_local_cpu_run_that_would_wait_forever_for_ray_cpus_is_named(tmp_path,
     a Ray CPU: on a 2-core machine with verl-omni's 8 storage units Ray waits forever."""
     monkeypatch.delenv("RAY_ADDRESS", raising=False)
     monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(checks, "hub_cached", lambda _: True)  # the SD3.5 pipeline is not what is counted here
     good = _runnable(tmp_path, trainer={**VERL_OMNI_SD35["trainer"], "device": "cpu"})
     tq = {"backend": {"SimpleStorage": {"num_data_storage_units": 8}}}
     run = vo.to_run_config(good, log=lambda _: None)  # 2 + 2 workers

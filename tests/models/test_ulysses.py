@@ -92,3 +92,46 @@ def test_size_problem_names_what_the_size_must_divide():
 def test_video_tokens_of_wan_720p():
     # 81 frames at 1280x720: latents of 21 x 90 x 160 (VAE 4x temporal, 8x spatial), patches of 1x2x2
     assert video_tokens((16, 21, 90, 160), patch=2, patch_t=1) == 75600
+
+
+@pytest.mark.parametrize("world,size", [(4, 2), (6, 3), (4, 1), (4, 4)])
+def test_sequence_groups_are_consecutive_ranks_and_the_data_rank_is_the_group_index(monkeypatch, world, size):
+    """Each rank's Ulysses group is its run of ``size`` consecutive ranks, and its data-parallel rank the index
+    of that group: ranks of one group must train the same rows (a data rank of ``rank % size`` would give them
+    different rows, and their collectives would wait for each other forever). Checked on every rank of a
+    recorded ``new_group``, so a wrong answer fails here instead of hanging a multi-process test."""
+    from verl_digen.models import ulysses
+
+    for rank in range(world):
+        made: list[tuple[int, ...]] = []
+        monkeypatch.setattr(ulysses.dist, "get_rank", lambda r=rank: r)
+        monkeypatch.setattr(ulysses.dist, "get_world_size", lambda group=None: world)
+        monkeypatch.setattr(ulysses.dist, "new_group", lambda ranks, m=made: m.append(tuple(ranks)) or tuple(ranks))
+        group, dp_rank, dp_world = ulysses.sequence_groups(size)
+        assert made == [tuple(range(s, s + size)) for s in range(0, world, size)]  # every rank makes every group
+        assert rank in group and group == made[dp_rank]
+        assert (dp_rank, dp_world) == (rank // size, world // size)
+        assert isinstance(dp_rank, int) and isinstance(dp_world, int)  # sizes and slice bounds downstream
+    for bad in (0, world + 1, 5):
+        if bad < 1 or world % bad:
+            with pytest.raises(ValueError, match=f"ulysses_sequence_parallel_size={bad} must divide the {world}"):
+                ulysses.sequence_groups(bad)
+
+
+def _one_rank_never_joins(rank: int, world: int) -> None:
+    if rank == 1:
+        import time
+
+        time.sleep(3600)  # rank 0 waits for it in the closing barrier: a hung collective
+
+
+@pytest.mark.slow
+def test_a_hung_collective_fails_the_test_instead_of_hanging_the_suite(tmp_path):
+    import time
+
+    from two_ranks import run_on_two_ranks
+
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="a collective hung"):
+        run_on_two_ranks(_one_rank_never_joins, tmp_path, timeout_s=20)
+    assert time.monotonic() - start < 60

@@ -140,7 +140,9 @@ def test_a_dead_trainer_rank_stops_with_the_trace_and_the_resume_command(ray_ses
     assert any(r["kind"] == "optimizer_step" and r["step"] == 0 for r in streamed)
     line = failure_line(err.value, cfg, argv=["trainer.total_steps=3", "trainer.save_freq=1"])
     ckpt = tmp_path / "ckpt" / "global_step_1"
-    assert line.startswith(f"the run failed: a worker died ({type(err.value).__name__}: ")
+    # the driver asked every worker: the line names the dead one's role, rank and process, without colours
+    assert line.startswith(f"the run failed: trainer rank 0 (pid {pid} on "), line
+    assert f"died ({type(err.value).__name__}: " in line and "\x1b" not in line
     assert line.endswith(f"; resume with: python -m verl_digen.main trainer.total_steps=3 trainer.save_freq=1 "
                          f"trainer.resume_from={ckpt}")
 

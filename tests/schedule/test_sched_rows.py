@@ -50,3 +50,17 @@ def test_bad_plans_name_the_field(bad):
     args = dict(samples=2, steps=2, ranks=1, degree=None, cap=None) | bad
     with pytest.raises(ValueError, match=next(iter(bad))):
         row_plan(**args)
+
+
+def test_the_default_cap_rounds_a_ranks_share_of_a_chunk_up():
+    """Default cap ``ceil(S * degree / ranks)``: more ranks never add passes (at most TSP's ``ceil(K / degree)``
+    chunks); a cap rounded down would split a rank's share of a chunk into an extra pass."""
+    plan = row_plan(3, 4, 2, 1)  # 3 samples x 1 step per chunk over 2 ranks: 1.5 rows each, so 2 per pass
+    assert (plan.cap, plan.passes, plan.pass_rows()) == (2, 3, [2, 2, 2])
+    for samples in range(1, 9):
+        for steps in range(1, 6):
+            for ranks in range(1, 8):
+                for degree in range(1, steps + 1):
+                    plan = row_plan(samples, steps, ranks, degree)
+                    assert plan.cap == -(-samples * degree // ranks)
+                    assert plan.passes <= -(-steps // degree), (samples, steps, ranks, degree)

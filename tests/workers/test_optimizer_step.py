@@ -111,3 +111,56 @@ def test_ema_equals_its_closed_form_and_travels_through_checkpoint_validation_an
         loaded = diffusers.FluxTransformer2DModel.from_pretrained(out / "transformer", torch_dtype=torch.float64)
         state = dict(loaded.named_parameters())
         assert all(torch.equal(state[k], want[k]) for k in want), out
+
+
+def _one_rank(monkeypatch, port: int) -> None:
+    for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
+                       "MASTER_PORT": str(port)}.items():
+        monkeypatch.setenv(key, value)
+
+
+def test_every_mini_batch_recomputes_old_log_probs_with_the_steps_starting_weights_and_guidance(monkeypatch):
+    """actor.recompute_log_prob with three mini-batches under guidance 3: the rows were sampled by the step's
+    starting weights at guidance 3, so the old log-probs recomputed for mini-batches 2 and 3 (after one and
+    two optimizer steps) must equal the rollout's exactly. Behaviour weights re-captured after each mini-batch,
+    or a behaviour velocity without the configured guidance, make them differ."""
+    from dataclasses import replace
+
+    _one_rank(monkeypatch, 29535)
+    cfg = replace(CFG, sampler=replace(CFG.sampler, guidance_scale=3.0),
+                  loss=replace(CFG.loss, recompute_old_log_prob=True))
+    worker = TSPActorWorker(cfg)
+    worker.init_model()
+    gen = P.build_policy(cfg)
+    mini_batches = [local_batch(gen, cfg, 0, 0, [p], 4) for p in range(3)]
+    diffs = []
+    for i, traj in enumerate(mini_batches):
+        out = worker.update(traj, 1.0 / (3 * len(traj) * K))
+        diffs.append((out["rollout_diff_rows"], out["rollout_diff_max"]))
+        step = worker.optimizer_step(ends_step=i == 2)
+        assert not step["skipped"] and step["grad_norm"] > 0
+    assert all(rows > 0 for rows, _ in diffs) and [d for _, d in diffs] == [0.0, 0.0, 0.0], diffs
+
+
+def test_a_skipped_step_leaves_the_ema_where_it_was(monkeypatch):
+    """A step skipped for a non-finite loss leaves the weights as they were, and so their EMA: an EMA updated
+    anyway would move towards the (lagged-behind) weights."""
+    from dataclasses import replace
+
+    _one_rank(monkeypatch, 29536)
+    cfg = replace(CFG, optim=replace(CFG.optim, ema_decay=0.7))
+    worker = TSPActorWorker(cfg)
+    worker.init_model()
+    gen = P.build_policy(cfg)
+    worker.update(local_batch(gen, cfg, 0, 0, [0, 1], 4), 1.0 / (8 * K))
+    assert not worker.optimizer_step()["skipped"]
+    ema = {n: e.clone() for n, e in worker.ema.items()}
+    params = {n: p.detach().clone() for n, p in worker.named_params}
+    assert any(not torch.equal(ema[n], params[n]) for n in ema)  # the EMA lags: an update would move it
+    traj = local_batch(gen, cfg, 1, 0, [0, 1], 4)
+    traj = replace(traj, advantages=torch.full_like(traj.advantages, float("nan")))
+    worker.update(traj, 1.0 / (8 * K))
+    out = worker.optimizer_step()
+    assert out["skipped"] and out["nonfinite"] == "loss"
+    assert all(torch.equal(p, params[n]) for n, p in worker.named_params)
+    assert all(torch.equal(worker.ema[n], ema[n]) for n in ema)

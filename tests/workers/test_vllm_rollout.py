@@ -30,6 +30,7 @@ from verl_digen.rollout.omni.request import (
     RowRequest,
     StepSettings,
     build_requests,
+    pixel_size,
 )
 from verl_digen.rollout.omni.served import ServedShape, read_served_shape
 from verl_digen.rollout.omni.stepper import step_batch
@@ -260,9 +261,10 @@ def _verl_omni_outputs(model, arch: str, cfg: SamplerConfig, scale: float = 1000
     return outs, full, (start, end)
 
 
+@pytest.mark.parametrize("window", [(1, 4), (2, 4)])  # (2, 4): the SDE window ends at the last step
 @pytest.mark.parametrize("arch,packed", [("sd3", False), ("flux", True)])
-def test_parser_reads_verl_omni_layout(models, arch, packed):
-    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+def test_parser_reads_verl_omni_layout(models, arch, packed, window):
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=window))
     model = models[arch]
     outs, full, (start, end) = _verl_omni_outputs(model, arch, cfg, packed=packed)
     for i, out in enumerate(outs):
@@ -273,6 +275,9 @@ def test_parser_reads_verl_omni_layout(models, arch, packed):
         assert torch.equal(row.log_probs, full.log_probs[i, start:end].float())
         assert row.image.shape == (3, 32, 32)
         assert bool(row.final.isnan().all()) == (end < cfg.num_steps)  # final latents unknown mid-trajectory
+        if end == cfg.num_steps:  # a window that ends the trajectory carries its final latents
+            assert torch.equal(row.final, full.final_latents[i].float())
+    assert window != (2, 4) or end == cfg.num_steps
 
 
 def test_parser_refuses_a_second_shift_and_missing_trajectories(models):
@@ -471,3 +476,14 @@ def test_the_collective_template_is_the_trainers_layout_without_weights(tmp_path
     want = layout_of(P.live_weights(model, bool(lora_rank)))
     got = sync_layout(cfg)
     assert got == want and all(d == torch.float64 for _, d, _ in got)
+
+
+@pytest.mark.parametrize("latent_shape,want", [
+    ((16, 21, 60, 104), (480, 832, 81)),  # Wan2.1 at 480p: 21 latent frames are 81 video frames, not 84
+    ((16, 1, 8, 8), (64, 64, 1)),  # one latent frame is one video frame
+    ((16, 64, 128), (512, 1024, 1)),  # an image
+])
+def test_pixel_size_counts_a_causal_video_vaes_frames(latent_shape, want):
+    """Causal video VAEs (Wan2.1, HunyuanVideo) encode the first frame alone and each later latent frame from
+    ``temporal`` frames: F latent frames decode to (F - 1) * temporal + 1."""
+    assert pixel_size(latent_shape, 8, 4) == want

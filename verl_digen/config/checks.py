@@ -31,6 +31,9 @@ MAX_GROUP = 1024  # rollout.n
 MAX_SAMPLING_STEPS = 1000  # rollout.num_steps
 MAX_LATENT = 512  # model.latent_size (latents per side)
 MAX_LR = 1.0  # actor.lr
+MAX_SEED = 2**64 - 1  # trainer.seed, model.seed: torch.manual_seed's range
+#: room left in a path for what the run writes under an output dir (global_step_<N>/rng_rank<r>.pt.xxh3, ...)
+PATH_ROOM = 64
 #: what the driver keeps per sample of a step (scheduler records, prompt, reward, metrics), measured
 #: generously; with the trajectories (latents of every sampling step, float32) the step-size estimate
 DRIVER_BYTES_PER_SAMPLE = 4096
@@ -117,6 +120,17 @@ def numbers(cfg: Any) -> None:
     if cfg.data.synthetic_prompts is None or not (isinstance(cfg.data.synthetic_prompts, int)
                                                   and cfg.data.synthetic_prompts >= 1):
         raise ConfigError("data.synthetic_prompts", cfg.data.synthetic_prompts, "an integer >= 1")
+    for key, seed in (("trainer.seed", t.seed), ("model.seed", m.seed)):
+        if not (isinstance(seed, int) and not isinstance(seed, bool) and 0 <= seed <= MAX_SEED):
+            raise ConfigError(key, seed, f"an integer in [0, 2^64 - 1] (torch's seed range; {MAX_SEED})")
+    st = cfg.digen.tcss.staleness
+    if not (_real(st) and math.isfinite(st) and 0 <= st <= 1):
+        raise ConfigError("digen.tcss.staleness", st, "a fraction in [0, 1], finite (the share of a step's "
+                          "micro-batches that may come from the previous policy version)")
+    ke = g.keep_extremes
+    if ke is not None and not (isinstance(ke, int) and not isinstance(ke, bool) and ke >= 2 and ke % 2 == 0):
+        raise ConfigError("algorithm.keep_extremes", ke, "null or an even integer >= 2 (the top and bottom k/2 "
+                          "samples of each group are kept)")
     _pools(cfg)
 
 
@@ -222,11 +236,32 @@ def _pools(cfg: Any) -> None:
 
 
 # -- files ----------------------------------------------------------------------------------------
+def _limit(name: str, default: int) -> int:
+    try:
+        return int(os.pathconf("/", name))
+    except (OSError, ValueError):
+        return default
+
+
+def _path_fits(key: str, path: str, p: Path) -> None:
+    """Every component of ``p`` within the file system's name limit and the whole within its path limit
+    (less what the run appends), so the run's ``mkdir`` cannot fail with 'File name too long'."""
+    name_max, path_max = _limit("PC_NAME_MAX", 255), _limit("PC_PATH_MAX", 4096)
+    for part in p.parts:
+        if len(os.fsencode(part)) > name_max:
+            raise ConfigError(key, path, f"a path whose every name is at most {name_max} bytes (the file system's "
+                              f"limit); {part[:40]!r}... is {len(os.fsencode(part))}")
+    if len(os.fsencode(str(p))) + PATH_ROOM > path_max:
+        raise ConfigError(key, path, f"a path of at most {path_max - PATH_ROOM} bytes (the file system's limit, "
+                          f"less {PATH_ROOM} for the files the run writes in it); it is {len(os.fsencode(str(p)))}")
+
+
 def writable(key: str, path: str) -> None:
     """Create and remove a probe file in ``path`` (or, if it does not exist yet, in its nearest
     existing ancestor: the run creates the rest), so an unwritable output dir fails now, not after
     the last step."""
     p = Path(path).expanduser().absolute()
+    _path_fits(key, path, p)
     at = p
     while not at.exists():
         if at.parent == at:
@@ -279,10 +314,17 @@ def check_resume(cfg: Any, path: str) -> list[str]:
     if why is not None:
         raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
                           f"a complete verl-digen checkpoint directory, but {path!r} is not one: {why}")
+    warnings = []
+    try:
+        if not ckpt.verify(path):
+            warnings.append(f"resuming {path}: unverified, it has no checksums (saved by a verl-digen from before "
+                            "they were written), so a change to its bytes would go unnoticed")
+    except ckpt.CheckpointError as err:
+        raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
+                          f"a checkpoint whose files have the bytes they were saved with: {err}") from None
     meta = json.loads((Path(path) / ckpt.META_FILE).read_text())
     saved = (meta.get("extra") or {}).get("config") or {}
     run = (meta.get("extra") or {}).get("run_id", "?")
-    warnings = []
     mine = fingerprint(cfg)
     for key in RESUME_KEYS:
         if key not in saved or _same(saved[key], mine[key]):
@@ -313,26 +355,53 @@ def finished(cfg: Any) -> str | None:
 
 def lora_targets(cfg: Any) -> None:
     """``model.target_modules`` must each name a module of the transformer (peft matches a name or a
-    ``.``-suffix of one). Checked where cheap: the tiny random-weight models (built here, well under a
-    second); a pretrained model's targets are checked when the workers apply LoRA."""
+    ``.``-suffix of one), and ``model.lora_rank`` must not exceed the smaller side of the layers it adapts
+    (a larger rank adds parameters, not expressiveness: adapters outgrow the layers). Checked where cheap:
+    the tiny random-weight models (built here, well under a second) exactly; a local pretrained model's
+    rank against its attention width (``transformer/config.json``); other targets when LoRA is applied."""
     m = cfg.model
-    if m.lora_rank <= 0 or not m.target_modules or m.path is not None:
+    if m.lora_rank <= 0:
+        return
+    if m.path is not None:
+        width = _attention_width(m)
+        if width is not None and m.lora_rank > width:
+            raise ConfigError("model.lora_rank", m.lora_rank, f"at most {width}, the attention width of "
+                              f"{m.path}'s transformer (the LoRA rank is bounded by the adapted layers' sizes)")
         return
     import torch
 
     from verl_digen.models import build_model
+    from verl_digen.models.lora import default_lora_targets
 
     with torch.random.fork_rng():
         model = build_model(m.arch, pretrained=None, dtype=torch.float32, device="cpu", seed=m.seed,
                             latent_size=m.latent_size, latent_width=m.latent_width, num_frames=m.num_frames)
     names = [n for n, _ in model.transformer.named_modules() if n]
-    missing = [t for t in m.target_modules if not any(n == t or n.endswith("." + t) for n in names)]
-    if missing:
+    targets = list(m.target_modules) if m.target_modules else default_lora_targets(model)
+    missing = [t for t in targets if not any(n == t or n.endswith("." + t) for n in names)]
+    if missing and m.target_modules:
         leaves = sorted({n.rsplit(".", 1)[-1] for n, mod in model.transformer.named_modules()
                          if isinstance(mod, torch.nn.Linear)})
         raise ConfigError("model.target_modules", list(m.target_modules),
                           f"module-name suffixes of the {m.arch} transformer; {missing} match no module "
                           f"(its linear layers end in: {', '.join(leaves)})")
+    sides = [min(mod.in_features, mod.out_features) for n, mod in model.transformer.named_modules()
+             if isinstance(mod, torch.nn.Linear) and any(n == t or n.endswith("." + t) for t in targets)]
+    if sides and m.lora_rank > min(sides):
+        raise ConfigError("model.lora_rank", m.lora_rank, f"at most {min(sides)}, the smaller side of the smallest "
+                          f"layer it adapts in the {m.arch} transformer (targets {', '.join(targets)}): the LoRA "
+                          "rank is bounded by the adapted layers' sizes")
+
+
+def _attention_width(m: Any) -> int | None:
+    """heads x head size of a local pretrained transformer (``transformer/config.json``), else None."""
+    config = os.path.join(m.path, "transformer", "config.json")
+    if not os.path.isfile(config):
+        return None
+    with open(config) as f:
+        c = json.load(f)
+    heads, size = c.get("num_attention_heads"), c.get("attention_head_dim")
+    return heads * size if isinstance(heads, int) and isinstance(size, int) else None
 
 
 def wandb_unready() -> str | None:
@@ -395,6 +464,8 @@ def files_and_resume(cfg: Any) -> list[str]:
     if mp is not None and mp.startswith(("/", "./", "../", "~")) and not Path(mp).expanduser().is_dir():
         raise ConfigError("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
                           "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
+    if t.device == "cpu" and not os.environ.get("RAY_ADDRESS"):  # a Ray of its own on this machine: one node
+        model_source(cfg, single_node=True)
     lora_targets(cfg)
     if t.trace_dir:
         writable("trainer.trace_dir", t.trace_dir)

@@ -121,6 +121,12 @@ def validate(cfg: RunConfig) -> list[str]:
     for name in t.logger:
         _choice("trainer.logger", name, LOGGERS)
     _choice("trainer.log_format", t.log_format, LOG_FORMAT_CHOICES)
+    if "tensorboard" in t.logger:  # its event directory is named after the run
+        for key, name in (("trainer.project_name", t.project_name), ("trainer.experiment_name", t.experiment_name)):
+            if not (isinstance(name, str) and name.isascii() and name.isprintable() and name.strip()
+                    and "/" not in name):
+                raise ConfigError(key, name, "a non-empty printable ASCII name without '/' with "
+                                  "trainer.logger=[tensorboard] (it names the event directory)")
     if "wandb" in t.logger and (why := checks.wandb_unready()):
         raise ConfigError("trainer.logger", list(t.logger), f"loggers that can start here: wandb {why}")
     if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
@@ -168,6 +174,9 @@ def validate(cfg: RunConfig) -> list[str]:
     wr = r.window_range
     if wr is not None and not (len(wr) == 2 and all(isinstance(v, int) for v in wr)):
         raise ConfigError("rollout.window_range", r.window_range, "null or [lo, hi] (two step indices)")
+    if wr is not None and not 0 <= wr[0] < wr[1] <= r.num_steps:
+        raise ConfigError("rollout.window_range", list(wr), f"null or [lo, hi] with 0 <= lo < hi <= {r.num_steps} "
+                          "(rollout.num_steps): the SDE window lies in steps [lo, hi)")
     try:
         k = cfg.trained_steps()
     except ValueError as err:

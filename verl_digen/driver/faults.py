@@ -12,9 +12,11 @@ docs/user-guide.md and docs/architecture.md ("Runtime").
 from __future__ import annotations
 
 import math
+import re
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import ray
 
@@ -98,6 +100,73 @@ def await_restarted(actor, limit_s: float, poll_s: float = 0.2) -> None:
 def is_worker_death(err: BaseException) -> bool:
     """A failure of the actor itself (died, killed, unreachable), as opposed to an error its code raised."""
     return isinstance(err, ray.exceptions.RayActorError)
+
+
+#: a terminal colour / style code (Ray colours its log prefixes and the first line of a task's traceback)
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+#: how the driver marks, on the exception it re-raises, the workers found dead after a failure
+DEAD_NOTE = "dead workers: "
+
+
+def plain(text: str) -> str:
+    """``text`` without terminal colour codes (for lines and files read by people and tools alike)."""
+    return ANSI.sub("", text)
+
+
+def plain_log(log: Callable[[str], None]) -> Callable[[str], None]:
+    """``log`` that drops terminal colour codes from what it is given."""
+    return lambda line: log(plain(line))
+
+
+def _process(err: BaseException) -> str:
+    """' (pid P on IP)' from Ray's actor-death message (its ``pid:`` and ``ip:`` lines), or ''."""
+    text = str(err)
+    pid, ip = re.search(r"\bpid: (\d+)", text), re.search(r"\bip: (\S+)", text)
+    if not pid:
+        return ""
+    return f" (pid {pid[1]}" + (f" on {ip[1]}" if ip else "") + ")"
+
+
+def dead_workers(workers: Iterable[tuple[str, int, Any]], wait_s: float = 5.0) -> list[str]:
+    """``'<role> rank <r> (pid P on IP)'`` of each worker (role, rank, actor) whose actor is dead: after a
+    failure the call that noticed it (often another pool's) names itself, not the process that died, so
+    every worker is asked for its runtime info; a dead actor answers with Ray's death error. A worker
+    that does not answer within ``wait_s`` is not counted (it may be busy, not dead)."""
+    asked: dict[Any, tuple[str, int]] = {}
+    for role, rank, actor in workers:
+        try:
+            asked[actor.runtime_info.remote()] = (role, rank)
+        except Exception:  # noqa: BLE001 - a handle Ray already knows is gone
+            continue
+    if not asked:
+        return []
+    ray.wait(list(asked), num_returns=len(asked), timeout=wait_s)
+    dead = []
+    for ref, (role, rank) in asked.items():
+        try:
+            ray.get(ref, timeout=0)
+        except ray.exceptions.RayActorError as err:
+            dead.append(f"{role} rank {rank}{_process(err)}")
+        except Exception:  # noqa: BLE001 - still running (a timeout), or an error of its own: not dead
+            continue
+    return dead
+
+
+def note_dead_workers(err: BaseException, workers: Iterable[tuple[str, int, Any]]) -> list[str]:
+    """Find the dead workers after ``err`` (a Ray failure) and attach them to it as a note that the failure
+    line reads (``DEAD_NOTE``); returns them."""
+    if not isinstance(err, ray.exceptions.RayError):
+        return []
+    dead = dead_workers(workers)
+    if dead:
+        err.__notes__ = [*getattr(err, "__notes__", []), DEAD_NOTE + ", ".join(dead)]
+    return dead
+
+
+def dead_note(err: BaseException) -> str | None:
+    """The dead workers ``note_dead_workers`` attached to ``err`` (None: none found, or not looked for)."""
+    found = [n for n in getattr(err, "__notes__", None) or [] if isinstance(n, str) and n.startswith(DEAD_NOTE)]
+    return found[-1][len(DEAD_NOTE):] if found else None
 
 
 def fault_policy(cfg, log: Callable[[str], None] = print) -> FaultPolicy:

@@ -96,6 +96,7 @@ def ensure_ray(cfg: RunConfig) -> None:
     env = dict(CPU_WORKER_ENV) if cfg.trainer.device == "cpu" else {"TOKENIZERS_PARALLELISM": "false"}
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
+    os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the workers' lines Ray prints here: no colour codes
     auth_env()
     given = os.environ.get("RAY_ADDRESS")
     native_memory.limit_arenas()  # before Ray's threads start: they share the capped arenas

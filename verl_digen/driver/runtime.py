@@ -39,7 +39,7 @@ from verl_digen.config.schema import log_format
 from verl_digen.data import PromptDataset
 from verl_digen.driver import native_memory, validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
-from verl_digen.driver.faults import fault_policy
+from verl_digen.driver.faults import fault_policy, note_dead_workers, plain_log
 from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray, stop_own_ray
 from verl_digen.driver.probe import probe_costs
 from verl_digen.driver.ray_backend import WORKER_METHODS
@@ -112,7 +112,7 @@ class DigenRuntime:
         cfg = resolve_auto(cfg, log)  # digen.plan=auto (the command line resolves it before the dry run)
         self.warnings = validate(cfg)
         self.cfg = cfg
-        self.log = log
+        self.log = log = plain_log(log)  # a worker's error text carries Ray's colour codes: never in our lines
         self.probe = probe
         for w in self.warnings:
             log(f"warning: {w}")
@@ -156,6 +156,12 @@ class DigenRuntime:
         wg = RayWorkerGroup(pool, actor_cls, name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
         wg.init_model()
         return wg
+
+    def _workers(self) -> list[tuple[str, int, Any]]:
+        """(role, rank, actor) of every worker of the run's pools."""
+        trainer = "colocated" if self.cfg.trainer.mode == COLOCATED else "trainer"
+        return [(role, rank, actor) for role, wg in ((trainer, self.trn_wg), ("generator", self.gen_wg))
+                if wg is not None for rank, actor in enumerate(wg.workers)]
 
     def init_workers(self) -> None:
         """Claim the checkpoint directory, create the worker groups (the expensive part) and wire
@@ -318,6 +324,7 @@ class DigenRuntime:
                 ab = abandon_cause(err)
                 if ab is not None:
                     raise self._abandoned(ab) from None
+                note_dead_workers(err, self._workers())  # the call that noticed is often not the one that died
                 self._write_partial(f"failed: {type(err).__name__}")
                 raise
             finally:

@@ -74,6 +74,9 @@ def load_function(path: str, name: str) -> Callable[..., Any]:
             hint = (f"; install it with `pip install {JUDGE_EXTRA}`" if isinstance(err, ImportError)
                     and (getattr(err, "name", None) or "").split(".")[0] in JUDGE_PACKAGES else "")
             raise ValueError(f"{path}: importing it failed ({type(err).__name__}: {err}){hint}") from None
+        except SystemExit as err:  # sys.exit() at import would end the run, with exit code 0 and no line
+            raise ValueError(f"{path}: importing it called sys.exit({err.code!r}); a reward module must not "
+                             "exit") from None
         module.__digen_stamp__ = stamp
         sys.modules[mod_name] = module
     if not hasattr(module, name):

@@ -9,14 +9,17 @@ Layout of ``<root>/global_step_<N>/`` (a *complete* checkpoint):
 - ``config.yaml`` (rank 0, when the driver passes it): the resolved run config, for people;
 - ``meta.json`` (rank 0, written last): everything else as JSON -- format, run id, step, policy
   version, data position, LoRA flag, optimizer hyper-parameters and the config fingerprint a resume
-  is checked against.
+  is checked against;
+- ``<file>.xxh3`` beside each of these: the file's xxh3-64 digest, computed from the bytes as they are
+  written (no second pass), so ``verify`` finds a file whose bytes changed at the same size.
 
 Why: ``torch.load(weights_only=True)`` refuses any pickled object that is not a tensor or a plain
 container, so a crafted file given to ``trainer.resume_from`` cannot run code. Every rank writes into
 ``<root>/.partial-global_step_<N>``; rank 0 writes ``meta.json`` after a barrier and renames the
 directory, so a run killed mid-save leaves only a ``.partial-*`` directory, which is never taken for
 a checkpoint. Full state dicts make a checkpoint independent of the trainer pool's size; every rank
-reads the same directory, so on a multi-node pool the root must be on a shared filesystem.
+reads the same directory, so on a multi-node pool the root must be on a shared filesystem. A
+checkpoint saved before the digests existed has no ``meta.json.xxh3``: it loads, unverified.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import xxhash
 
 FORMAT = 2
 TRAINER_FILE = "trainer.pt"
@@ -47,6 +51,9 @@ LOCK_FILE = ".digen-run.lock"
 CONFIG_FILE = "config.yaml"
 #: the key of ``extra`` whose text rank 0 writes to ``CONFIG_FILE`` instead of meta.json
 CONFIG_YAML_KEY = "config_yaml"
+#: the digest file beside each checkpoint file, and the hash it holds (hex)
+CHECKSUM_SUFFIX = ".xxh3"
+CHECKSUM_ALGO = "xxh3_64"
 
 
 class CheckpointError(RuntimeError):
@@ -207,11 +214,47 @@ def _fsync_dir(p: Path) -> None:
         os.close(fd)
 
 
-def _save_file(obj: Any, dst: Path) -> None:
-    with open(dst, "wb") as f:
-        torch.save(obj, f)
+class _HashingWriter:
+    """A binary file that hashes what goes through ``write``: the digest of a save costs no re-read."""
+
+    def __init__(self, f: Any) -> None:
+        self.f = f
+        self.hash = xxhash.xxh3_64()
+
+    def write(self, data: Any) -> int:
+        self.hash.update(data)
+        return self.f.write(data)
+
+    def flush(self) -> None:
+        self.f.flush()
+
+
+def checksum_file(path: Path) -> Path:
+    return path.with_name(path.name + CHECKSUM_SUFFIX)
+
+
+def _write_digest(dst: Path, digest: str) -> None:
+    with open(checksum_file(dst), "w") as f:
+        f.write(digest + "\n")
         f.flush()
         os.fsync(f.fileno())
+
+
+def _save_file(obj: Any, dst: Path) -> None:
+    with open(dst, "wb") as f:
+        out = _HashingWriter(f)
+        torch.save(obj, out)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_digest(dst, out.hash.hexdigest())
+
+
+def _save_bytes(data: bytes, dst: Path) -> None:
+    with open(dst, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+    _write_digest(dst, xxhash.xxh3_64_hexdigest(data))
 
 
 def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dict[str, Any],
@@ -237,11 +280,11 @@ def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dic
         extra = dict(extra)
         config_yaml = extra.pop(CONFIG_YAML_KEY, None)
         if config_yaml is not None:  # listed in ``files`` below like the tensors, so a truncated one is seen
-            (tmp / CONFIG_FILE).write_text(str(config_yaml))
+            _save_bytes(str(config_yaml).encode(), tmp / CONFIG_FILE)
         files = {f.name: f.stat().st_size for f in sorted(tmp.iterdir()) if f.is_file()}
         meta = {"format": FORMAT, "complete": True, "saved_at": time.time(), "files": files, **rest,
-                "extra": dict(extra)}
-        (tmp / META_FILE).write_text(json.dumps(meta, indent=1, sort_keys=True, default=_json_default))
+                "checksum": CHECKSUM_ALGO, "extra": dict(extra)}
+        _save_bytes(json.dumps(meta, indent=1, sort_keys=True, default=_json_default).encode(), tmp / META_FILE)
         _fsync_dir(tmp)
         old = final.parent / f"{REPLACED_PREFIX}{final.name}"
         if final.exists():  # the same step saved again (a resumed run): replaced whole, and a complete
@@ -273,6 +316,62 @@ def prune(root: str | Path, keep: int) -> list[Path]:
 
 
 # -- read -----------------------------------------------------------------------------------------
+def _digest_of(file: Path) -> str:
+    h = xxhash.xxh3_64()
+    with open(file, "rb") as f:
+        while chunk := f.read(1 << 24):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _check_digest(file: Path) -> None:
+    side = checksum_file(file)
+    try:
+        want = side.read_text().strip()
+    except OSError as err:
+        raise CheckpointError(f"{str(file)!r} has no readable checksum file {side.name} ({err.strerror or err}): "
+                              "its bytes cannot be verified") from None
+    have = _digest_of(file)
+    if have != want:
+        raise CheckpointError(f"{str(file)!r} is corrupt: its {CHECKSUM_ALGO} is {have}, but {want} was written "
+                              f"when it was saved ({side.name}); refused")
+
+
+_VERIFIED: dict[str, tuple] = {}  # checkpoint -> its files' (name, size, mtime) when this process verified it
+
+
+def _signature(p: Path) -> tuple:
+    return tuple(sorted((f.name, st.st_size, st.st_mtime_ns) for f in p.iterdir() if f.is_file()
+                        for st in (f.stat(),)))
+
+
+def verify(path: str | Path) -> bool:
+    """Check every file of the complete checkpoint at ``path`` against the digest written beside it at save
+    time; raises ``CheckpointError`` naming the first file whose bytes changed. False: the checkpoint
+    predates the digests (nothing to verify against), True: every file verified. Reads every file once per
+    process (the command line and the runtime both validate): again only when a file's size or mtime moved."""
+    p = Path(path)
+    key, started = str(p.resolve()), time.time_ns()
+    if _VERIFIED.get(key) == _signature(p):
+        return True
+    meta_sum = checksum_file(p / META_FILE)
+    if not meta_sum.is_file():
+        meta = read_meta(p)
+        if meta.get("checksum"):
+            raise CheckpointError(f"{str(p / META_FILE)!r} records {meta['checksum']} digests, but {meta_sum.name} "
+                                  "is missing: its bytes cannot be verified")
+        return False
+    _check_digest(p / META_FILE)
+    meta = read_meta(p)
+    for name in sorted(meta.get("files") or {}):
+        if not name.endswith(CHECKSUM_SUFFIX):
+            _check_digest(p / name)
+    signature = _signature(p)
+    if all(mtime < started - 2 * 10**9 for _, _, mtime in signature):  # mtimes are coarse: a file written
+        _VERIFIED[key] = signature  # within the last ticks could change again without its mtime moving
+    return True
+
+
 def safe_load(file: str | Path) -> Any:
     """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary code."""
     try:
