@@ -76,8 +76,8 @@ class RolloutConfig:
     # model.arch; another class (e.g. verl-omni's) is read in verl-omni's layout, one request per sample
     vllm_pipeline: str | None = None
     vllm_compile: bool = False  # backend=vllm: let the engine compile its transformer (vllm-omni's enforce_eager off)
-    vllm_memory_fraction: float = 0.9  # backend=vllm: share of a generator GPU the engine may take (its
-    # gpu_memory_utilization); the memory plan checks the engine's terms against it
+    # the memory plan checks the engine's terms against this share (vLLM's gpu_memory_utilization)
+    vllm_memory_fraction: float = 0.9  # backend=vllm: share of a generator GPU the engine may take
 
 
 @dataclass
