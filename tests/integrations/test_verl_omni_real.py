@@ -65,7 +65,19 @@ def _overrides(snaps: Snapshots, script: str, scratch: Path) -> tuple[str, list[
     assert call is not None, f"no training call captured from {script}"
     module, args = call
     dropped = ("data.train_files=", "data.val_files=")
-    return module, [a for a in args if not a.startswith(dropped)]
+    return module, [_tiny_rank(a) for a in args if not a.startswith(dropped)]
+
+
+#: the tiny models' layers are 32 wide, and validate bounds a LoRA rank by the adapted layers' sizes
+TINY_MAX_RANK = 32
+
+
+def _tiny_rank(arg: str) -> str:
+    """A script's LoRA rank, written for a 12-20B model, shrunk with the model to what the tiny one holds."""
+    key, eq, value = arg.partition("=")
+    if eq and key.lstrip("+").endswith("model.lora_rank") and value.isdigit() and int(value) > TINY_MAX_RANK:
+        return f"{key}={TINY_MAX_RANK}"
+    return arg
 
 
 def _digen_flags(tmp: Path, small: bool = True) -> list[str]:

@@ -137,3 +137,21 @@ def test_a_step_longer_than_the_grace_is_abandoned_at_once_keeping_the_last_chec
     assert [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")] == [1]
     assert f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}" in text
     _assert_nothing_left(run, time.monotonic())
+
+
+def test_an_own_head_is_not_what_a_plain_ray_init_on_the_machine_joins():
+    """``ray start`` writes its address where every later ``ray.init()`` on the machine looks first (the default
+    temp dir's ``ray_current_cluster``): another job would join this run's head, or fail on its dead address once
+    it is gone. The run's head keeps that file in a temp dir of its own, removed with it."""
+    from ray._private.utils import read_ray_address
+
+    from verl_digen.driver.cluster import OwnHead
+
+    before = read_ray_address()
+    head = OwnHead.start(1)
+    try:
+        assert read_ray_address() == before
+        assert read_ray_address(head.temp_dir).endswith(":" + head.address.split(":")[-1])
+    finally:
+        head.stop()
+    assert not Path(head.temp_dir).exists() and read_ray_address() == before

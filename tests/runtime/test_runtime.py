@@ -207,9 +207,16 @@ def test_a_node_resource_no_node_has_fails_before_any_worker_starts(ray_session,
     assert trainer.gen_wg is None and trainer.trn_wg is None
 
 
-def test_a_hub_id_missing_from_the_cache_fails_before_any_worker_starts(ray_session, tmp_path):
+def test_a_hub_id_missing_from_the_cache_fails_before_any_worker_starts(ray_session, tmp_path, monkeypatch):
+    import ray
+
     cfg = compose_run("model.path=verl-digen-tests/not-a-cached-model", tmp_path=tmp_path)
-    trainer = DigenRuntime(cfg, log=lambda _: None)  # validate passes: a dry run needs no weights
+    # a CPU run on a Ray of its own is one machine: refused by validate, before Ray
+    with pytest.raises(ConfigError, match="model.path.*not-a-cached-model.*Hugging Face cache"):
+        DigenRuntime(cfg, log=lambda _: None)
+    # told to join a cluster, validate cannot know its nodes: the runtime checks once Ray is up, before any worker
+    monkeypatch.setenv("RAY_ADDRESS", ray.get_runtime_context().gcs_address)
+    trainer = DigenRuntime(cfg, log=lambda _: None)
     with pytest.raises(ConfigError, match="model.path.*not-a-cached-model.*Hugging Face cache"):
         trainer.init_workers()
     assert trainer.gen_wg is None and trainer.trn_wg is None

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -60,8 +61,8 @@ def session_processes(sid: int) -> list[int]:
 class OwnHead:
     """A Ray head started for this run alone; ``stop`` ends every process of its session."""
 
-    def __init__(self, proc: subprocess.Popen, address: str, log_path: str) -> None:
-        self.proc, self.address, self.log_path = proc, address, log_path
+    def __init__(self, proc: subprocess.Popen, address: str, log_path: str, temp_dir: str) -> None:
+        self.proc, self.address, self.log_path, self.temp_dir = proc, address, log_path, temp_dir
 
     @property
     def pid(self) -> int:
@@ -72,7 +73,12 @@ class OwnHead:
         """``ray start --head --block`` on free ports, in a new session led by ``watch``; returns once it
         runs."""
         port = _free_port()
+        # a temp dir of its own: ``ray start`` records its address in <temp dir>/ray_current_cluster, and a plain
+        # ``ray.init()`` anywhere on the machine connects to the address in /tmp/ray's (another user's job would
+        # join this run's head, or, once it is gone, fail on its dead address)
+        temp_dir = tempfile.mkdtemp(prefix="digen-ray-")
         ray_cmd = [sys.executable, "-m", "ray.scripts.scripts", "start", "--head", f"--port={port}",
+                   f"--temp-dir={temp_dir}",
                    f"--ray-client-server-port={_free_port()}", "--include-dashboard=false",
                    "--disable-usage-stats", "--block"]
         if num_cpus is not None:
@@ -82,7 +88,7 @@ class OwnHead:
         with os.fdopen(fd, "w") as log:
             proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                                     start_new_session=True)
-        head = cls(proc, f"127.0.0.1:{port}", log_path)
+        head = cls(proc, f"127.0.0.1:{port}", log_path, temp_dir)
         atexit.register(head.stop)  # any exit path the runtime's shutdown did not cover
         deadline = time.monotonic() + timeout_s
         while _STARTED not in Path(log_path).read_text(errors="replace"):
@@ -116,6 +122,7 @@ class OwnHead:
                 break
             time.sleep(0.1)
         Path(self.log_path).unlink(missing_ok=True)
+        shutil.rmtree(self.temp_dir, ignore_errors=True)
         atexit.unregister(self.stop)
 
 
