@@ -1,17 +1,13 @@
 """GRPO-Guard's and Flow-DPPO's losses (algo/grpo_guard.py, algo/flow_dppo.py) against verl-omni's own
 ``GRPOGuardLoss.compute_loss`` / ``FlowDPPOLoss.compute_loss``, in float64: per-row loss and gradient to 1e-10.
 
-verl-omni's ``diffusion_algos.py`` is imported unmodified from the snapshot (tests/verl_omni_helpers.py); only
-its type-hint import ``verl_omni.workers.config`` is stubbed, so the package's GPU-stack ``__init__`` is not run.
+verl-omni's ``diffusion_algos.py`` is imported unmodified from the snapshot (``load_diffusion_algos`` in
+tests/verl_omni_helpers.py).
 verl-omni's loss is a mean over a micro-batch of one timestep, so one row at a time gives its per-row loss.
 """
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-import tarfile
-import types
 from types import SimpleNamespace
 
 import pytest
@@ -22,36 +18,16 @@ from verl_digen.algo.grpo_guard import grpo_guard_loss, grpo_guard_rows
 from verl_digen.algo.loss import LossConfig
 
 D = torch.float64
-ALGOS = "verl-omni/verl_omni/trainer/diffusion/diffusion_algos.py"
 
 
 @pytest.fixture(scope="module")
 def omni(tmp_path_factory):
     """verl-omni's diffusion_algos module, loaded from the snapshot."""
-    from verl_omni_helpers import SKIP_REASON, THIRD_PARTY, VERL_OMNI_TARBALL, tarballs_present
+    from verl_omni_helpers import SKIP_REASON, load_diffusion_algos, tarballs_present
 
     if not tarballs_present():
         pytest.skip(SKIP_REASON)
-    dest = tmp_path_factory.mktemp("omni_algos")
-    with tarfile.open(THIRD_PARTY / VERL_OMNI_TARBALL) as tar:
-        tar.extractall(dest, members=[tar.getmember(ALGOS)], filter="data")
-    stub = types.ModuleType("verl_omni.workers.config")
-    stub.DiffusionActorConfig = object  # only a type hint in diffusion_algos.py
-    names = ("verl_omni", "verl_omni.workers", "verl_omni.workers.config")
-    saved = {n: sys.modules.get(n) for n in names}
-    sys.modules.update({"verl_omni": types.ModuleType("verl_omni"),
-                        "verl_omni.workers": types.ModuleType("verl_omni.workers"), names[2]: stub})
-    try:
-        spec = importlib.util.spec_from_file_location("verl_omni_diffusion_algos", dest / ALGOS)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-    finally:
-        for n, m in saved.items():
-            if m is None:
-                sys.modules.pop(n, None)
-            else:
-                sys.modules[n] = m
-    return module
+    return load_diffusion_algos(tmp_path_factory.mktemp("omni_algos"))
 
 
 def _config(**loss):
