@@ -176,6 +176,37 @@ def extract_snapshots(dest: Path) -> Snapshots:
     return Snapshots(omni=omni, verl_pin=verl_pin, stubs=write_stubs(dest / "stubs"))
 
 
+DIFFUSION_ALGOS = "verl_omni/trainer/diffusion/diffusion_algos.py"
+
+
+def load_diffusion_algos(dest: Path) -> Any:
+    """verl-omni's ``diffusion_algos.py`` (its loss functions), extracted alone under ``dest`` and imported
+    unmodified. Only its type-hint import ``verl_omni.workers.config`` is stubbed (and removed again), so the
+    package's GPU-stack ``__init__`` never runs; it imports verl, torch and tensordict as installed."""
+    import importlib.util
+    import types
+
+    with tarfile.open(THIRD_PARTY / VERL_OMNI_TARBALL) as tar:
+        member = next(m for m in tar.getmembers() if m.name.endswith("/" + DIFFUSION_ALGOS))
+        tar.extractall(dest, members=[member], filter="data")
+    stub = types.ModuleType("verl_omni.workers.config")
+    stub.DiffusionActorConfig = object  # only a type hint there
+    names = ("verl_omni", "verl_omni.workers", "verl_omni.workers.config")
+    saved = {n: sys.modules.get(n) for n in names}
+    sys.modules.update({names[0]: types.ModuleType(names[0]), names[1]: types.ModuleType(names[1]), names[2]: stub})
+    try:
+        spec = importlib.util.spec_from_file_location("verl_omni_diffusion_algos", dest / member.name)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+    finally:
+        for n, m in saved.items():
+            if m is None:
+                sys.modules.pop(n, None)
+            else:
+                sys.modules[n] = m
+    return module
+
+
 # ------------------------------------------------------------------------------------- example scripts
 FAKE_COMMANDS = ("python3", "python", "torchrun", "nvidia-smi", "ray", "huggingface-cli", "hf", "pip", "wget", "mkdir")
 #: tools of other machines: absent (exit 127, as bash says for a missing command), so a script that probes the

@@ -228,8 +228,31 @@ def test_old_log_prob_recompute_is_carried_from_bypass_mode(bypass, tmp_path):
     assert cfg.worker_config().loss.recompute_old_log_prob is (not bypass)
 
 
+@pytest.mark.parametrize("mode", ["grpo_guard", "flow_dppo"])
+def test_grpo_guard_and_flow_dppo_carry_to_algorithm_name(mode, tmp_path):
+    """verl-omni's examples/{grpoguard,flowdppo}_trainer keys: the loss mode becomes algorithm.name, Flow-DPPO's
+    mask keys carry, the converted recipe validates and trains that loss; with CPS the mode is refused by name."""
+    from verl_digen.config import ConfigError
+
+    loss = {"loss_mode": mode, "kl_mask_threshold": 2e-5, "add_kl_coefficient": False}
+    raw = _runnable(tmp_path)
+    arr = raw["actor_rollout_ref"]
+    raw["actor_rollout_ref"] = {**arr, "actor": {**arr["actor"], "diffusion_loss": {
+        **arr["actor"]["diffusion_loss"], **loss}},
+        "rollout": {**arr["rollout"], "algo": {**arr["rollout"]["algo"], "sde_type": "sde"}}}
+    out = vo.from_verl_omni_config(raw)
+    assert out["algorithm.name"] == mode
+    assert (out.get("actor.kl_mask_threshold"), out.get("actor.add_kl_coefficient")) == (
+        (2e-5, False) if mode == "flow_dppo" else (None, None))
+    loss_cfg = vo.to_run_config(raw, log=lambda _: None).worker_config().loss
+    assert loss_cfg.mode == mode and loss_cfg.kl_mask_threshold == (2e-5 if mode == "flow_dppo" else 1e-5)
+    raw["actor_rollout_ref"]["rollout"]["algo"]["sde_type"] = "cps"
+    with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.rollout.algo.sde_type' = 'cps'")):
+        vo.from_verl_omni_config(raw)
+
+
 @pytest.mark.parametrize("key,value", [
-    ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "grpo_guard"),
+    ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "diffusion_nft"),
     ("actor_rollout_ref.model.algorithm", "mix_grpo"),
     ("algorithm.trainer_type", "direct_preference"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype", "fp8"),

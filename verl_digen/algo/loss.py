@@ -14,6 +14,10 @@ import torch
 #: the default clip range of the importance ratio: verl's PPO default, which a run's ``actor.clip_ratio``
 #: also starts from (Flow-GRPO and verl-omni's diffusion actor use 1e-4; the converter carries theirs)
 CLIP_RANGE = 0.2
+#: the per-row surrogate (verl-omni's ``diffusion_loss.loss_mode`` names): the PPO clip (``flow_grpo``, also
+#: DanceGRPO's and CPS's), GRPO-Guard's normalized-ratio clip (algo/grpo_guard.py), Flow-DPPO's KL mask
+#: (algo/flow_dppo.py). The last two also read the old policy's transition mean (``needs_old_mean``).
+LOSS_MODES = ("flow_grpo", "grpo_guard", "flow_dppo")
 
 
 @dataclass(frozen=True)
@@ -31,8 +35,24 @@ class LossConfig:
     #: no-grad pass's of the step's weights (``policy_loss``'s ``recomputed``). The rollout's log-prob is then
     #: only compared (``LossTerms.rollout_diff``).
     recompute_old_log_prob: bool = False
+    mode: str = "flow_grpo"  # one of LOSS_MODES
+    #: flow_dppo: a row whose per-element KL(new || old) of the transition reaches this is masked when its
+    #: update moves further from the old policy (verl-omni's ``kl_mask_threshold``)
+    kl_mask_threshold: float = 1e-5
+    #: flow_dppo: the KL divides the squared mean gap by 2 std^2 (the Gaussian KL); off: by 2 (verl-omni's
+    #: ``add_kl_coefficient``)
+    add_kl_coefficient: bool = True
+
+    @property
+    def needs_old_mean(self) -> bool:
+        """Whether the loss reads the old policy's transition mean (the step's starting weights')."""
+        return self.mode != "flow_grpo"
 
     def __post_init__(self) -> None:
+        if self.mode not in LOSS_MODES:
+            raise ValueError(f"loss mode must be one of {', '.join(LOSS_MODES)}, got {self.mode!r}")
+        if not self.kl_mask_threshold >= 0:
+            raise ValueError(f"kl_mask_threshold must be >= 0, got {self.kl_mask_threshold}")
         if not self.clip_range > 0:
             raise ValueError(f"clip_range must be > 0, got {self.clip_range}")
         if self.kl_coef < 0:
@@ -49,6 +69,16 @@ class LossTerms:
     approx_kl: torch.Tensor
     kl: torch.Tensor | None
     rollout_diff: torch.Tensor | None = None  # |rollout log-prob - recomputed| per row (recompute only)
+
+
+def ratio_reference(
+    log_prob: torch.Tensor, old_log_prob: torch.Tensor, cfg: LossConfig, recomputed: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The old log-prob the ratio is taken against, and |rollout - recomputed| when it is the trainer's own."""
+    if not cfg.recompute_old_log_prob:
+        return old_log_prob, None
+    recomputed = log_prob.detach() if recomputed is None else recomputed
+    return recomputed, (old_log_prob - recomputed).abs()
 
 
 def policy_loss(
@@ -73,11 +103,7 @@ def policy_loss(
             "log_prob, old_log_prob and advantages must have one shape, got "
             f"{tuple(log_prob.shape)}, {tuple(old_log_prob.shape)}, {tuple(advantages.shape)}"
         )
-    rollout_diff = None
-    if cfg.recompute_old_log_prob:
-        recomputed = log_prob.detach() if recomputed is None else recomputed
-        rollout_diff = (old_log_prob - recomputed).abs()
-        old_log_prob = recomputed
+    old_log_prob, rollout_diff = ratio_reference(log_prob, old_log_prob, cfg, recomputed)
     log_ratio = log_prob - old_log_prob
     ratio = torch.exp(log_ratio)
     unclipped = -advantages * ratio

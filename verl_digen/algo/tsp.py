@@ -15,6 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_digen.algo.flow_dppo import flow_dppo_loss
+from verl_digen.algo.grpo_guard import grpo_guard_loss
 from verl_digen.algo.loss import LossConfig, LossTerms, policy_loss
 from verl_digen.algo.sde import kl_to_reference, sde_step, transition
 from verl_digen.algo.trajectory import Trajectories
@@ -137,14 +139,15 @@ def _rows_loss(
     reference: ReferenceFn | None,
     behaviour: ReferenceFn | None = None,
 ) -> LossTerms:
-    """Loss of a flat set of rows, each at its own timestep. ``behaviour``: the velocity of the weights the
-    step started with, when an optimizer step has moved the trained ones since (the recomputed old
-    log-prob is taken with it)."""
-    recomputed = None
+    """Loss of a flat set of rows, each at its own timestep (``cfg.loss.mode``'s surrogate). ``behaviour``: the
+    velocity of the weights the step started with, when an optimizer step has moved the trained ones since
+    (the recomputed old log-prob, and GRPO-Guard's / Flow-DPPO's old mean, are taken with it)."""
+    old = None
     if behaviour is not None:
         with torch.no_grad():
-            recomputed = sde_step(cfg.sde, x, behaviour(x, sigma, cond), sigma, sigma_next, cfg.eta, prev=x_next,
-                                  sigma_max=cfg.sigma_max, log_prob=cfg.log_prob).log_prob
+            old = sde_step(cfg.sde, x, behaviour(x, sigma, cond), sigma, sigma_next, cfg.eta, prev=x_next,
+                           sigma_max=cfg.sigma_max, log_prob=cfg.log_prob)
+    recomputed = None if old is None else old.log_prob
     v = model.velocity(x, sigma, cond, cfg.guidance_scale)
     step = sde_step(cfg.sde, x, v, sigma, sigma_next, cfg.eta, prev=x_next, sigma_max=cfg.sigma_max,
                     log_prob=cfg.log_prob)
@@ -156,7 +159,15 @@ def _rows_loss(
         kl = kl_to_reference(step.mean, ref_mean, step.std)
         if cfg.loss.kl_dt_weighted:
             kl = kl * (sigma - sigma_next).abs()
-    return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl, recomputed)
+    if not cfg.loss.needs_old_mean:
+        return policy_loss(step.log_prob, old_log_prob, advantages, cfg.loss, scale, kl, recomputed)
+    # the old policy's mean: the step's starting weights' (the pass's own, detached, until an optimizer step)
+    old_mean = step.mean.detach() if old is None else old.mean
+    if cfg.loss.mode == "grpo_guard":
+        return grpo_guard_loss(step.log_prob, old_log_prob, advantages, step.mean, old_mean, step.std,
+                               sigma - sigma_next, cfg.loss, scale, kl, recomputed)
+    return flow_dppo_loss(step.log_prob, old_log_prob, advantages, step.mean, old_mean, step.std, cfg.loss, scale,
+                          kl, recomputed)
 
 
 def _check_batch(traj: Trajectories, degree: int | None = None) -> None:

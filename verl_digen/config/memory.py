@@ -37,7 +37,7 @@ import math
 from dataclasses import dataclass, field
 
 from verl_digen.config.errors import ConfigError
-from verl_digen.config.schema import RunConfig, get_key, master_dtype, recompute_log_prob
+from verl_digen.config.schema import RunConfig, behaviour_forward, get_key, master_dtype
 from verl_digen.dtypes import BYTES, PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN
 from verl_digen.workers.config import SYNC_PACK_MB
@@ -374,7 +374,7 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         2 * trainable * master_b / (1 if lora else ranks)
     if a.ema_decay is not None:  # the EMA of the trained tensors, sharded like them, kept through TAG switches
         (host if a.param_offload else gpu)["EMA"] = trainable * master_b / (1 if lora else ranks)
-    if cfg.mini_batches() > 1 and recompute_log_prob(cfg)[0]:  # the step's weights, for later mini-batches' ratios
+    if cfg.mini_batches() > 1 and behaviour_forward(cfg):  # the step's weights: later mini-batches' ratios / old means
         (host if a.param_offload else gpu)["step weights"] = trainable * master_b / (1 if lora else ranks)
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b
     trows = (rows_per_rank(cfg) if rows is None else rows) * _cfg_branches(cfg)

@@ -14,6 +14,7 @@ from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
 from verl_digen.algo.advantages import AdvantageConfig
+from verl_digen.algo.algorithms import ALGORITHMS, loss_mode
 from verl_digen.algo.loss import CLIP_RANGE, LossConfig
 from verl_digen.algo.selection import StepSelection
 from verl_digen.config.errors import ConfigError
@@ -88,6 +89,8 @@ class ActorConfig:
     clip_ratio: float = CLIP_RANGE
     kl_coef: float = 0.0
     kl_dt_weighted: bool = False  # each row's KL x its |dt| (verl-omni's Flow-GRPO KL; set by the converter)
+    kl_mask_threshold: float = 1e-5  # algorithm.name=flow_dppo: the per-element KL(new || old) past which ...
+    add_kl_coefficient: bool = True  # ... an update moving away is dropped; the KL over 2 std^2 (false: over 2)
     # the ratio's old log-probs: the trainer's own (true), the rollout's (false), or auto: the trainer's when
     # the rollout engine or its dtype differs from the trainer's, outside TCSS (docs/config.md)
     recompute_log_prob: str = "auto"
@@ -109,6 +112,7 @@ class ActorConfig:
 
 @dataclass
 class AlgorithmConfig:
+    name: str | None = None  # flow_grpo | dance_grpo | cps | grpo_guard | flow_dppo; null: FlowGRPO, rollout.sde_type
     adv_std: str = "group"
     std_estimator: str = "population"  # the std's divisor: n (population) or n - 1 (unbiased, verl-omni's)
     adv_eps: float = 1e-4
@@ -256,12 +260,19 @@ class RunConfig:
                              timestep_fraction=r.timestep_fraction, window_start=r.window_start,
                              window_range=tuple(r.window_range) if r.window_range is not None else None)
 
+    def sde_type(self) -> str:
+        """The rollout's SDE: the one ``algorithm.name`` fixes (flow_grpo, dance_grpo, cps), else
+        ``rollout.sde_type`` (``validate`` refuses the two disagreeing)."""
+        algo = ALGORITHMS.get(self.algorithm.name) if isinstance(self.algorithm.name, str) else None
+        return algo.sde if algo is not None and algo.sde is not None else self.rollout.sde_type
+
     def sampler(self) -> SamplerConfig:
         r = self.rollout
-        return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=r.sde_type, eta=r.noise_level,
+        sde = self.sde_type()
+        return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=sde, eta=r.noise_level,
                              guidance_scale=r.guidance_scale, selection=self.step_selection(),
                              shared_group_noise=r.shared_group_noise, decode=True,
-                             log_prob=r.cps_log_prob if r.sde_type == "cps" else "gaussian")
+                             log_prob=r.cps_log_prob if sde == "cps" else "gaussian")
 
     def trained_steps(self) -> int:
         return self.sampler().validate()
@@ -294,7 +305,8 @@ class RunConfig:
                                 lora_target_modules=tuple(m.target_modules) if m.target_modules else None),
             sampler=self.sampler(),
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted,
-                            recompute_old_log_prob=recompute_log_prob(self)[0]),
+                            recompute_old_log_prob=recompute_log_prob(self)[0], mode=loss_mode(self.algorithm.name),
+                            kl_mask_threshold=a.kl_mask_threshold, add_kl_coefficient=a.add_kl_coefficient),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip, ema_decay=a.ema_decay),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
                                      master_dtype=master_dtype(self),
@@ -336,7 +348,7 @@ class RunConfig:
             update=d.update,
             update_units=d.update_units,
             mini_batches=self.mini_batches(),
-            recompute=recompute_log_prob(self)[0],
+            recompute=behaviour_forward(self),
         )
 
 
@@ -360,6 +372,12 @@ def master_dtype(cfg: RunConfig) -> str:
     if m.lora_rank == 0 and BYTES.get(m.dtype, 4) < 4:
         return "float32"
     return m.dtype
+
+
+def behaviour_forward(cfg: RunConfig) -> bool:
+    """Whether mini-batches after the first take a no-grad forward of the step's starting weights: for the
+    recomputed old log-probs, or for GRPO-Guard's / Flow-DPPO's old transition mean."""
+    return recompute_log_prob(cfg)[0] or loss_mode(cfg.algorithm.name) != "flow_grpo"
 
 
 def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:

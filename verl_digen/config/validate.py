@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from verl_digen.algo.advantages import STD_ESTIMATORS, STD_SCOPES
+from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
 from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
 from verl_digen.algo.selection import SELECTION_KINDS
 from verl_digen.config import checks, memory, user_inputs
@@ -23,6 +24,7 @@ from verl_digen.config.schema import (
     RECOMPUTE_CHOICES,
     ROLLOUT_BACKENDS,
     ModelConfig,
+    RolloutConfig,
     RunConfig,
     checked_schedule_config,
 )
@@ -94,15 +96,38 @@ def _check_vllm(cfg: RunConfig) -> None:
     if r.vllm_pipeline is None and canonical_arch(cfg.model.arch) not in DIGEN_PIPELINES:
         raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(DIGEN_PIPELINES)} with rollout.backend="
                           "vllm, or rollout.vllm_pipeline naming a pipeline for it")
-    if r.sde_type not in VERL_OMNI_SDE_TYPES:
-        raise ConfigError("rollout.sde_type", r.sde_type, f"one of {', '.join(VERL_OMNI_SDE_TYPES)} with rollout."
+    if cfg.sde_type() not in VERL_OMNI_SDE_TYPES:
+        raise ConfigError("rollout.sde_type", cfg.sde_type(), f"one of {', '.join(VERL_OMNI_SDE_TYPES)} with rollout."
                           "backend=vllm")
-    if r.vllm_pipeline is not None and r.sde_type == "cps" and r.cps_log_prob != "squared_error":
+    if r.vllm_pipeline is not None and cfg.sde_type() == "cps" and r.cps_log_prob != "squared_error":
         raise ConfigError("rollout.cps_log_prob", r.cps_log_prob, "squared_error with rollout.vllm_pipeline (verl-"
                           "omni's pipelines record CPS log-probs in that form)")
     if cfg.data.val_files is not None:
         raise ConfigError("data.val_files", cfg.data.val_files, "null with rollout.backend=vllm (the validation "
                           "pass runs on the diffusers rollout, which the generator does not build then)")
+
+
+def _check_algorithm(cfg: RunConfig) -> None:
+    """``algorithm.name``: a known algorithm that runs here, and the keys its loss reads."""
+    name = cfg.algorithm.name
+    if name in NOT_IMPLEMENTED:
+        raise ConfigError("algorithm.name", name, f"one of {', '.join(ALGORITHMS)} or null: {name} is not "
+                          f"implemented yet ({NOT_IMPLEMENTED[name]}; issue 46)")
+    if name is not None and name not in ALGORITHMS:
+        raise ConfigError("algorithm.name", name, f"null or one of {', '.join(ALGORITHMS)}")
+    fixed = None if name is None else ALGORITHMS[name].sde
+    if fixed is not None and cfg.rollout.sde_type not in (RolloutConfig.sde_type, fixed):
+        raise ConfigError("rollout.sde_type", cfg.rollout.sde_type,
+                          f"{fixed} (the SDE of algorithm.name={name}) or the default; or set algorithm.name to null "
+                          f"or to {cfg.rollout.sde_type}")
+    if loss_mode(name) == "flow_grpo":
+        return
+    if cfg.sde_type() == "cps" and cfg.rollout.cps_log_prob != "gaussian":
+        raise ConfigError("rollout.cps_log_prob", cfg.rollout.cps_log_prob,
+                          f"gaussian with algorithm.name={name} (its loss reads the Gaussian density's ratio)")
+    t = cfg.actor.kl_mask_threshold
+    if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
+        raise ConfigError("actor.kl_mask_threshold", t, "a finite number >= 0 (the per-element KL(new || old))")
 
 
 def validate(cfg: RunConfig) -> list[str]:
@@ -159,6 +184,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("rollout.n", r.n, "a group size >= 2 (GRPO advantages compare samples of a prompt)")
     _positive("rollout.micro_batch_size", r.micro_batch_size)
     _choice("rollout.sde_type", r.sde_type, SDE_KINDS)
+    _check_algorithm(cfg)
     _choice("rollout.cps_log_prob", r.cps_log_prob, LOG_PROB_KINDS)
     _choice("rollout.selection", r.selection, SELECTION_KINDS)
     if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):

@@ -159,8 +159,8 @@ class TSPActorWorker(Worker):
 
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
-        step has moved the trained ones; None before that, or without recompute (the loss pass's own
-        log-prob is then the recomputed one)."""
+        step has moved the trained ones; None before that, or without recompute or a loss that reads the old
+        mean (GRPO-Guard, Flow-DPPO) (the loss pass's own log-prob and mean are then the old ones)."""
         if self._behaviour is None:
             return None
         g = self.train_cfg.guidance_scale
@@ -188,7 +188,8 @@ class TSPActorWorker(Worker):
 
         ``ends_step=False``: a mini-batch's optimizer step inside the global step (``actor.ppo_mini_batch_size``):
         the version stays (the step's trajectories are still trained), a generation copy is dropped, and
-        with recompute the step's starting weights are kept for the next mini-batches' old log-probs.
+        with recompute (or GRPO-Guard's / Flow-DPPO's old mean) the step's starting weights are kept for the next
+        mini-batches' old log-probs and means.
 
         NaN guard: when a reward, the loss or the gradient norm of this step is not finite (on any
         rank), the optimizer step is skipped -- gradients are dropped, weights and optimizer state
@@ -197,7 +198,8 @@ class TSPActorWorker(Worker):
         "nonfinite"} (same on every rank; "nonfinite" names the first bad quantity or is None)."""
         self._require()
         params = [p for _, p in self.named_params]
-        if not ends_step and self._behaviour is None and self.cfg.loss.recompute_old_log_prob:
+        keep = self.cfg.loss.recompute_old_log_prob or self.cfg.loss.needs_old_mean  # the old policy is read
+        if not ends_step and self._behaviour is None and keep:
             self._behaviour = {n: p.detach().clone() for n, p in self.named_params}
         norm = fsdp.clip_grad_norm(params, self.cfg.optim.grad_clip, self.device)
         bad = self._nonfinite or (None if math.isfinite(norm) else "grad_norm")

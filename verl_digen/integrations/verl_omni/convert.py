@@ -31,7 +31,9 @@ ARR = "actor_rollout_ref"
 MULTI_MANAGERS = ("MultiVisualRewardManager", "multi")
 MULTI_PLACEHOLDER = "reward_loop.reward_manager.multi"
 DEVICES = {"cuda": "cuda", "gpu": "cuda", "cpu": "cpu"}  # verl-omni's trainer.device -> verl-digen's
-LOSS_MODES = ("flow_grpo", "dance_grpo")  # verl-omni loss modes verl-digen implements
+LOSS_MODES = ("flow_grpo", "dance_grpo", "grpo_guard", "flow_dppo")  # verl-omni loss modes verl-digen implements
+ADV_ESTIMATORS = ("flow_grpo", "dance_grpo")  # verl-omni's GRPO group advantages (every loss above takes them)
+OLD_MEAN_LOSSES = ("grpo_guard", "flow_dppo")  # carried to algorithm.name (the loss reads the old policy's mean)
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
 # CFG: which verl-omni pipeline key is the real classifier-free guidance scale for an architecture
 # (diffusers' Qwen-Image pipelines take true_cfg_scale; SD3, Wan, HunyuanVideo take guidance_scale; FLUX.1-dev
@@ -190,8 +192,18 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             raise _refuse(key, value, f"one of {', '.join(LOSS_MODES)} (the losses verl-digen implements; "
                           "see docs/migrating-from-verl-omni.md)")
     adv = get("algorithm.adv_estimator")
-    if adv is not None and adv not in LOSS_MODES:
-        raise _refuse("algorithm.adv_estimator", adv, f"one of {', '.join(LOSS_MODES)} (GRPO group advantages)")
+    if adv is not None and adv not in ADV_ESTIMATORS:
+        raise _refuse("algorithm.adv_estimator", adv, f"one of {', '.join(ADV_ESTIMATORS)} (GRPO group advantages)")
+    mode = loss_mode if loss_mode is not None else algorithm
+    if mode in OLD_MEAN_LOSSES:
+        src = f"{ARR}.actor.diffusion_loss.loss_mode" if loss_mode is not None else f"{ARR}.model.algorithm"
+        put("algorithm.name", mode, src=src)
+        if get(f"{ARR}.rollout.algo.sde_type") == "cps":
+            raise _refuse(f"{ARR}.rollout.algo.sde_type", "cps", f"sde or dance_sde with loss_mode={mode} (verl-"
+                          "digen's loss reads the Gaussian density's ratio; verl-omni's CPS log-prob is -(x - mean)^2)")
+        if mode == "flow_dppo":
+            take("actor.kl_mask_threshold", f"{ARR}.actor.diffusion_loss.kl_mask_threshold", float)
+            take("actor.add_kl_coefficient", f"{ARR}.actor.diffusion_loss.add_kl_coefficient", bool)
     for key in (f"{ARR}.actor.use_distill_loss", "distillation.enabled"):
         if get(key):
             raise _refuse(key, True, "false (distillation has no counterpart in verl-digen)")

@@ -1,0 +1,38 @@
+"""The algorithms ``algorithm.name`` selects: which SDE the rollout samples with and which per-row surrogate
+the trainer takes (``loss.LOSS_MODES``). Names are verl-omni's (``model.algorithm`` / ``diffusion_loss.loss_mode``).
+
+``flow_grpo``, ``dance_grpo`` and ``cps`` are FlowGRPO's clipped loss with that SDE (the name sets
+``rollout.sde_type``); ``grpo_guard`` and ``flow_dppo`` change the loss and keep ``rollout.sde_type``'s SDE.
+``null`` is today's behaviour: FlowGRPO's loss with ``rollout.sde_type``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    sde: str | None  # the SDE the name fixes; None: rollout.sde_type's
+    loss: str  # loss.LOSS_MODES
+
+
+ALGORITHMS: dict[str, Algorithm] = {
+    "flow_grpo": Algorithm("flow_grpo", "flow_grpo"),
+    "dance_grpo": Algorithm("dance_grpo", "flow_grpo"),
+    "cps": Algorithm("cps", "flow_grpo"),
+    "grpo_guard": Algorithm(None, "grpo_guard"),
+    "flow_dppo": Algorithm(None, "flow_dppo"),
+}
+
+#: verl-omni algorithms verl-digen names but does not run yet (issue 46), with what is missing
+NOT_IMPLEMENTED: dict[str, str] = {
+    "diffusion_nft": "DiffusionNFT needs an ODE rollout without log-probs, k noised forward+backward rows per "
+                     "clean sample, an 'old' adapter updated on a decay schedule, and their cost in the planner",
+    "mix_grpo": "MixGRPO needs a sliding SDE window with ODE steps around it in the sampler and the cost model",
+}
+
+
+def loss_mode(name: str | None) -> str:
+    """The loss mode of ``algorithm.name`` (FlowGRPO's for null)."""
+    return "flow_grpo" if name is None else ALGORITHMS[name].loss
