@@ -812,3 +812,11 @@ def test_a_run_directory_given_as_a_checkpoint_points_at_its_latest_one(tmp_path
     with pytest.raises(ckpt.CheckpointError, match="global_step_2 \\(the latest\\)"):
         ckpt.read_meta(root)
     assert "older verl-digen" in ckpt.problem(tmp_path)  # an empty directory: the old hint stays
+
+
+def test_a_dry_run_plans_a_hub_model_this_machine_does_not_hold():
+    """A dry run plans a job on any machine (a laptop without the weights); the run itself is refused here."""
+    over = ["model.path=nobody-digen/no-such-pipeline", "model.arch=sd3"]
+    validate(compose([*over, "trainer.dry_run=true"]))
+    with pytest.raises(ConfigError, match="Hugging Face cache"):
+        validate(compose(over))
