@@ -63,6 +63,7 @@ def one(compile_: bool) -> dict:
 
 
 def main() -> None:
+    # --json is accepted for the benches' interface: the rows are always one JSON list, the last line
     if len(sys.argv) > 1 and sys.argv[1] in ("eager", "compiled"):
         print("RESULT " + json.dumps(one(sys.argv[1] == "compiled")), flush=True)
         return

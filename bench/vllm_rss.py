@@ -33,6 +33,8 @@ def main() -> None:
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--bucket-mb", type=int, default=2048)
+    ap.add_argument("--json", action="store_true", help="accepted for the benches' interface: the figures are "
+                    "always one JSON line, the last")
     args = ap.parse_args()
     torch.set_num_threads(1)
     sys.path.insert(0, str(TESTS))
