@@ -25,10 +25,17 @@ def ray_session():
     """A local Ray instance shared by every test that needs one; shut down at the end of the run."""
     import ray
 
-    if not ray.is_initialized():
-        # "local": a Ray instance of this test process's own (each xdist worker has one)
-        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
-                 runtime_env={"env_vars": WORKER_ENV})
+    for attempt in range(3):  # Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss
+        if ray.is_initialized():
+            break
+        try:
+            # "local": a Ray instance of this test process's own (each xdist worker has one)
+            ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
+                     runtime_env={"env_vars": WORKER_ENV})
+        except Exception as err:
+            if "timed out during startup" not in str(err) or attempt == 2:
+                raise
+            ray.shutdown()
     yield ray
     ray.shutdown()
 

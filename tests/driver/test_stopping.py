@@ -148,3 +148,37 @@ def test_the_heads_watchdog_kills_its_session_when_the_driver_dies_without_stopp
         if pid_file.exists():
             for pid in session_processes(int(pid_file.read_text())):
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_a_head_that_misses_rays_start_up_wait_is_started_again_and_other_failures_are_not(monkeypatch, capsys):
+    """Ray gives its raylet a fixed 30 s to register; a loaded machine (CI's second xdist worker starting its
+    own clusters) misses it. The run starts its head again on fresh ports, saying so; any other failure of the
+    head, and a third slow start, reach the user at once."""
+    from verl_digen.driver.cluster import OwnHead
+
+    tries: list[str] = []
+
+    def fails_with(*messages):
+        def start_once(num_cpus, timeout_s):
+            tries.append(messages[len(tries)])
+            if tries[-1] != "ok":
+                raise RuntimeError(f"the run's own Ray head (ray start) exited with 1; its output:\n{tries[-1]}")
+            return "head"
+        return start_once
+
+    slow = "Exception: The current node timed out during startup. This could happen because ..."
+    monkeypatch.setattr(OwnHead, "_start_once", staticmethod(fails_with(slow, slow, "ok")))
+    assert OwnHead.start(2) == "head" and len(tries) == 3
+    assert capsys.readouterr().out.count("starting it again") == 2
+
+    tries.clear()
+    monkeypatch.setattr(OwnHead, "_start_once", staticmethod(fails_with("port 6379 in use")))
+    with pytest.raises(RuntimeError, match="port 6379 in use"):
+        OwnHead.start(2)
+    assert len(tries) == 1
+
+    tries.clear()
+    monkeypatch.setattr(OwnHead, "_start_once", staticmethod(fails_with(slow, slow, slow, "ok")))
+    with pytest.raises(RuntimeError, match="timed out during startup"):
+        OwnHead.start(2)
+    assert len(tries) == 3

@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import pytest
@@ -120,9 +121,25 @@ def own_reward_args(snaps: Snapshots, tmp: Path, script: str) -> list[str]:
             f"+trainer.trace_dir={tmp / 'trace'}"]
 
 
-def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned, platform), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+#: how many of the module's subprocesses run at once: each training run is a Ray cluster of its own (~2 GB);
+#: eleven at once beside the other xdist worker's Ray tests filled CI's 24 GB and timed Ray's start-up out
+MAX_AT_ONCE = 3
+#: the longest one subprocess may run once started
+RUN_TIMEOUT_S = 600
+
+
+def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> tuple[int, str]:
+    """(exit code, output) of one fresh interpreter; killed after RUN_TIMEOUT_S (exit code -9)."""
+    with (cwd / "output.log").open("w+") as log:
+        proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned, platform), stdout=log,
+                                stderr=subprocess.STDOUT, text=True)
+        try:
+            proc.wait(timeout=RUN_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.seek(0)
+        return proc.returncode, log.read()
 
 
 REGISTRY_CHECK = """
@@ -148,21 +165,17 @@ print(json.dumps({"lazy": lazy, "verl": verl.__version__, "chat_template": chat_
 
 
 class Launched:
-    """Every subprocess of this module, started together when the module starts: most of their time is
-    imports, Ray and worker start-up, which overlap on a 2-core machine. Each test waits for its own."""
+    """Every subprocess of this module, queued when the module starts in the order its tests read them and
+    run MAX_AT_ONCE at a time: most of their time is imports, Ray and worker start-up, which overlap on a 2-core
+    machine. Each test waits for its own."""
 
     def __init__(self, snaps: Snapshots, tmp_factory: pytest.TempPathFactory) -> None:
-        self.snaps, self.procs, self.results = snaps, {}, {}
-        for name, pinned in VERSIONS.items():  # the SD3.5 v1 example, shrunk, two steps, per verl version
-            tmp = tmp_factory.mktemp(f"run_{name.replace('.', '_')}")
-            module, args = _overrides(snaps, SD35_V1, tmp / "capture")
-            assert module == ENTRY_V1
-            trace = f"+trainer.trace_dir={tmp / 'trace'}"
-            # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
-            self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp,
-                        platform=False)
+        self.snaps, self.jobs = snaps, {}
+        self.pool = ThreadPoolExecutor(max_workers=MAX_AT_ONCE)
+        for name, pinned in VERSIONS.items():
             config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
-            self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned, ROOT)
+            self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned,
+                        tmp_factory.mktemp(f"registry_{name.replace('.', '_')}"))
         for script in MORE_SCRIPTS:  # the user's switch to the v1 entry replaces a v0 script's module
             tmp = tmp_factory.mktemp(Path(script).stem)
             _, args = _overrides(snaps, script, tmp / "capture")
@@ -170,9 +183,6 @@ class Launched:
             trace = f"+trainer.trace_dir={tmp / 'trace'}"
             self._start(f"script-{script}", ["-m", ENTRY_V1, *args, *_digen_flags(tmp), *SHRINK, trace], True, tmp,
                         platform=False)
-        for name, script in OWN_REWARD.items():  # Qwen-Image OCR scripts with their own reward, served judge
-            tmp = tmp_factory.mktemp(f"own_reward_{name}")
-            self._start(f"own-reward-{name}", own_reward_args(snaps, tmp, script), True, tmp, platform=False)
         tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
         module, args = _overrides(snaps, SD35_V0, tmp / "capture")
         flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
@@ -182,27 +192,29 @@ class Launched:
         # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
         self._start("dry-run", ["-m", module, *args, *_digen_flags(tmp), "+trainer.dry_run=true",
                                 "+reward.name=latent_mean", "trainer.device=cpu"], True, tmp, platform=False)
+        for name, pinned in VERSIONS.items():  # the SD3.5 v1 example, shrunk, two steps, per verl version
+            tmp = tmp_factory.mktemp(f"run_{name.replace('.', '_')}")
+            module, args = _overrides(snaps, SD35_V1, tmp / "capture")
+            assert module == ENTRY_V1
+            trace = f"+trainer.trace_dir={tmp / 'trace'}"
+            # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
+            self._start(f"train-{name}", ["-m", module, *args, *_digen_flags(tmp), *SHRINK, trace], pinned, tmp,
+                        platform=False)
+        for name, script in OWN_REWARD.items():  # Qwen-Image OCR scripts with their own reward, served judge
+            tmp = tmp_factory.mktemp(f"own_reward_{name}")
+            self._start(f"own-reward-{name}", own_reward_args(snaps, tmp, script), True, tmp, platform=False)
 
     def _start(self, name: str, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> None:
-        self.procs[name] = (_run(self.snaps, args, pinned, cwd, platform), cwd)
+        self.jobs[name] = (self.pool.submit(_run, self.snaps, args, pinned, cwd, platform), cwd)
 
-    def result(self, name: str, timeout: int = 600) -> tuple[int, str, Path]:
+    def result(self, name: str) -> tuple[int, str, Path]:
         """(exit code, output, working directory) of one subprocess, waiting for it."""
-        if name not in self.results:
-            proc, cwd = self.procs[name]
-            try:
-                out, _ = proc.communicate(timeout=timeout)
-                self.results[name] = (proc.returncode, out, cwd)
-            except subprocess.TimeoutExpired:
-                proc.kill()
-                self.results[name] = (-9, proc.communicate()[0], cwd)
-        return self.results[name]
+        job, cwd = self.jobs[name]
+        return (*job.result(), cwd)
 
     def close(self) -> None:
-        for proc, _ in self.procs.values():
-            if proc.poll() is None:
-                proc.kill()
-                proc.communicate()
+        """Drop what has not started; what runs ends within RUN_TIMEOUT_S."""
+        self.pool.shutdown(wait=True, cancel_futures=True)
 
 
 @pytest.fixture(scope="module", autouse=True)

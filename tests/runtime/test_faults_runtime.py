@@ -41,8 +41,10 @@ def _check_window(seen: dict, full: list, local: int, start: float, records: lis
 def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ray_session, tmp_path, monkeypatch):
 
     cfg = compose_run("trainer.total_steps=3", "resources.generator.workers=2", "digen.tag.policy=never",
-                      "trainer.action_timeout_factor=1.0", "trainer.action_timeout_min_s=5",
-                      "trainer.stall_timeout_s=120", tmp_path=tmp_path)
+                      # 15 s: a healthy tiny generation stays under it on a loaded 2-core machine (this test failed in
+                      # a CI run at 5 s); restarts to spare for one false alarm all the same
+                      "trainer.action_timeout_factor=1.0", "trainer.action_timeout_min_s=15",
+                      "trainer.generator_max_restarts=4", "trainer.stall_timeout_s=120", tmp_path=tmp_path)
     lines: list[str] = []
     trainer = DigenRuntime(cfg, log=lines.append)
     scored: dict[int, list[tuple[int, int]]] = {}

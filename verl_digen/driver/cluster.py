@@ -26,6 +26,10 @@ from pathlib import Path
 HEAD_START_TIMEOUT_S = 120.0
 #: the line ``ray start`` prints once the head's processes run
 _STARTED = "Ray runtime started"
+#: what ``ray start`` says when its raylet did not register within Ray's fixed 30 s (a loaded machine), and
+#: how many heads a run starts before it gives up
+_SLOW_START = "timed out during startup"
+HEAD_START_ATTEMPTS = 3
 #: how often the watchdog looks for its driver
 WATCH_S = 0.5
 
@@ -69,9 +73,23 @@ class OwnHead:
         return self.proc.pid
 
     @classmethod
-    def start(cls, num_cpus: int | None, timeout_s: float = HEAD_START_TIMEOUT_S) -> OwnHead:
+    def start(cls, num_cpus: int | None, timeout_s: float = HEAD_START_TIMEOUT_S,
+              attempts: int = HEAD_START_ATTEMPTS) -> OwnHead:
         """``ray start --head --block`` on free ports, in a new session led by ``watch``; returns once it
-        runs."""
+        runs. Ray gives its raylet a fixed 30 s to register, which a loaded machine can miss: such a head is
+        started again on fresh ports, saying so, up to ``attempts`` times."""
+        for attempt in range(2, attempts + 1):
+            try:
+                return cls._start_once(num_cpus, timeout_s)
+            except RuntimeError as err:
+                if _SLOW_START not in str(err):
+                    raise
+                print(f"the run's own Ray head did not register within Ray's 30 s (a loaded machine); starting "
+                      f"it again ({attempt} of {attempts})", flush=True)
+        return cls._start_once(num_cpus, timeout_s)
+
+    @classmethod
+    def _start_once(cls, num_cpus: int | None, timeout_s: float) -> OwnHead:
         port = _free_port()
         # a temp dir of its own: ``ray start`` records its address in <temp dir>/ray_current_cluster, and a plain
         # ``ray.init()`` anywhere on the machine connects to the address in /tmp/ray's (another user's job would

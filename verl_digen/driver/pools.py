@@ -129,15 +129,33 @@ def stop_own_ray() -> None:
 @contextlib.contextmanager
 def deferred_stop_signals():
     """SIGINT / SIGTERM / SIGUSR1 held back while Ray connects, then delivered to the handlers that were in place
-    before (the run's ``StopSignals``: a stop during start-up gets its line and exit code)."""
-    main = threading.current_thread() is threading.main_thread()
-    held = {signal.SIGINT, signal.SIGTERM, signal.SIGUSR1}
-    before = {s: signal.getsignal(s) for s in held} if main else {}
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, held)
+    before (the run's ``StopSignals``: a stop during start-up gets its line and exit code).
+
+    A signal mask would not do: it holds the signal for this thread only, and another thread (Ray's, pytest's)
+    takes it, after which Python runs whatever handler is installed, Ray's ``sys.exit(15)`` included. So a
+    recorder stands in for the handlers, the handler ``ray.init`` installs is not let in, and what was recorded
+    is raised again once the run's own handlers are back."""
+    if threading.current_thread() is not threading.main_thread():
+        yield  # handlers belong to the main thread; ray.init installs none elsewhere
+        return
+    held = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
+    before = {s: signal.getsignal(s) for s in held}
+    caught: list[int] = []
+    real_signal = signal.signal
+
+    def keep_the_recorder(signum, handler):
+        if signum in held:
+            return before[signum]  # ray.init's handler stays out; the run's comes back below
+        return real_signal(signum, handler)
+
+    for s in held:
+        real_signal(s, lambda signum, _frame: caught.append(signum))
+    signal.signal = keep_the_recorder
     try:
         yield
     finally:
+        signal.signal = real_signal
         for s, handler in before.items():
-            if handler is not None:
-                signal.signal(s, handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+            real_signal(s, handler if handler is not None else signal.SIG_DFL)
+        for s in dict.fromkeys(caught):
+            signal.raise_signal(s)
