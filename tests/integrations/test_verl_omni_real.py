@@ -24,12 +24,14 @@ from verl_omni_helpers import (
     ENTRY_V0,
     ENTRY_V1,
     RUN_TINY,
+    RUN_TINY_OWN_REWARD,
     SKIP_REASON,
     Snapshots,
     capture_commands,
     classify_example,
     example_scripts,
     omni_deps_present,
+    table_row,
     tarballs_present,
     training_call,
 )
@@ -225,22 +227,31 @@ def launched(verl_omni_snapshots, tmp_path_factory):
 
 
 def test_every_example_script_is_accounted_for_in_the_migration_guide(verl_omni_snapshots, tmp_path):
-    """docs/migrating-from-verl-omni.md has one row per example script of the snapshot, and its entry /
-    converts / validates columns say what the converter does with that script today."""
+    """docs/migrating-from-verl-omni.md has one row per example script of the snapshot, and every column of it
+    (entry, converts, validates, runs tiny, what differs) is what the converter and this module give today."""
     rows = {}
     for line in MIGRATION_DOC.read_text().splitlines():
-        m = re.match(r"^\| `([^`]+\.sh)` \| ([^|]*)\| ([^|]*)\| ([^|]*)\|", line)
+        m = re.match(r"^\| `([^`]+\.sh)` \|", line)
         if m:
-            rows[m.group(1)] = tuple(c.strip() for c in m.groups()[1:])
+            rows[m.group(1)] = line.rstrip()
     scripts = example_scripts(verl_omni_snapshots.omni)
     assert len(scripts) >= 50
     for script in scripts:
         row = classify_example(script, verl_omni_snapshots.omni, tmp_path)
         assert row.script in rows, f"docs/migrating-from-verl-omni.md has no row for examples/{row.script}"
-        assert rows[row.script] == (row.entry, row.converts, row.validates), (
-            f"examples/{row.script}: the guide says {rows[row.script]}, the converter gives "
-            f"{(row.entry, row.converts, row.validates)}")
+        assert rows[row.script] == table_row(row), (
+            f"examples/{row.script}: the guide says\n{rows[row.script]}\nthe converter and the tests give\n"
+            f"{table_row(row)}")
     assert set(rows) == {s.relative_to(verl_omni_snapshots.omni / "examples").as_posix() for s in scripts}
+
+
+def test_the_runs_tiny_column_names_exactly_the_scripts_this_module_trains():
+    """The guide's "runs tiny" cells come from RUN_TINY / RUN_TINY_OWN_REWARD: each script named there is one
+    this module launches, and each script it launches is named there."""
+    trained = {SD35_V1, *MORE_SCRIPTS}
+    assert set(RUN_TINY) == trained
+    assert set(RUN_TINY_OWN_REWARD) == set(OWN_REWARD.values()) - trained
+    assert all(script in RUN_TINY and "own" in RUN_TINY[script] for script in set(OWN_REWARD.values()) & trained)
 
 
 @pytest.mark.parametrize("version", list(VERSIONS))
