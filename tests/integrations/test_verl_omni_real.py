@@ -205,6 +205,9 @@ class Launched:
         for name, script in OWN_REWARD.items():  # Qwen-Image OCR scripts with their own reward, served judge
             tmp = tmp_factory.mktemp(f"own_reward_{name}")
             self._start(f"own-reward-{name}", own_reward_args(snaps, tmp, script), True, tmp, platform=False)
+        tmp = tmp_factory.mktemp("own_reward_ocr_colocated")  # the same OCR run with trainer=colocated
+        self._start("own-reward-ocr-colocated", [*own_reward_args(snaps, tmp, OWN_REWARD["ocr"]), "trainer=colocated"],
+                    True, tmp, platform=False)
 
     def _start(self, name: str, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> None:
         self.jobs[name] = (self.pool.submit(_run, self.snaps, args, pinned, cwd, platform), cwd)
@@ -353,3 +356,19 @@ def test_qwen_image_ocr_scripts_train_with_their_own_reward_own_reward(launched,
     else:  # 0.5 x the OCR part as above + 0.5 x the JPEG part, -kB / 500: a 64 x 64 image's is a few -0.001
         jpeg = [(rows[0]["reward/mean"] - 0.5 * p) / 0.5 for p in possible]
         assert any(-0.05 < j < 0 for j in jpeg), (rows[0]["reward/mean"], possible)
+
+
+def test_the_ocr_scripts_first_step_with_its_own_reward_equals_colocated_own_reward(launched):
+    """The OCR script with its own reward and served judge: trainer=digen's first step (its samples as the judge
+    saw them, their rewards, the loss and the gradient) equals trainer=colocated's on the same line."""
+    def first_step(name: str, prefix: str) -> tuple[dict, list[float]]:
+        rc, out, tmp = launched.result(name)
+        assert rc == 0, f"{name} failed:\n{out[-6000:]}"
+        row = json.loads((tmp / "trace" / f"{prefix}_metrics.jsonl").read_text().splitlines()[0])
+        sent = [json.loads(line) for line in (tmp / "judge.jsonl").read_text().splitlines()]
+        keys = ("step", "reward/mean", "reward/std", "actor/loss", "actor/grad_norm", "actor/ratio_mean")
+        return {k: row[k] for k in keys}, sorted(s["mean"] for s in sent[:4])  # step 1: 2 prompts x 2 samples
+
+    digen, colocated = first_step("own-reward-ocr", "digen"), first_step("own-reward-ocr-colocated", "colocated")
+    assert digen[0]["step"] == 1 and digen[0]["actor/grad_norm"] > 0
+    assert digen == colocated
