@@ -420,6 +420,7 @@ BAD_INPUT = {
     "pool-too-large": (lambda t: ["resources.generator.workers=1000", "rollout.micro_batch_size=2"],
                        "resources.generator.workers", "workers in all on this machine"),
     "pool-absurd": (lambda t: ["resources.trainer.workers=100000"], "resources.trainer.workers", "per pool"),
+    "ray-address-malformed": (lambda t: ["ray.address=http://head"], "ray.address", "host:port"),
     "max-checkpoints-zero": (lambda t: ["trainer.max_checkpoints=0"], "trainer.max_checkpoints", ">= 1"),
     "on-nonfinite-unknown": (lambda t: ["trainer.on_nonfinite=ignore"], "trainer.on_nonfinite", "skip, stop"),
     "max-nonfinite-zero": (lambda t: ["trainer.max_nonfinite_steps=0"], "trainer.max_nonfinite_steps", ">= 1"),
@@ -712,10 +713,10 @@ def test_failure_line_names_the_dead_worker_not_the_call_that_noticed_and_drops_
 
 
 def test_a_run_starts_its_own_ray_head_unless_told_and_says_which_cluster(monkeypatch, capsys):
-    """Without RAY_ADDRESS a run (CPU or GPU) starts a head of its own (never someone else's ``ray start``
-    cluster on the machine) and says so; with one it joins and says where. (Ray's calls are recorded, not
-    made: a second Ray in the suite's process is not possible; tests/runtime/test_cluster_stop_runtime.py
-    starts real ones.)"""
+    """Told neither ray.address nor RAY_ADDRESS (the key wins, as ray.init's argument does) a run (CPU or
+    GPU) starts a head of its own (never someone else's ``ray start`` cluster on the machine) and says so;
+    told, it joins and says where and from which setting. (Ray's calls are recorded, not made: a second Ray
+    in the suite's process is not possible; tests/runtime/test_cluster_stop_runtime.py starts real ones.)"""
     import ray
 
     from verl_digen.driver import pools
@@ -735,20 +736,23 @@ def test_a_run_starts_its_own_ray_head_unless_told_and_says_which_cluster(monkey
     monkeypatch.setattr(ray, "init", lambda address=None, **kw: calls.append((address, kw)))
     monkeypatch.setattr(ray, "get_runtime_context", lambda: type("C", (), {"gcs_address": "10.0.0.5:6379"})())
     monkeypatch.setattr(ray, "nodes", lambda: [{}, {}])
-    for device, env, address, line in [
-            ("cpu", None, "127.0.0.1:6399", "started a Ray cluster of its own at 127.0.0.1:6399 (head pid 4242"),
-            ("cuda", None, "127.0.0.1:6399", "started a Ray cluster of its own"),
-            ("cuda", "10.0.0.5:6379", "10.0.0.5:6379", "joined the Ray cluster at 10.0.0.5:6379 (2 node(s))")]:
+    for device, env, key, address, line in [
+            ("cpu", None, None, "127.0.0.1:6399", "started a Ray cluster of its own at 127.0.0.1:6399 (head pid 4242"),
+            ("cuda", None, None, "127.0.0.1:6399", "started a Ray cluster of its own"),
+            ("cuda", "10.0.0.5:6379", None, "10.0.0.5:6379", "joined the Ray cluster at 10.0.0.5:6379 (2 node(s)), "
+                                                             "from RAY_ADDRESS"),
+            ("cuda", None, "10.0.0.5:6379", "10.0.0.5:6379", "from ray.address"),
+            ("cuda", "10.0.0.9:6379", "ray://10.0.0.5:10001", "ray://10.0.0.5:10001", "from ray.address")]:
         monkeypatch.delenv("RAY_ADDRESS", raising=False)
         if env:
             monkeypatch.setenv("RAY_ADDRESS", env)
         calls.clear()
-        pools.ensure_ray(compose([f"trainer.device={device}"]))
+        pools.ensure_ray(compose([f"trainer.device={device}", *([f"ray.address={key}"] if key else [])]))
         (got, kw), = calls
-        assert got == address and kw["include_dashboard"] is False, (device, env)
-        assert line in capsys.readouterr().out, (device, env)
+        assert got == address and kw["include_dashboard"] is False, (device, env, key)
+        assert line in capsys.readouterr().out, (device, env, key)
         pools._own_head = None
-    assert started[0] >= 2 and started[1] is None  # CPU: the cores; GPU: Ray counts them
+    assert started[0] >= 2 and started[1] is None and len(started) == 2  # CPU: the cores; GPU: Ray counts them
 
 
 def test_the_stop_signal_handler_covers_ray_start_up(monkeypatch):

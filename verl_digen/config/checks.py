@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -176,7 +177,7 @@ def sizes(cfg: Any) -> None:
                           f"a batch whose step fits the driver: {samples:,} samples per step (x rollout.n={r.n}) "
                           f"need ~{driver / 2**30:,.1f} GiB of bookkeeping, over half of this machine's "
                           f"{ram / 2**30:.0f} GiB")
-    if cfg.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS") and trajectories > ram // 2:
+    if cfg.trainer.device == "cpu" and cfg.ray_address()[0] is None and trajectories > ram // 2:
         raise ConfigError("data.train_batch_size", cfg.data.train_batch_size,
                           f"a batch whose trajectories fit this machine: {samples:,} samples per step hold "
                           f"~{trajectories / 2**30:,.1f} GiB of latents (model.latent_size, model.latent_width, "
@@ -225,7 +226,7 @@ def _pools(cfg: Any) -> None:
     gen, trn = res.generator.workers, res.trainer.workers
     if not (isinstance(gen, int) and isinstance(trn, int)):
         return
-    if cfg.trainer.device == "cpu" and not os.environ.get("RAY_ADDRESS"):
+    if cfg.trainer.device == "cpu" and cfg.ray_address()[0] is None:
         ram = _ram_bytes()
         limit = max(2, ram // CPU_WORKER_BYTES)
         if gen + trn > limit:
@@ -465,7 +466,7 @@ def files_and_resume(cfg: Any) -> list[str]:
         raise ConfigError("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
                           "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
     # a Ray of its own on this machine is one node; a dry run plans a job on a machine without its weights
-    if t.device == "cpu" and not t.dry_run and not os.environ.get("RAY_ADDRESS"):
+    if t.device == "cpu" and not t.dry_run and cfg.ray_address()[0] is None:
         model_source(cfg, single_node=True)
     lora_targets(cfg)
     if t.trace_dir:
@@ -546,3 +547,15 @@ def sequence_parallel_problem(cfg: Any, size: int) -> str | None:
         height = m.latent_size or spec.height // spatial
     tokens = ulysses.video_tokens((0, frames, height, m.latent_width or height), 2, 1)  # both patchify 1 x 2 x 2
     return ulysses.size_problem(arch, _transformer_heads(m, arch) or size, tokens, size)
+
+
+#: what ``ray.address`` may be: ``auto``, ``host:port`` or a ``ray://`` client address (what ``ray.init`` takes)
+RAY_ADDRESS_FORM = re.compile(r"^(auto|(ray://)?[A-Za-z0-9._\-\[\]:]+:[0-9]{1,5})$")
+
+
+def ray_address(address: str | None) -> None:
+    """``ray.address`` as ``ray.init`` takes it, refused before any start-up (a typo would fail after the
+    dry run, inside Ray, with Ray's words)."""
+    if address is not None and not RAY_ADDRESS_FORM.match(str(address)):
+        raise ConfigError("ray.address", address, "a Ray cluster's address: host:port (its GCS, e.g. 10.0.0.5:6379), "
+                          "ray://host:port (Ray client) or auto; unset to start a Ray head of the run's own")

@@ -6,6 +6,7 @@ Checking a config is ``config/validate.py``'s job.
 from __future__ import annotations
 
 import difflib
+import os
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any
@@ -233,6 +234,11 @@ class TrainerConfig:
 
 
 @dataclass
+class RayConfig:
+    address: str | None = None  # join this Ray cluster (host:port, ray://host:port, auto); unset: RAY_ADDRESS, else own
+
+
+@dataclass
 class RunConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
@@ -244,11 +250,20 @@ class RunConfig:
     resources: ResourcesConfig = field(default_factory=ResourcesConfig)
     digen: DigenConfig = field(default_factory=DigenConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    ray: RayConfig = field(default_factory=RayConfig)
 
     # -- derived -----------------------------------------------------------------------------------
     @property
     def batch(self) -> int:
         return self.data.train_batch_size * self.rollout.n
+
+    def ray_address(self) -> tuple[str | None, str]:
+        """(the Ray cluster this run joins, where that came from): ``ray.address`` wins over ``RAY_ADDRESS`` as
+        an argument to ``ray.init`` wins over it; (None, "") means the run starts a head of its own."""
+        if self.ray.address:
+            return self.ray.address, "ray.address"
+        given = os.environ.get("RAY_ADDRESS")
+        return (given, "RAY_ADDRESS") if given else (None, "")
 
     @property
     def total_workers(self) -> int:

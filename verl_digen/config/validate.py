@@ -154,6 +154,7 @@ def validate(cfg: RunConfig) -> list[str]:
                                   "trainer.logger=[tensorboard] (it names the event directory)")
     if "wandb" in t.logger and (why := checks.wandb_unready()):
         raise ConfigError("trainer.logger", list(t.logger), f"loggers that can start here: wandb {why}")
+    checks.ray_address(cfg.ray.address)
     if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
         raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory, or auto")
     try:

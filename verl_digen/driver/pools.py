@@ -87,9 +87,9 @@ _own_head: OwnHead | None = None
 
 
 def ensure_ray(cfg: RunConfig) -> None:
-    """Join the cluster ``RAY_ADDRESS`` names, or start a head of the run's own (driver/cluster.py; never
-    a cluster found on the machine); either way say which in one line. CPU workers get the verl CPU
-    platform through the runtime env."""
+    """Join the cluster ``ray.address`` or ``RAY_ADDRESS`` names, or start a head of the run's own
+    (driver/cluster.py; never a cluster found on the machine); either way say which in one line. CPU workers
+    get the verl CPU platform through the runtime env."""
     global _own_head
     if ray.is_initialized():
         return
@@ -98,7 +98,7 @@ def ensure_ray(cfg: RunConfig) -> None:
         os.environ.setdefault("VERL_PLATFORM", "cpu")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the workers' lines Ray prints here: no colour codes
     auth_env()
-    given = os.environ.get("RAY_ADDRESS")
+    given, source = cfg.ray_address()
     native_memory.limit_arenas()  # before Ray's threads start: they share the capped arenas
     if given:
         address = given
@@ -110,10 +110,10 @@ def ensure_ray(cfg: RunConfig) -> None:
         ray.init(address=address, runtime_env={"env_vars": env}, include_dashboard=False, log_to_driver=True)
     if given:
         joined = ray.get_runtime_context().gcs_address
-        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s)), from RAY_ADDRESS", flush=True)
+        print(f"joined the Ray cluster at {joined} ({len(ray.nodes())} node(s)), from {source}", flush=True)
     else:
         print(f"started a Ray cluster of its own at {address} (head pid {_own_head.pid}, stopped with the run; "
-              f"set RAY_ADDRESS to join a running cluster instead)", flush=True)
+              f"set ray.address or RAY_ADDRESS to join a running cluster instead)", flush=True)
 
 
 def stop_own_ray() -> None:

@@ -148,7 +148,7 @@ def ray_cpu_shortfall(config: Any, run_config: Any) -> str | None:
 
     select = (lambda key: OmegaConf.select(config, key)) if OmegaConf.is_config(config) else (
         lambda key: _get(config, key))
-    if run_config.trainer.device != "cpu" or os.environ.get("RAY_ADDRESS") or select("ray_kwargs.ray_init.address"):
+    if run_config.trainer.device != "cpu" or run_config.ray_address()[0] or select("ray_kwargs.ray_init.address"):
         return None
     units = int(select("transfer_queue.backend.SimpleStorage.num_data_storage_units") or 0)
     need = 2 + units + run_config.total_workers
