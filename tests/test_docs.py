@@ -297,7 +297,7 @@ def _untracked() -> set[str]:
     return set(out.split())
 
 
-def test_gpu_only_main_commands_validate():
+def test_gpu_only_main_commands_validate(weights_on_this_machine):
     """GPU-only launch lines are not run, but their overrides must compose and validate."""
     from verl_digen.config import compose, validate
     from verl_digen.config.plan import resource_plan

@@ -69,7 +69,7 @@ _CACHE: dict[str, tuple[RunConfig, ResourcePlan]] = {}
 def _dry_run(name: str) -> tuple[RunConfig, ResourcePlan]:
     """What ``trainer.dry_run=true`` does: resolve, validate, plan (cached across the tests)."""
     if name not in _CACHE:
-        cfg = _compose(name)
+        cfg = _compose(name, "trainer.dry_run=true")
         validate(cfg)
         _CACHE[name] = (cfg, resource_plan(cfg))
     return _CACHE[name]
@@ -337,7 +337,7 @@ def test_every_recipe_is_the_planners_choice(name):
 
 
 @pytest.mark.parametrize("name", sorted(SETTINGS))
-def test_every_recipe_with_the_vllm_backend_shows_the_engines_memory_and_startup(name):
+def test_every_recipe_with_the_vllm_backend_shows_the_engines_memory_and_startup(name, weights_on_this_machine):
     """The recipes ship rollout.backend=diffusers (recipes/README.md, "Rollout backend"); with rollout.backend=vllm
     each setting's disaggregated recipe validates, and its dry run's memory plan shows the engine's terms within
     its share of the GPU and the engine's start-up price per generator and per restart. A colocated recipe starts

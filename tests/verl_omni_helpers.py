@@ -295,9 +295,11 @@ def guide_additions(prompts: Path) -> list[str]:
 
 def classify_example(script: Path, omni: Path, scratch: Path) -> ExampleRow:
     """Capture, compose, convert and validate one example script (in this process; no verl-omni import)."""
+    from unittest import mock
+
     from omegaconf import OmegaConf
 
-    from verl_digen.config import ConfigError
+    from verl_digen.config import ConfigError, checks
     from verl_digen.integrations import verl_omni as vo
 
     rel = script.relative_to(omni / "examples").as_posix()
@@ -337,8 +339,9 @@ def classify_example(script: Path, omni: Path, scratch: Path) -> ExampleRow:
         row.converts = row.validates = f"refused: `{err.key}`"
         return row
     logged: list[str] = []
-    try:
-        vo.to_run_config(raw, log=logged.append)
+    try:  # as on the machine the script is for: its hub model ids are in that machine's Hugging Face cache
+        with mock.patch.object(checks, "hub_cached", lambda repo_id: True):
+            vo.to_run_config(raw, log=logged.append)
         row.validates = "yes"
     except ConfigError as err:
         row.validates = f"refused: `{err.key}`"

@@ -26,7 +26,7 @@ def video_plan():
 
 
 @pytest.mark.slow
-def test_every_planned_configuration_fits_and_launches_as_printed(video_plan):
+def test_every_planned_configuration_fits_and_launches_as_printed(video_plan, weights_on_this_machine):
     cfg, planned = video_plan
     assert planned.memory_checked and planned.plan.unfit > 0 and len(planned.plan.rows) == 3
     for row in planned.plan.rows:
@@ -63,7 +63,7 @@ def test_rows_per_pass_are_the_most_the_memory_plan_holds(video_plan):
 
 
 @pytest.mark.slow
-def test_plan_auto_runs_the_planners_choice(video_plan):
+def test_plan_auto_runs_the_planners_choice(video_plan, weights_on_this_machine):
     cfg, planned = video_plan
     said = []
     auto = planning.resolve_auto(_recipe("hunyuanvideo-13b-16", *SMALL, "digen.plan=auto"), log=said.append)
@@ -96,7 +96,7 @@ def test_plan_auto_refuses_a_separate_run():
 
 
 @pytest.mark.slow
-def test_plan_auto_from_a_colocated_recipe_may_choose_digen():
+def test_plan_auto_from_a_colocated_recipe_may_choose_digen(weights_on_this_machine):
     """A colocated default planned for another workload: the planner may pick a disaggregated split, and the
     config it returns is a real digen run (GAP on, as ``trainer=digen`` composes), not colocated's knobs."""
     cfg = _recipe("flux-12b-32", "data.train_batch_size=2", "digen.plan=auto")
@@ -162,7 +162,7 @@ def test_dry_run_with_plan_auto_prints_the_planned_run(tmp_path):
 
 
 @pytest.mark.slow
-def test_a_colocated_winner_is_recommended_and_launches_as_printed():
+def test_a_colocated_winner_is_recommended_and_launches_as_printed(weights_on_this_machine):
     """wan2.1-14b-32 at its 512 samples: the runtime's own colocated mode on all 32 GPUs is the fastest layout
     (issue 41); the planner says so, and its overrides compose to a config the runtime accepts, fits memory
     and the dry run predicts at the planner's figure."""

@@ -542,6 +542,8 @@ BAD_INPUT = {
                           "'wan' as in the checkpoint being resumed"),
     "model-hub-id-not-cached": (lambda t: ["model.path=nobody-digen/no-such-pipeline"], "model.path",
                                 "a hub id whose pipeline is in the Hugging Face cache"),
+    "model-hub-id-not-cached-gpu": (lambda t: ["trainer.device=cuda", "model.path=nobody-digen/no-such-pipeline"],
+                                    "model.path", "a hub id whose pipeline is in the Hugging Face cache"),
     "reward-exits-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', _EXIT)}"],
                                "custom_reward_function.path", "r.py: importing it called sys.exit(0)"),
     "reward-raises-at-import": (lambda t: [f"custom_reward_function.path={_reward(t, 'r.py', 'raise KeyError(1)')}"],

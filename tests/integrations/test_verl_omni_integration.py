@@ -24,6 +24,9 @@ from omegaconf import OmegaConf
 from verl_digen.config import checks
 from verl_digen.integrations import verl_omni as vo
 
+# the converted configs are verl-omni's GPU scripts, validated as on the GPU machine that holds their weights
+pytestmark = pytest.mark.usefixtures("weights_on_this_machine")
+
 ROOT = Path(__file__).resolve().parents[2]
 
 # keys and values as in verl-omni's examples/flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh, on top of

@@ -465,8 +465,9 @@ def files_and_resume(cfg: Any) -> list[str]:
     if mp is not None and mp.startswith(("/", "./", "../", "~")) and not Path(mp).expanduser().is_dir():
         raise ConfigError("model.path", mp, "an existing local diffusers pipeline directory (a path that looks local "
                           "is not looked up on the Hugging Face hub), or a hub id in the HF cache")
-    # a Ray of its own on this machine is one node; a dry run plans a job on a machine without its weights
-    if t.device == "cpu" and not t.dry_run and cfg.ray_address()[0] is None:
+    # a Ray of its own on this machine (CPU or GPU) is one node; a dry run plans a job on a machine without its
+    # weights
+    if not t.dry_run and cfg.ray_address()[0] is None:
         model_source(cfg, single_node=True)
     lora_targets(cfg)
     if t.trace_dir:
