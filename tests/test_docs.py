@@ -89,7 +89,7 @@ EXPECT: dict[str, str] = {
     "digen plan": "gen train",
 }
 #: a training run ends with the summary table; a dry run prints the resource plan
-EXPECT_MAIN = "samples / worker-second"
+EXPECT_MAIN = "samples_per_worker_s"
 EXPECT_DRY_RUN = "resource plan:"
 
 #: each command's output, for reading after a failure (git-ignored)

@@ -50,7 +50,7 @@ def summary_table(reports, cfg: RunConfig) -> str:
         ("workers (generator + trainer)", workers),
         ("steps", str(len(m))),
         ("step time (s, after step 1)", _fmt(_mean(steady, "timing/step_s"), ".3f")),
-        ("samples / worker-second", _fmt(_mean(steady, "perf/samples_per_worker_s"), ".3f")),
+        ("samples_per_worker_s", _fmt(_mean(steady, "perf/samples_per_worker_s"), ".3f")),
         ("generator busy / bubble", pair("generator")),
         ("trainer busy / bubble", pair("trainer")),
         ("fraction of ideal", _fmt(_mean(steady, "perf/fraction_of_ideal"), ".2f")),

@@ -251,13 +251,13 @@ def test_one_line_log_per_step_for_cluster_logs(monkeypatch):
 
     metrics = {"reward/mean": 0.43125, "reward/std": 0.1, "actor/loss": -0.00123, "timing/step_s": 4.0,
                "pool/generator_busy": 0.92, "pool/trainer_busy": 0.88, "digen/stale_fraction": 0.25,
-               "fault/retries": 0.0, "fault/restarts": 1.0, "actor/ratio_mean": 1.0}
-    line = run_log.format_line(metrics, step=12, total=100, samples=16)
-    assert line == ("step 12/100  reward=0.4313+-0.1  loss=-0.00123  step_s=4  samples_s=4  gen_busy=0.92  "
+               "fault/retries": 0.0, "fault/restarts": 1.0, "actor/ratio_mean": 1.0, "perf/samples_per_worker_s": 2.0}
+    line = run_log.format_line(metrics, step=12, total=100)
+    assert line == ("step 12/100  reward=0.4313+-0.1  loss=-0.00123  step_s=4  samples_per_worker_s=2  gen_busy=0.92  "
                     "trn_busy=0.88  stale=0.25  restarts=1")  # no zero retries; the rest stay in the block
     assert run_log.format_line({"val/reward_mean": 0.5}, step=3) == "step 3  val_reward=0.5"
     printed: list[str] = []
-    run_log.ConsoleLogger(printed.append, total=100, fmt="line", samples=16).log(metrics, 12)
+    run_log.ConsoleLogger(printed.append, total=100, fmt="line").log(metrics, 12)
     assert printed == [line]
     with pytest.raises(ValueError, match="log format"):
         run_log.ConsoleLogger(fmt="lines")

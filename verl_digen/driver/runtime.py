@@ -137,8 +137,7 @@ class DigenRuntime:
         self.trn_wg: RayWorkerGroup | None = None
         self.sync: WeightSync | None = None
         self.tracking = None
-        self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps, fmt=log_format(cfg),
-                                              samples=cfg.batch)
+        self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps, fmt=log_format(cfg))
         self._history: run_log.MetricsLog | None = None
         self._pools: list[PlacedResourcePool] = []
 

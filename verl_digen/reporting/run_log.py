@@ -121,17 +121,18 @@ def format_metrics(metrics: dict[str, Any], step: int, total: int | None = None,
 
 #: the figures of a one-line step log: (metric, label), in this order; a metric the step lacks is left out
 LINE_FIELDS = ((names.REWARD_MEAN, "reward"), (names.actor("loss"), "loss"), (names.STEP_S, "step_s"),
-               (names.GENERATOR_BUSY, "gen_busy"), (names.TRAINER_BUSY, "trn_busy"),
+               (names.SAMPLES_PER_WORKER_S, "samples_per_worker_s"), (names.GENERATOR_BUSY, "gen_busy"),
+               (names.TRAINER_BUSY, "trn_busy"),
                (names.STALE_FRACTION, "stale"), (names.VAL_REWARD_MEAN, "val_reward"), (names.RETRIES, "retries"),
                (names.RESTARTS, "restarts"))
 ONLY_WHEN_NONZERO = (names.RETRIES, names.RESTARTS)  # faults: shown in the steps that had some
 LOG_FORMATS = ("block", "line")
 
 
-def format_line(metrics: dict[str, Any], step: int, total: int | None = None, samples: int | None = None) -> str:
-    """One line per step for cluster logs: step, reward mean +- std, loss, step time, samples per second
-    (``samples`` per step over the step time), pool busy fractions, staleness, and validation and faults
-    when the step has them, as ``label=value`` pairs a grep or awk can take apart."""
+def format_line(metrics: dict[str, Any], step: int, total: int | None = None) -> str:
+    """One line per step for cluster logs: step, reward mean +- std, loss, step time, throughput (the block's
+    and the summary's samples per worker-second, by the same name), pool busy fractions, staleness, and
+    validation and faults when the step has them, as ``label=value`` pairs a grep or awk can take apart."""
     parts = [f"step {step}" + (f"/{total}" if total else "")]
     for key, label in LINE_FIELDS:
         value = metrics.get(key)
@@ -141,28 +142,24 @@ def format_line(metrics: dict[str, Any], step: int, total: int | None = None, sa
         if key == names.REWARD_MEAN and _is_number(metrics.get(names.REWARD_STD)):
             text += f"+-{format_value(metrics[names.REWARD_STD])}"
         parts.append(f"{label}={text}")
-        if key == names.STEP_S and samples and value > 0:
-            parts.append(f"samples_s={format_value(samples / value)}")
     return "  ".join(parts)
 
 
 class ConsoleLogger:
     """The console backend of ``Tracking`` for a run: :func:`format_metrics` (``fmt="block"``) or
     :func:`format_line` (``"line"``) through ``write`` (the progress bar's writer while a bar is shown, so
-    bar and lines do not interleave). ``samples``: samples per step, for the line's samples per second."""
+    bar and lines do not interleave)."""
 
-    def __init__(self, write: Callable[[str], None] = print, total: int | None = None, fmt: str = "block",
-                 samples: int | None = None) -> None:
+    def __init__(self, write: Callable[[str], None] = print, total: int | None = None, fmt: str = "block") -> None:
         if fmt not in LOG_FORMATS:
             raise ValueError(f"log format must be one of {LOG_FORMATS}, got {fmt!r}")
         self.write = write
         self.total = total
         self.fmt = fmt
-        self.samples = samples
 
     def log(self, data: dict[str, Any], step: int) -> None:
         if self.fmt == "line":
-            self.write(format_line(data, step, self.total, self.samples))
+            self.write(format_line(data, step, self.total))
         else:
             self.write(format_metrics(data, step, self.total))
 
