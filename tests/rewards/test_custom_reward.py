@@ -60,6 +60,21 @@ def test_custom_function_is_the_reward_generators_build(tmp_path, reward_file):
     assert scored.images is None
 
 
+def test_the_dry_run_prints_the_custom_function_as_the_reward(tmp_path, reward_file):
+    """The dry run's config says what scores the samples: ``reward.name: custom`` when the custom function
+    replaced the default reward (it printed the default's name), and the default when no function is set."""
+    import yaml
+
+    from verl_digen.main import dry_run
+
+    def printed_reward(cfg) -> dict:
+        return yaml.safe_load(dry_run(cfg).split("\n\n", 1)[0])["reward"]
+
+    assert printed_reward(_cfg(tmp_path, f"custom_reward_function.path={reward_file}"))["name"] == "custom"
+    plain = _cfg(tmp_path)
+    assert printed_reward(plain)["name"] == plain.reward.name != "custom"
+
+
 def test_custom_function_as_one_weighted_component(tmp_path, reward_file):
     cfg = _cfg(tmp_path, f"custom_reward_function.path={reward_file}",
                "reward.weights={custom: 0.5, brightness: 1.0}")
