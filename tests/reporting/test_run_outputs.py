@@ -102,6 +102,23 @@ def test_a_colocated_run_has_no_generator_pool_curve_and_missing_values_are_gaps
     assert math.isnan(reward.lines["val/reward/mean"][0]) and reward.lines["val/reward/mean"][1] == 0.25
 
 
+def test_the_curves_read_the_validation_file_and_draw_its_reward_as_a_line(tmp_path):
+    """Validation writes its metrics to <trace_dir>/val/<mode>_val.jsonl, not the metrics file: the run's rows
+    for the curves (run_log.read_run_metrics, what the run and digen plot draw) carry them on their steps."""
+    log = run_log.MetricsLog(run_log.metrics_path(tmp_path, "digen"))
+    for s in (1, 2, 3):
+        log.append(s, _row(s, 0.1 * s, 0.05))
+    val = run_log.MetricsLog(tmp_path / "val" / "digen_val.jsonl")
+    for s, r in ((0, 0.125), (2, 0.25)):  # before training (step 0) and after step 2
+        val.append(s, {"val/reward_mean": r, "val/reward_std": 0.5})
+    rows = run_log.read_run_metrics(tmp_path, "digen")
+    steps, (reward, _, _) = curve_panels(rows)
+    assert steps == [0, 1, 2, 3] and rows[2]["reward/mean"] == 0.2
+    assert reward.lines["val/reward_mean"][0] == 0.125 and reward.lines["val/reward_mean"][2] == 0.25
+    assert math.isnan(reward.lines["val/reward_mean"][1]) and math.isnan(reward.lines["mean"][0])
+    assert run_log.read_run_metrics(tmp_path / "none", "digen") == []
+
+
 def test_curves_png_is_written_and_an_empty_run_is_refused(tmp_path):
     rows = [{"step": s, **_row(s, 0.1 * s, 0.05)} for s in range(1, 5)]
     out = save_curves_png(rows, tmp_path / "digen_curves.png", title="t")

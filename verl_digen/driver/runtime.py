@@ -420,7 +420,7 @@ class DigenRuntime:
         try:
             from verl_digen.reporting.plots import save_curves_png
 
-            rows = run_log.read_metrics(path)
+            rows = run_log.read_run_metrics(trace_dir, mode)
             if rows:
                 save_curves_png(rows, Path(trace_dir, f"{mode}_curves.png"), title=f"verl-digen {mode}")
         except Exception as err:  # noqa: BLE001 - the curves are a convenience

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_digen.reporting import metric_names as names
-from verl_digen.reporting.run_log import read_metrics
+from verl_digen.reporting.run_log import read_run_metrics
 
 #: the panels of ``<mode>_curves.png``, top to bottom
 PANELS = ("reward", "step time", "busy fraction")
@@ -122,7 +122,7 @@ def plot_trace_dir(trace_dir: str | Path, out_dir: str | Path | None = None, mod
                 save_gantt_png(timeline, gantt, title=f"{m} run{shown}", max_steps=gantt_steps or None)
                 written.append(gantt)
         if metrics_file.exists():
-            rows = read_metrics(metrics_file)
+            rows = read_run_metrics(src, m)
             if rows:
                 written.append(save_curves_png(rows, out / f"{m}_curves.png", title=f"{m} run"))
     return written

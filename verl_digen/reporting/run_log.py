@@ -51,6 +51,18 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return [by_step[s] for s in sorted(by_step)]
 
 
+def read_run_metrics(trace_dir: str | Path, mode: str) -> list[dict[str, Any]]:
+    """A run's per-step rows (:func:`read_metrics` of its metrics file) with its validation passes' ``val/*``
+    metrics (``<trace_dir>/val/<mode>_val.jsonl``, where validation writes them) on the rows of their steps."""
+    path = metrics_path(trace_dir, mode)
+    by_step = {r["step"]: r for r in (read_metrics(path) if path.exists() else [])}
+    val = Path(trace_dir, "val", f"{mode}_val.jsonl")
+    for row in read_metrics(val) if val.exists() else []:
+        by_step.setdefault(row["step"], {"step": row["step"]}).update(
+            {k: v for k, v in row.items() if k.startswith("val/")})
+    return [by_step[step] for step in sorted(by_step)]
+
+
 class MetricsLog:
     """Append-only per-step metrics file. Opening it keeps the rows of steps ``<= keep_through`` (the
     steps a resumed run continues from) and drops the rest, which a fresh run (``keep_through=0``)
