@@ -29,6 +29,12 @@ def _fmt(value: float | None, spec: str) -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _steps_run(reports) -> str:
+    """How many steps this process ran, and which, when a resume started it past step 1."""
+    first, last = reports[0].step, reports[-1].step
+    return str(len(reports)) if first <= 1 else f"{len(reports)} (steps {first}-{last}, resumed after {first - 1})"
+
+
 def summary_table(reports, cfg: RunConfig) -> str:
     """Throughput, bubbles and reward at start vs end of a run ("n/a" where the mode measures nothing)."""
     if not reports:
@@ -48,7 +54,7 @@ def summary_table(reports, cfg: RunConfig) -> str:
     rows = [
         ("mode", cfg.trainer.mode),
         ("workers (generator + trainer)", workers),
-        ("steps", str(len(m))),
+        ("steps", _steps_run(reports)),
         ("step time (s, after step 1)", _fmt(_mean(steady, "timing/step_s"), ".3f")),
         ("samples_per_worker_s", _fmt(_mean(steady, "perf/samples_per_worker_s"), ".3f")),
         ("generator busy / bubble", pair("generator")),

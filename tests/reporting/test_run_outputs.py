@@ -203,6 +203,28 @@ def test_digen_plot_reads_a_streamed_timeline_when_the_run_was_killed(tmp_path):
     assert [p.name for p in plot_trace_dir(trace)] == ["digen_gantt.png"]
 
 
+def test_digen_plot_draws_a_resumed_runs_whole_history(tmp_path, monkeypatch):
+    """After a resume <mode>_timeline.json holds the last run only; the stream holds every run, which
+    digen plot joins into one time axis (the second run's steps after the first's)."""
+    import verl_digen.schedule.export as export
+
+    trace = tmp_path / "trace"
+    recs = _stale_run().records  # steps 0..2
+    _write_trace_dir(trace, _stale_run(), [_row(s, 0.1 * s, 0.05) for s in (1, 2, 3)])  # the last run's .json
+    lines = [json.dumps({"header": {"mode": "digen", "run_id": "a", "first_step": 0}})]
+    lines += [json.dumps(record_dict(r)) for r in recs if r.step < 2]
+    lines += [json.dumps({"header": {"mode": "digen", "run_id": "b", "first_step": 2}})]
+    lines += [json.dumps(record_dict(r)) for r in recs if r.step == 0]  # its own step 0 is global step 2
+    (trace / "digen_timeline.jsonl").write_text("\n".join(lines) + "\n")
+    drawn = []
+    monkeypatch.setattr(export, "save_gantt_png", lambda timeline, path, **kw: drawn.append(timeline))
+    plot_trace_dir(trace, gantt_steps=None)
+    (timeline,) = drawn
+    assert sorted({r.step for r in timeline.records}) == [0, 1, 2]
+    last_of_first = max(r.end for r in timeline.records if r.step < 2)
+    assert min(r.start for r in timeline.records if r.step == 2) >= last_of_first
+
+
 def test_digen_plot_names_what_is_missing(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
@@ -354,11 +376,15 @@ def test_summary_says_n_a_where_a_mode_measures_nothing():
 
     metrics = {"timing/step_s": 1.0, "perf/samples_per_worker_s": 2.0, "pool/generator_busy": 0.0,
                "pool/generator_bubble": 0.0, "pool/trainer_busy": 0.9, "pool/trainer_bubble": 0.1, "reward/mean": 0.5}
-    reps = [SimpleNamespace(metrics=dict(metrics)) for _ in range(3)]
+    reps = [SimpleNamespace(step=s, metrics=dict(metrics)) for s in (1, 2, 3)]
     text = summary_table(reps, compose(["trainer=colocated"]))
     assert text.count("n/a") == 2 and "0.90 / 0.10" in text and "2 colocated" in text
     row = next(line for line in text.splitlines() if line.startswith("generator busy / bubble"))
     assert row.endswith("n/a")
-    digen = summary_table([SimpleNamespace(metrics={**metrics, "perf/fraction_of_ideal": 0.8}) for _ in range(3)],
-                          compose([]))
+    digen = summary_table([SimpleNamespace(step=s, metrics={**metrics, "perf/fraction_of_ideal": 0.8})
+                           for s in (1, 2, 3)], compose([]))
     assert "n/a" not in digen and "0.00 / 0.00" in digen and "0.80" in digen
+    steps = next(line for line in digen.splitlines() if line.startswith("steps"))
+    assert steps.split()[-1] == "3"
+    resumed = summary_table([SimpleNamespace(step=s, metrics=dict(metrics)) for s in (3, 4)], compose([]))
+    assert "2 (steps 3-4, resumed after 2)" in resumed  # a resumed run says which steps it ran

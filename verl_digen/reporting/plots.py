@@ -92,7 +92,7 @@ def plot_trace_dir(trace_dir: str | Path, out_dir: str | Path | None = None, mod
                    gantt_steps: int | None = 3) -> list[Path]:
     """``<mode>_gantt.png`` and ``<mode>_curves.png`` of each run in ``trace_dir`` (or of ``mode``),
     written to ``out_dir`` (default: ``trace_dir``); the paths written."""
-    from verl_digen.schedule.export import save_gantt_png, timeline_from_file
+    from verl_digen.schedule.export import read_runs, save_gantt_png, timeline_from_file
 
     src = Path(trace_dir)
     if not src.is_dir():
@@ -112,8 +112,11 @@ def plot_trace_dir(trace_dir: str | Path, out_dir: str | Path | None = None, mod
     written: list[Path] = []
     for m in modes:
         timeline_file, metrics_file = src / f"{m}_timeline.json", src / f"{m}_metrics.jsonl"
-        if not timeline_file.exists():  # a run killed before its end leaves only the streamed records
-            timeline_file = src / f"{m}_timeline.jsonl"
+        stream = src / f"{m}_timeline.jsonl"
+        # the streamed records: all a killed run left, and a resumed run's whole history (its .json holds only
+        # the last run)
+        if stream.exists() and (not timeline_file.exists() or len(read_runs(stream)) > 1):
+            timeline_file = stream
         if timeline_file.exists():
             timeline = timeline_from_file(timeline_file)
             if timeline.records:
