@@ -286,6 +286,25 @@ def test_every_unconverted_key_is_named():
     assert sorted(at_default) == ["actor_rollout_ref.rollout.top_k"]  # test_freq is read: validation carries
 
 
+def test_keys_at_verl_omnis_defaults_are_counted_in_one_short_line_and_named_at_debug(tmp_path, monkeypatch, caplog):
+    """verl-omni's few hundred keys at their defaults: one short line counts them (one 8,000-character line
+    listing them buried the notes that change results); the list goes to DEBUG."""
+    import logging
+
+    from verl_digen.integrations.verl_omni import convert
+
+    good = _runnable(tmp_path)
+    good["trainer"]["brand_new_a"] = good["trainer"]["brand_new_b"] = 3  # keys verl-digen does not read
+    monkeypatch.setattr(convert, "verl_omni_defaults", lambda: {"trainer": {"brand_new_a": 3, "brand_new_b": 3}})
+    logged: list[str] = []
+    with caplog.at_level(logging.DEBUG, logger=convert.__name__):
+        vo.to_run_config(OmegaConf.create(good), log=logged.append)
+    (line,) = [line for line in logged if "at their defaults" in line]
+    assert line.startswith("verl-omni -> verl-digen: 2 verl-omni keys at their defaults") and len(line) < 200
+    assert "brand_new_a" not in line and "hydra.verbose=" in line
+    assert "trainer.brand_new_a, trainer.brand_new_b" in caplog.text
+
+
 def test_converted_recipe_validates_and_logs_every_note(tmp_path):
     from verl_digen.config import ConfigError
 
