@@ -471,7 +471,8 @@ BAD_INPUT = {
     "prompts-suffix": (lambda t: [f"data.train_files={_file(t, 'p.csv', b'a cat')}"], "data.train_files",
                        "expected a .txt, .jsonl or .parquet"),
     "batch-huge": (lambda t: ["data.train_batch_size=100000000"], "data.train_batch_size", "GiB of bookkeeping"),
-    "batch-trajectories": (lambda t: ["data.train_batch_size=100000"], "data.train_batch_size", "GiB of latents"),
+    "batch-trajectories": (lambda t: ["data.train_batch_size=100000", "model.latent_size=128"], "data.train_batch_size",
+                           "GiB of latents"),
     "group-huge": (lambda t: ["rollout.n=100000"], "rollout.n", "a group size in [2, 1024]"),
     "sampling-steps-huge": (lambda t: ["rollout.num_steps=1000000"], "rollout.num_steps", "at most 1000 sampling"),
     "latent-huge": (lambda t: ["model.latent_size=1000000"], "model.latent_size", "an even number in [2, 512]"),
@@ -833,3 +834,16 @@ def test_a_dry_run_plans_a_hub_model_this_machine_does_not_hold():
     validate(compose([*over, "trainer.dry_run=true"]))
     with pytest.raises(ConfigError, match="Hugging Face cache"):
         validate(compose(over))
+
+
+def test_a_steps_trajectory_bytes_count_the_models_own_latent_channels():
+    """The trajectories a step holds are priced with the latent channels the model's adapter declares: Wan2.2's
+    VAE has 48 (the others 16), the tiny models 4."""
+    from verl_digen.config import checks
+    from verl_digen.models.spec import TINY_LATENT_CHANNELS
+
+    wan = ["model.arch=wan", "model.path=x/y", "model.latent_size=16", "model.num_frames=9"]
+    wan22 = compose([*wan, "model.arch=wan2_2"])
+    assert (checks.latent_channels(wan22), checks.latent_channels(compose(wan))) == (48, 16)
+    assert checks.latent_channels(compose([])) == TINY_LATENT_CHANNELS
+    assert checks.step_bytes(wan22)[1] == 3 * checks.step_bytes(compose(wan))[1]

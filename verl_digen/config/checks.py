@@ -38,7 +38,6 @@ PATH_ROOM = 64
 #: what the driver keeps per sample of a step (scheduler records, prompt, reward, metrics), measured
 #: generously; with the trajectories (latents of every sampling step, float32) the step-size estimate
 DRIVER_BYTES_PER_SAMPLE = 4096
-LATENT_CHANNELS = 16  # every supported VAE (FLUX, SD3.5, Qwen-Image, Wan2.1, HunyuanVideo)
 
 #: the config a checkpoint records, checked on resume (changed keys are refused unless allowed)
 RESUME_KEYS = (
@@ -135,6 +134,16 @@ def numbers(cfg: Any) -> None:
     _pools(cfg)
 
 
+def latent_channels(cfg: Any) -> int:
+    """Channels of the model's latent, as its adapter declares them: the released VAE's, or the tiny one's."""
+    from verl_digen.models import MODEL_REGISTRY, canonical_arch
+    from verl_digen.models.spec import TINY_LATENT_CHANNELS
+
+    if cfg.model.path is None:
+        return TINY_LATENT_CHANNELS
+    return MODEL_REGISTRY[canonical_arch(cfg.model.arch)].pretrained.latent_channels
+
+
 def step_bytes(cfg: Any) -> tuple[int, int]:
     """(driver bytes, trajectory bytes) one step holds at most, from the config alone: every sample's
     bookkeeping, and every sample's trajectory (the latent after each sampling step, float32) in the
@@ -144,7 +153,7 @@ def step_bytes(cfg: Any) -> tuple[int, int]:
     height = m.latent_size if m.latent_size is not None else 64
     width = m.latent_width if m.latent_width is not None else height
     frames = (m.num_frames - 1) // 4 + 1 if m.num_frames else 1  # the video VAEs' 4x temporal compression
-    per_sample = LATENT_CHANNELS * height * width * frames * (r.num_steps + 1) * 4
+    per_sample = latent_channels(cfg) * height * width * frames * (r.num_steps + 1) * 4
     ahead = 1 + (cfg.digen.tcss.staleness or 0)
     return samples * DRIVER_BYTES_PER_SAMPLE, int(samples * ahead * per_sample)
 

@@ -51,6 +51,8 @@ class PretrainedSpec:
     max_sequence_length: int = 512
     #: guidance enters as an embedding (FLUX.1-dev, HunyuanVideo): one transformer pass, no CFG branch
     guidance_distilled: bool = False
+    #: channels of the VAE's latent (16 for FLUX, SD3.5, Qwen-Image, Wan2.1, HunyuanVideo; Wan2.2's is 48)
+    latent_channels: int = 16
 
 
 @dataclass(frozen=True)

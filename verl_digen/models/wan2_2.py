@@ -46,7 +46,8 @@ class Wan22Model(WanModel):
     arch = "wan2_2"
     aliases = ("wan2.2", "wan22", "wan2.2-ti2v", "wan2.2-ti2v-5b")
     pretrained = PretrainedSpec(
-        "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 704, 1280, 33
+        "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 704, 1280, 33,
+        latent_channels=48,
     )
     tiny = TinySpec(dict(WanModel.tiny.transformer_kwargs), tiny_vae)
 
