@@ -11,8 +11,7 @@ from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.accumulator import StepAccumulator
 from verl_digen.driver.completions import Generated, Receipt, Scored, Stepped, Updated
-from verl_digen.schedule.actions import Action
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, PUBLISH, SCORE, UPDATE, WEIGHT_SYNC
+from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, PUBLISH, SCORE, UPDATE, WEIGHT_SYNC, Action
 from verl_digen.schedule.executor import Completion
 
 N = 2  # samples per prompt

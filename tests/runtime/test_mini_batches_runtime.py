@@ -19,7 +19,7 @@ from verl_digen.algo.tsp import recompute_log_probs, sequential_backward
 from verl_digen.data import PromptDataset
 from verl_digen.rewards import build_reward
 from verl_digen.schedule import check_timeline
-from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
+from verl_digen.schedule.actions import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
 

@@ -9,18 +9,11 @@ import random
 import pytest
 from sched_helpers import random_config, random_costs
 
+from verl_digen.schedule.actions import OPTIMIZER_STEP, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
 from verl_digen.schedule.bounds import step_bounds
 from verl_digen.schedule.colocated import ColocatedScheduler, colocated_costs
 from verl_digen.schedule.config import ScheduleConfig, ScheduleConfigError
-from verl_digen.schedule.costs import (
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    TAG_GENERATE,
-    UPDATE,
-    uniform_stage_costs,
-)
+from verl_digen.schedule.costs import uniform_stage_costs
 from verl_digen.schedule.executor import SimBackend, run
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute

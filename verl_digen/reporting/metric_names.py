@@ -8,7 +8,7 @@ renamed or added metric shows up in the docs check. ``actor/*`` names come from 
 from __future__ import annotations
 
 from verl_digen.algo.tsp import TrainMetrics
-from verl_digen.schedule.costs import (
+from verl_digen.schedule.actions import (
     GENERATE,
     OPTIMIZER_STEP,
     PUBLISH,

@@ -47,6 +47,20 @@ class ActionKind(str, Enum):
         return repr(self.value)
 
 
+# The members under their short names, shared by the scheduler, the timeline, the profiler, the cost model
+# and the driver (import them from here, their home).
+GENERATE = ActionKind.GENERATE
+TAG_GENERATE = ActionKind.TAG_GENERATE
+SCORE = ActionKind.SCORE
+UPDATE = ActionKind.UPDATE
+SWITCH_TO_GEN = ActionKind.SWITCH_TO_GEN
+SWITCH_TO_TRAIN = ActionKind.SWITCH_TO_TRAIN
+OPTIMIZER_STEP = ActionKind.OPTIMIZER_STEP
+PUBLISH = ActionKind.PUBLISH
+WEIGHT_SYNC = ActionKind.WEIGHT_SYNC
+KINDS = tuple(ActionKind)
+
+
 @dataclass(eq=False)
 class Action:
     kind: ActionKind

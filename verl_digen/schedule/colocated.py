@@ -10,19 +10,9 @@ mini-batch, the optimizer step's ``mb`` its index, None for the last, as in verl
 
 from __future__ import annotations
 
-from .actions import Action
+from .actions import GENERATE, OPTIMIZER_STEP, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, UPDATE, Action
 from .config import COLOCATED, ScheduleConfig
-from .costs import (
-    GENERATE,
-    IDEAL,
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    UPDATE,
-    CostModel,
-    StageCosts,
-)
+from .costs import IDEAL, CostModel, StageCosts
 from .timeline import Record, Timeline
 
 PHASES = (SWITCH_TO_GEN, GENERATE, SCORE, SWITCH_TO_TRAIN, UPDATE, OPTIMIZER_STEP)  # a step of one mini-batch

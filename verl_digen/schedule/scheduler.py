@@ -48,9 +48,7 @@ import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from .actions import Action
-from .config import COLOCATED, SEPARATE, ScheduleConfig
-from .costs import (
+from .actions import (
     GENERATE,
     OPTIMIZER_STEP,
     PUBLISH,
@@ -60,8 +58,10 @@ from .costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
-    StageCosts,
+    Action,
 )
+from .config import COLOCATED, SEPARATE, ScheduleConfig
+from .costs import StageCosts
 from .profiler import Profiler
 from .tag_policy import BubbleContext, GeneratorView, SchedulerView, TagPolicy, parse_policy
 from .timeline import TRAINER, Record, Timeline, gen_worker, tag_slot

@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 
-from .actions import ends_step
-from .config import stale_budget
-from .costs import (
+from .actions import (
     GENERATE,
     OPTIMIZER_STEP,
     SCORE,
@@ -24,7 +22,9 @@ from .costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
+    ends_step,
 )
+from .config import stale_budget
 
 TRAINER = "trainer"
 TAG_PREFIX = "tag"
