@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_digen.algo.advantages import STD_ESTIMATORS, STD_SCOPES
 from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
-from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
-from verl_digen.algo.selection import SELECTION_KINDS
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import (
@@ -28,6 +25,7 @@ from verl_digen.config.schema import (
     RunConfig,
     checked_schedule_config,
 )
+from verl_digen.defaults import LOG_PROB_KINDS, SDE_KINDS, SELECTION_KINDS, STD_ESTIMATORS, STD_SCOPES
 from verl_digen.dtypes import PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
