@@ -61,7 +61,7 @@ def predicted_step(cfg: RunConfig, profile_path: str) -> float:
     model, _ = load(profile_path)
     sched_cfg = cfg.schedule_config(steps=cfg.trainer.total_steps)
     sim = simulate(sched_cfg, model)
-    ends = sorted({r.end for r in sim.timeline.records if ends_step(r.kind, r.mb)})
+    ends = sorted({r.end for r in sim.timeline.records if ends_step(r.kind, r.mini_batch)})
     return statistics.median(b - a for a, b in zip(ends, ends[1:], strict=False))
 
 

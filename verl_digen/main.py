@@ -97,8 +97,6 @@ def _stopped_line(reason: str, checkpoint: str | None) -> str:
 
 @hydra.main(config_path="config", config_name="digen", version_base=None)
 def _hydra_main(raw: DictConfig) -> None:
-    from verl_digen.driver.runtime import RunStopped
-
     try:
         cfg = resolve_auto(load(raw))  # digen.plan=auto: the planner's configuration for this job
         warnings = validate(cfg)
@@ -114,6 +112,8 @@ def _hydra_main(raw: DictConfig) -> None:
     if done is not None:  # before Ray and the workers start (about 90 s on a cluster)
         print(done)
         return
+    from verl_digen.driver.runtime import RunStopped  # torch, Ray and verl: a dry run needs none of them
+
     try:
         run(cfg)
     except ConfigError as err:  # e.g. pools that the Ray cluster cannot place

@@ -11,8 +11,7 @@ from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.accumulator import StepAccumulator
 from verl_digen.driver.completions import Generated, Receipt, Scored, Stepped, Updated
-from verl_digen.schedule.actions import Action
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, PUBLISH, SCORE, UPDATE, WEIGHT_SYNC
+from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, PUBLISH, SCORE, UPDATE, WEIGHT_SYNC, Action
 from verl_digen.schedule.executor import Completion
 
 N = 2  # samples per prompt
@@ -115,9 +114,9 @@ def test_a_step_of_several_mini_batches_is_reported_at_its_last_optimizer_step()
     report has the mean gradient norm (verl's mean over mini-batches) and is skipped if any step was."""
     acc = StepAccumulator(N, AdvantageConfig())
     acc.add(_scored(0, [(0, 0, 1.0), (0, 1, 2.0)]))
-    mid = Completion(Action(OPTIMIZER_STEP, ("trainer",), 0, 0, mb=0), 1.0, Stepped(grad_norm=1.0))
+    mid = Completion(Action(OPTIMIZER_STEP, ("trainer",), 0, 0, mini_batch=0), 1.0, Stepped(grad_norm=1.0))
     assert acc.add(mid) is None
-    assert acc.add(Completion(Action(OPTIMIZER_STEP, ("trainer",), 0, 0, mb=1), 1.5,
+    assert acc.add(Completion(Action(OPTIMIZER_STEP, ("trainer",), 0, 0, mini_batch=1), 1.5,
                               Stepped(grad_norm=2.0, skipped=True, nonfinite="loss"))) is None
     done = acc.add(_stepped(0, grad_norm=6.0))
     assert done is not None and done.optimizer_steps == 3

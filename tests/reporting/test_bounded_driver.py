@@ -11,7 +11,8 @@ from verl_digen.reporting.progress import Recent, forget_read
 from verl_digen.reporting.step_reports import StepReport, StepReports
 from verl_digen.reporting.trace_stream import RecordStream, restore_segments
 from verl_digen.schedule import StepScheduler, check_timeline
-from verl_digen.schedule.costs import OPTIMIZER_STEP, StageCosts
+from verl_digen.schedule.actions import OPTIMIZER_STEP
+from verl_digen.schedule.costs import StageCosts
 from verl_digen.schedule.executor import SimBackend, run
 
 COSTS = StageCosts(generate=0.2, tag_generate=0.25, score=0.02, update=0.3, switch_to_gen=0.05,

@@ -4,7 +4,7 @@ import pytest
 
 from verl_digen.config import compose
 from verl_digen.reporting.metrics import measured_profile
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
+from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 BASE = ["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",

@@ -14,7 +14,8 @@ from verl_digen.config import compose
 from verl_digen.reporting import run_log
 from verl_digen.reporting.plots import PANELS, curve_panels, plot_trace_dir, save_curves_png
 from verl_digen.reporting.progress import Progress
-from verl_digen.schedule import costs, presets
+from verl_digen.schedule import presets
+from verl_digen.schedule.actions import GENERATE, TAG_GENERATE, UPDATE, ActionKind
 from verl_digen.schedule.config import ScheduleConfig
 from verl_digen.schedule.export import (
     COLORS,
@@ -129,8 +130,7 @@ def test_curves_png_is_written_and_an_empty_run_is_refused(tmp_path):
 
 # ------------------------------------------------------------------------------------------ Gantt
 def test_every_action_kind_has_its_own_colour():
-    kinds = [costs.GENERATE, costs.TAG_GENERATE, costs.SCORE, costs.UPDATE, costs.SWITCH_TO_GEN,
-             costs.SWITCH_TO_TRAIN, costs.OPTIMIZER_STEP, costs.PUBLISH, costs.WEIGHT_SYNC]
+    kinds = list(ActionKind)
     assert set(kinds) <= set(COLORS)
     assert len({COLORS[k].lower() for k in kinds}) == len(kinds)
 
@@ -141,13 +141,13 @@ def test_gantt_legend_names_stale_work_and_step_ends_only_when_there_are_any():
     labels = [label for label, _, _ in gantt_legend(timeline)]
     assert STALE_LABEL in labels and STEP_LABEL in labels
     fresh = Timeline(["gen0", "trainer"], 1, 1, records=[
-        Record("gen0", costs.GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", costs.UPDATE, 0, 0, 0, 1.0, 2.0)])
-    assert [label for label, _, _ in gantt_legend(fresh)] == [costs.GENERATE, costs.UPDATE]  # no step ended
+        Record("gen0", GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", UPDATE, 0, 0, 0, 1.0, 2.0)])
+    assert [label for label, _, _ in gantt_legend(fresh)] == [GENERATE, UPDATE]  # no step ended
 
 
 def test_gantt_shows_a_tag_slot_only_when_it_generated():
-    recs = [Record("gen0", costs.GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", costs.UPDATE, 0, 0, 0, 1.0, 2.0),
-            Record("tag1", costs.TAG_GENERATE, 0, 1, 0, 1.0, 2.0)]
+    recs = [Record("gen0", GENERATE, 0, 0, 0, 0.0, 1.0), Record("trainer", UPDATE, 0, 0, 0, 1.0, 2.0),
+            Record("tag1", TAG_GENERATE, 0, 1, 0, 1.0, 2.0)]
     timeline = Timeline(["gen0", "trainer", "tag0", "tag1"], 1, 1, records=recs)
     assert gantt_rows(timeline, recs) == ["gen0", "trainer", "tag1"]
     fig = gantt_figure(timeline)

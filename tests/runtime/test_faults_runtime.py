@@ -13,7 +13,7 @@ from runtime_helpers import compose_run
 from verl_digen.driver.ray_backend import RayBackend
 from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting.trace_stream import read_stream
-from verl_digen.schedule.costs import GENERATE, SCORE, UPDATE
+from verl_digen.schedule.actions import GENERATE, SCORE, UPDATE
 
 pytestmark = pytest.mark.ray
 

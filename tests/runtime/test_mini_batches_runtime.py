@@ -19,7 +19,7 @@ from verl_digen.algo.tsp import recompute_log_probs, sequential_backward
 from verl_digen.data import PromptDataset
 from verl_digen.rewards import build_reward
 from verl_digen.schedule import check_timeline
-from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
+from verl_digen.schedule.actions import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
 
@@ -86,7 +86,7 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
     assert _gap(one_step, ref) > 1e-6
     check_timeline(res_d.timeline)
     recs = res_d.timeline.records
-    assert [(r.step, r.mb) for r in recs if r.kind == OPTIMIZER_STEP] == [(0, 0), (0, None), (1, 0), (1, None)]
+    assert [(r.step, r.mini_batch) for r in recs if r.kind == OPTIMIZER_STEP] == [(0, 0), (0, None), (1, 0), (1, None)]
     assert [r for r in recs if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
     assert [(r.step, r.mb, r.count) for r in recs if r.kind == UPDATE] == [(0, 0, 4), (0, 4, 4), (1, 0, 4), (1, 4, 4)]
     for m in (r.metrics for r in res_d.reports):
@@ -95,9 +95,9 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
         if recompute == "true":  # against the step's weights, which generated the rows (float64: the same numbers)
             assert m["actor/rollout_logprob_diff_max"] < 1e-9
         assert "actor/grad_norm" in m
-    colocated_kinds = [(r.kind, r.mb, r.samples) for r in res_c.timeline.records
+    colocated_kinds = [(r.kind, r.mini_batch, r.samples) for r in res_c.timeline.records
                        if r.worker == "col0" and r.kind in (UPDATE, OPTIMIZER_STEP) and r.step == 0]
-    assert colocated_kinds == [(UPDATE, 0, 4), (OPTIMIZER_STEP, 0, 0), (UPDATE, 0, 4), (OPTIMIZER_STEP, None, 0)]
+    assert colocated_kinds == [(UPDATE, None, 4), (OPTIMIZER_STEP, 0, 0), (UPDATE, None, 4), (OPTIMIZER_STEP, None, 0)]
 
 
 def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session, tmp_path):
@@ -105,7 +105,7 @@ def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session
     _, unset = train(compose_run(*base, tmp_path=tmp_path / "a"))
     res, whole = train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
     assert unset.keys() == whole.keys() and all(torch.equal(unset[k], whole[k]) for k in unset)
-    assert [r.mb for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
+    assert [r.mini_batch for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
 
 
 def test_mini_batches_under_tcss_keep_one_version_per_trajectory_and_the_bound(ray_session, tmp_path):

@@ -18,7 +18,7 @@ from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting.metric_names import step_names
 from verl_digen.reporting.progress import Recent, forget_read
 from verl_digen.schedule import TimelineError, check_timeline, ledger
-from verl_digen.schedule.costs import OPTIMIZER_STEP, TAG_GENERATE
+from verl_digen.schedule.actions import OPTIMIZER_STEP, TAG_GENERATE
 from verl_digen.schedule.profile_io import load_profile
 from verl_digen.schedule.timeline import Record
 from verl_digen.workers import actor_memory

@@ -18,6 +18,7 @@ import random
 import pytest
 from sched_helpers import random_config, random_costs
 
+from verl_digen.schedule.actions import ends_step
 from verl_digen.schedule.config import ScheduleConfigError
 from verl_digen.schedule.executor import SimBackend
 from verl_digen.schedule.scheduler import StepScheduler
@@ -59,7 +60,7 @@ def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float
         finished, now = backend.wait()
         for a, end in ((c.action, c.end) for c in finished):
             sched.on_complete(a, end)
-            if a.kind == "optimizer_step" and a.mb is None:  # not a mini-batch's: the step's last
+            if a.ends_step:  # not a mini-batch's: the step's last
                 return end
         return act(sched, backend, now)
 
@@ -100,7 +101,7 @@ def _bts_step_end(cfg, costs, G: int, R: int, predicted: list | None = None) -> 
     tl = execute(sched, costs)
     if predicted is not None:
         predicted.extend(d.predicted_end for d in sched.decisions)
-    return next(r.end for r in tl.records if r.kind == "optimizer_step" and r.mb is None)
+    return next(r.end for r in tl.records if ends_step(r.kind, r.mini_batch))
 
 
 # instances of ``_instances(40, seed)`` where BTS lost before it decided again at every event (old

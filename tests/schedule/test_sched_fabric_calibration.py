@@ -5,18 +5,9 @@ from __future__ import annotations
 import pytest
 
 from verl_digen.schedule import calibration, presets
+from verl_digen.schedule.actions import GENERATE, SWITCH_TO_GEN, UPDATE
 from verl_digen.schedule.config import COLOCATED, ScheduleConfig
-from verl_digen.schedule.costs import (
-    GENERATE,
-    SWITCH_TO_GEN,
-    UPDATE,
-    Affine,
-    BaselineCosts,
-    CostModel,
-    Hardware,
-    Pool,
-    trained_steps,
-)
+from verl_digen.schedule.costs import Affine, BaselineCosts, CostModel, Hardware, Pool, trained_steps
 from verl_digen.schedule.fabric import Fabric
 from verl_digen.schedule.gap import spread_mb_size
 from verl_digen.schedule.simulator import simulate

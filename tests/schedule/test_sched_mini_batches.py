@@ -9,22 +9,15 @@ import random
 import pytest
 from sched_helpers import random_config, random_costs
 
+from verl_digen.schedule.actions import OPTIMIZER_STEP, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
 from verl_digen.schedule.bounds import step_bounds
 from verl_digen.schedule.colocated import ColocatedScheduler, colocated_costs
 from verl_digen.schedule.config import ScheduleConfig, ScheduleConfigError
-from verl_digen.schedule.costs import (
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    TAG_GENERATE,
-    UPDATE,
-    uniform_stage_costs,
-)
+from verl_digen.schedule.costs import uniform_stage_costs
 from verl_digen.schedule.executor import SimBackend, run
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
-from verl_digen.schedule.timeline import TRAINER, TimelineError, check_timeline
+from verl_digen.schedule.timeline import TRAINER, TimelineError, check_timeline, record_dict, record_of
 
 POLICIES = ["never", "static:2", "adaptive", "bts"]
 
@@ -80,7 +73,7 @@ def test_tag_stops_at_the_first_mini_batch_step_and_later_updates_wait_for_it():
     cfg, tl = _tagged_run()
     check_timeline(tl)
     for s in range(cfg.steps):
-        first = next(r for r in tl.records if r.kind == OPTIMIZER_STEP and r.step == s and r.mb == 0)
+        first = next(r for r in tl.records if r.kind == OPTIMIZER_STEP and r.step == s and r.mini_batch == 0)
         tags = [r for r in tl.records if r.kind == TAG_GENERATE and r.step == s]
         assert tags and all(r.start < first.end for r in tags)
         later = [r for r in tl.records if r.kind == UPDATE and r.step == s and r.mb >= cfg.mini_batch_mbs]
@@ -90,7 +83,7 @@ def test_tag_stops_at_the_first_mini_batch_step_and_later_updates_wait_for_it():
 def test_check_timeline_names_a_mini_batch_out_of_order_and_a_late_tag():
     _, tl = _tagged_run()
     good = list(tl.records)
-    first = next(r for r in good if r.kind == OPTIMIZER_STEP and r.step == 0 and r.mb == 0)
+    first = next(r for r in good if r.kind == OPTIMIZER_STEP and r.step == 0 and r.mini_batch == 0)
     # mini-batch 0's optimizer step moved after everything: mini-batch 1 then trains before it
     moved_step = dataclasses.replace(first, start=1e6, end=1e6 + 1)
     tl.records = [moved_step if r is first else r for r in good]
@@ -115,8 +108,10 @@ def test_separate_mode_trains_each_mini_batch_after_the_whole_batch_is_scored():
     tl = execute(sched, costs)
     check_timeline(tl)
     last_score = max(r.end for r in tl.records if r.kind == SCORE)
-    trainer = [(r.kind, r.mb, r.count) for r in sorted(tl.records, key=lambda r: r.start) if r.worker == TRAINER]
-    assert trainer == [(UPDATE, 0, 2), (OPTIMIZER_STEP, 0, 1), (UPDATE, 2, 2), (OPTIMIZER_STEP, None, 1)]
+    trainer = [(r.kind, r.mb, r.mini_batch, r.count) for r in sorted(tl.records, key=lambda r: r.start)
+               if r.worker == TRAINER]
+    assert trainer == [(UPDATE, 0, None, 2), (OPTIMIZER_STEP, None, 0, 1), (UPDATE, 2, None, 2),
+                       (OPTIMIZER_STEP, None, None, 1)]
     assert min(r.start for r in tl.records if r.kind == UPDATE) >= last_score
 
 
@@ -129,9 +124,11 @@ def test_colocated_trains_and_steps_per_mini_batch():
     two = colocated_costs(model, cfg.batch, mini_batches=2)
     assert two.update == pytest.approx(one.update / 2)
     tl = run(ColocatedScheduler(cfg, ["w0"]), SimBackend(two))
-    phases = [(r.kind, r.mb, r.samples) for r in tl.records]
-    assert phases[:4] == [(SWITCH_TO_GEN, None, 0), ("generate", 0, 8), (SCORE, 0, 8), (SWITCH_TO_TRAIN, None, 0)]
-    assert phases[4:] == [(UPDATE, 0, 4), (OPTIMIZER_STEP, 0, 0), (UPDATE, 0, 4), (OPTIMIZER_STEP, None, 0)]
+    phases = [(r.kind, r.mb, r.mini_batch, r.samples) for r in tl.records]
+    assert phases[:4] == [(SWITCH_TO_GEN, None, None, 0), ("generate", 0, None, 8), (SCORE, 0, None, 8),
+                          (SWITCH_TO_TRAIN, None, None, 0)]
+    assert phases[4:] == [(UPDATE, 0, None, 4), (OPTIMIZER_STEP, None, 0, 0), (UPDATE, 0, None, 4),
+                          (OPTIMIZER_STEP, None, None, 0)]
     assert tl.step_ends() == [tl.records[-1].end]
 
 
@@ -149,3 +146,17 @@ def test_mini_batches_must_hold_whole_updates():
     cfg = ScheduleConfig(prompts=4, group_size=2, mb_size=1, mini_batches=2, update_units=4)
     with pytest.raises(ScheduleConfigError, match="do not hold whole updates of 8"):
         cfg.check_update_units(1)
+
+
+def test_a_mini_batch_optimizer_step_names_its_mini_batch_not_a_micro_batch():
+    """``mb`` is a micro-batch, ``mini_batch`` a mini-batch's optimizer step: one meaning each, in the actions,
+    the records and the timeline files; a file of earlier versions (the index in ``mb``) reads back the same."""
+    _, tl = _tagged_run()
+    opts = [r for r in tl.records if r.kind == OPTIMIZER_STEP and r.step == 0]
+    assert [(r.mb, r.mini_batch) for r in opts] == [(None, 0), (None, None)]
+    assert {r.mini_batch for r in tl.records if r.kind != OPTIMIZER_STEP} == {None}
+    first = opts[0]
+    assert record_of(record_dict(first)) == first
+    old = {k: v for k, v in record_dict(first).items() if k != "mini_batch"} | {"mb": 0}
+    assert record_of(old) == first
+    assert tl.step_ends() == sorted(r.end for r in tl.records if r.kind == OPTIMIZER_STEP and r.mini_batch is None)

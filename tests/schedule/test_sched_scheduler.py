@@ -205,7 +205,7 @@ def _view_from_log(sched: StepScheduler, launched: list[Action], completed: list
     far and the TAG decisions taken (an oracle independent of the scheduler's own bookkeeping)."""
     from collections import Counter
 
-    from verl_digen.schedule.costs import (
+    from verl_digen.schedule.actions import (
         GENERATE,
         OPTIMIZER_STEP,
         PUBLISH,

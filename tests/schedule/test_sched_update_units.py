@@ -7,8 +7,9 @@ import random
 import pytest
 from sched_helpers import random_costs
 
+from verl_digen.schedule.actions import UPDATE
 from verl_digen.schedule.config import ScheduleConfig, ScheduleConfigError
-from verl_digen.schedule.costs import UPDATE, uniform_stage_costs
+from verl_digen.schedule.costs import uniform_stage_costs
 from verl_digen.schedule.scheduler import StepScheduler
 from verl_digen.schedule.simulator import execute
 

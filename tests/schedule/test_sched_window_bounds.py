@@ -6,9 +6,10 @@ import random
 
 import pytest
 
+from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
 from verl_digen.schedule.bounds import step_bounds, step_stage_costs, window_bounds
 from verl_digen.schedule.config import ScheduleConfig
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE, StageCosts
+from verl_digen.schedule.costs import StageCosts
 from verl_digen.schedule.policies import parse_policy
 from verl_digen.schedule.profiler import Profiler
 from verl_digen.schedule.scheduler import StepScheduler

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 import torch
 
-STD_SCOPES = ("group", "batch")
-STD_ESTIMATORS = ("population", "unbiased")
+from verl_digen.defaults import STD_ESTIMATORS, STD_SCOPES
+
 MULTI_REWARD_MODES = ("sum_then_normalize", "normalize_then_sum")
 
 

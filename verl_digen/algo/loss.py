@@ -11,9 +11,8 @@ from dataclasses import dataclass
 
 import torch
 
-#: the default clip range of the importance ratio: verl's PPO default, which a run's ``actor.clip_ratio``
-#: also starts from (Flow-GRPO and verl-omni's diffusion actor use 1e-4; the converter carries theirs)
-CLIP_RANGE = 0.2
+from verl_digen.defaults import CLIP_RANGE
+
 #: the per-row surrogate (verl-omni's ``diffusion_loss.loss_mode`` names): the PPO clip (``flow_grpo``, also
 #: DanceGRPO's and CPS's), GRPO-Guard's normalized-ratio clip (algo/grpo_guard.py), Flow-DPPO's KL mask
 #: (algo/flow_dppo.py). The last two also read the old policy's transition mean (``needs_old_mean``).

@@ -32,9 +32,8 @@ from dataclasses import dataclass
 
 import torch
 
-SDE_KINDS = ("flow_grpo", "dance_grpo", "cps", "ode")
-#: how a transition's log-prob is computed: the Gaussian log-density, or flow_grpo/verl-omni's CPS form
-LOG_PROB_KINDS = ("gaussian", "squared_error")
+from verl_digen.defaults import LOG_PROB_KINDS, SDE_KINDS
+
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
 

@@ -18,9 +18,8 @@ from dataclasses import dataclass
 import torch
 
 from verl_digen.algo.seeding import sample_generator, sample_seed
+from verl_digen.defaults import SELECTION_KINDS
 from verl_digen.schedule.costs import trained_steps
-
-SELECTION_KINDS = ("first_k", "random_k", "window")
 
 
 @dataclass(frozen=True)

@@ -20,7 +20,6 @@ from typing import Any
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import get_key
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.workers import checkpoint as ckpt
 
 #: absolute upper bound of one pool (a typo guard: 1000 workers spawned ~100 processes before failing)
 MAX_POOL_WORKERS = 4096
@@ -293,6 +292,8 @@ def resolve_resume(cfg: Any) -> str | None:
     checkpoint under ``trainer.default_local_dir`` (None: a fresh start)."""
     rf = cfg.trainer.resume_from
     if rf == "auto":
+        from verl_digen.workers import checkpoint as ckpt  # torch: only where a checkpoint is read
+
         found = ckpt.latest(cfg.trainer.default_local_dir)
         return str(found) if found is not None else None
     return rf
@@ -320,6 +321,8 @@ def _same(a: Any, b: Any) -> bool:
 def check_resume(cfg: Any, path: str) -> list[str]:
     """The checkpoint at ``path`` must be complete and recorded with this config: a changed key is an
     error unless listed in ``trainer.resume_allow_changes`` (then a warning). Returns warnings."""
+    from verl_digen.workers import checkpoint as ckpt  # torch: only where a checkpoint is read
+
     why = ckpt.problem(path)
     if why is not None:
         raise ConfigError("trainer.resume_from", cfg.trainer.resume_from,
@@ -353,6 +356,8 @@ def check_resume(cfg: Any, path: str) -> list[str]:
 def finished(cfg: Any) -> str | None:
     """What to say instead of starting Ray when the checkpoint being resumed is already at
     ``trainer.total_steps`` (None: there are steps to run)."""
+    from verl_digen.workers import checkpoint as ckpt  # torch: only where a checkpoint is read
+
     path = resolve_resume(cfg)
     if path is None or ckpt.problem(path) is not None:
         return None
@@ -497,6 +502,8 @@ def files_and_resume(cfg: Any) -> list[str]:
     if source is not None:
         warnings += check_resume(cfg, source)
     if saves:
+        from verl_digen.workers import checkpoint as ckpt  # torch: only where a checkpoint is read
+
         start = (ckpt.step_of(source) or 0) if source is not None else 0
         # a folder of a step this run may save (every step may be saved when a signal stops the run)
         foreign = [(d, why) for d, why in ckpt.foreign_step_dirs(t.default_local_dir)

@@ -40,7 +40,6 @@ from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import RunConfig, behaviour_forward, get_key, master_dtype
 from verl_digen.dtypes import BYTES, PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN
-from verl_digen.workers.config import SYNC_PACK_MB
 
 ACT_VALUES_PER_TOKEN = 17  # per hidden unit per block, without checkpointing
 GEN_VALUES_PER_TOKEN = 10  # live while generating: residual, its norm, the MLP's 4h input and 4h activation
@@ -414,6 +413,8 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         # buckets until the next publish; a generator receives large tensors in place and stages two packed
         # buckets of the small ones (whatever R), or the whole payload until it verifies
         # (digen.sync.verify_payload); a relaying generator packs two as well
+        from verl_digen.workers.config import SYNC_PACK_MB  # torch: only for the collective sync's plan
+
         moved = trainable * model_b if lora else n * model_b
         packed = min(cfg.digen.sync.bucket_mb, SYNC_PACK_MB) * 2 ** 20
         trainer.parts["sync staging"] = moved / ranks

@@ -9,23 +9,24 @@ import difflib
 import os
 import sys
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError
 
-from verl_digen.algo.advantages import AdvantageConfig
 from verl_digen.algo.algorithms import ALGORITHMS, loss_mode
-from verl_digen.algo.loss import CLIP_RANGE, LossConfig
-from verl_digen.algo.selection import StepSelection
 from verl_digen.config.errors import ConfigError
+from verl_digen.defaults import CLIP_RANGE, DEFAULT_LEARNABLE_REWARD, NUM_STEPS, TRAIN_STEPS
 from verl_digen.dtypes import BYTES
 from verl_digen.reporting.run_log import LOG_FORMATS
-from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
-from verl_digen.rollout.sampler import NUM_STEPS, TRAIN_STEPS, SamplerConfig
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfigError
-from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
+
+if TYPE_CHECKING:  # the resolved configs live beside the torch code that reads them: imported where built
+    from verl_digen.algo.advantages import AdvantageConfig
+    from verl_digen.algo.selection import StepSelection
+    from verl_digen.rollout.sampler import SamplerConfig
+    from verl_digen.workers.config import WorkerConfig
 
 ROLLOUT_BACKENDS = ("diffusers", "vllm")
 RECOMPUTE_CHOICES = ("auto", "true", "false")
@@ -270,6 +271,8 @@ class RunConfig:
         return self.resources.generator.workers + self.resources.trainer.workers
 
     def step_selection(self) -> StepSelection:
+        from verl_digen.algo.selection import StepSelection
+
         r = self.rollout
         return StepSelection(r.selection, k=None if r.timestep_fraction is not None else r.train_steps,
                              timestep_fraction=r.timestep_fraction, window_start=r.window_start,
@@ -282,6 +285,8 @@ class RunConfig:
         return algo.sde if algo is not None and algo.sde is not None else self.rollout.sde_type
 
     def sampler(self) -> SamplerConfig:
+        from verl_digen.rollout.sampler import SamplerConfig
+
         r = self.rollout
         sde = self.sde_type()
         return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=sde, eta=r.noise_level,
@@ -305,8 +310,10 @@ class RunConfig:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
+        from verl_digen.algo.loss import LossConfig
         from verl_digen.rewards.custom import with_custom_reward, with_served
         from verl_digen.rewards.functions import functions_spec
+        from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
         files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
@@ -344,6 +351,8 @@ class RunConfig:
         )
 
     def advantage(self) -> AdvantageConfig:
+        from verl_digen.algo.advantages import AdvantageConfig
+
         g = self.algorithm
         return AdvantageConfig(std_scope=g.adv_std, std_estimator=g.std_estimator, eps=g.adv_eps, clip=g.adv_clip,
                                drop_zero_groups=g.drop_zero_groups, keep_extremes=g.keep_extremes)

@@ -13,7 +13,7 @@ import os
 from typing import Any
 
 from verl_digen.config.errors import ConfigError
-from verl_digen.rewards.registry import DEFAULT_LEARNABLE_REWARD
+from verl_digen.defaults import DEFAULT_LEARNABLE_REWARD
 
 
 def data(cfg: Any) -> list[str]:

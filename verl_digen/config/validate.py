@@ -11,10 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_digen.algo.advantages import STD_ESTIMATORS, STD_SCOPES
 from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
-from verl_digen.algo.sde import LOG_PROB_KINDS, SDE_KINDS
-from verl_digen.algo.selection import SELECTION_KINDS
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import (
@@ -28,6 +25,7 @@ from verl_digen.config.schema import (
     RunConfig,
     checked_schedule_config,
 )
+from verl_digen.defaults import LOG_PROB_KINDS, SDE_KINDS, SELECTION_KINDS, STD_ESTIMATORS, STD_SCOPES
 from verl_digen.dtypes import PRECISIONS
 from verl_digen.schedule.config import COLOCATED, DIGEN, MODES
 from verl_digen.schedule.tag_policy import UnknownTagPolicy, parse_policy, tag_policy_usage
@@ -77,8 +75,6 @@ def _check_vllm(cfg: RunConfig) -> None:
     from verl_digen.rollout.omni.request import DIGEN_PIPELINES, VERL_OMNI_SDE_TYPES
 
     r = cfg.rollout
-    if not isinstance(r.vllm_compile, bool):
-        raise ConfigError("rollout.vllm_compile", r.vllm_compile, "true or false")
     f = r.vllm_memory_fraction
     if isinstance(f, bool) or not isinstance(f, (int, float)) or not 0.0 < f <= 1.0:
         raise ConfigError("rollout.vllm_memory_fraction", f, "a fraction of the GPU in (0, 1]")
@@ -188,11 +184,7 @@ def validate(cfg: RunConfig) -> list[str]:
     _check_algorithm(cfg)
     _choice("rollout.cps_log_prob", r.cps_log_prob, LOG_PROB_KINDS)
     _choice("rollout.selection", r.selection, SELECTION_KINDS)
-    if not (isinstance(r.noise_level, (int, float)) and r.noise_level > 0):
-        raise ConfigError("rollout.noise_level", r.noise_level, "a number > 0 (training needs stochastic steps)")
     _positive("rollout.num_steps", r.num_steps)
-    if not (isinstance(r.guidance_scale, (int, float)) and r.guidance_scale >= 1):
-        raise ConfigError("rollout.guidance_scale", r.guidance_scale, "a number >= 1 (1 = no guidance)")
     _choice("rollout.backend", r.backend, ROLLOUT_BACKENDS)
     if r.backend == "vllm":
         _check_vllm(cfg)
@@ -223,19 +215,11 @@ def validate(cfg: RunConfig) -> list[str]:
             and 1 <= d.sync.bucket_mb <= MAX_BUCKET_MB):
         raise ConfigError("digen.sync.bucket_mb", d.sync.bucket_mb,
                           f"an integer number of MiB in [1, {MAX_BUCKET_MB}] (the collective sync's bucket size)")
-    if not isinstance(d.sync.verify_payload, bool):
-        raise ConfigError("digen.sync.verify_payload", d.sync.verify_payload, "true or false")
     _choice("algorithm.adv_std", cfg.algorithm.adv_std, STD_SCOPES)
     _choice("algorithm.std_estimator", cfg.algorithm.std_estimator, STD_ESTIMATORS)
     if cfg.algorithm.adv_std == "batch" and t.mode == DIGEN:
         raise ConfigError("algorithm.adv_std", "batch",
                           "'group' with trainer=digen (batch-wide std needs the whole batch before any update)")
-    if cfg.actor.lr <= 0:
-        raise ConfigError("actor.lr", cfg.actor.lr, "a number > 0")
-    if cfg.actor.clip_ratio <= 0:
-        raise ConfigError("actor.clip_ratio", cfg.actor.clip_ratio, "a number > 0")
-    if cfg.actor.kl_coef < 0:
-        raise ConfigError("actor.kl_coef", cfg.actor.kl_coef, "a number >= 0")
     mini = cfg.actor.ppo_mini_batch_size
     if mini is not None and (isinstance(mini, bool) or not 1 <= mini <= cfg.data.train_batch_size
                              or cfg.data.train_batch_size % mini):

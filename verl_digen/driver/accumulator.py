@@ -18,7 +18,7 @@ from verl_digen.algo.advantages import AdvantageConfig, group_advantages
 from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.completions import Receipt, Scored, Stepped, Updated
 from verl_digen.reporting import metric_names as names
-from verl_digen.schedule.costs import PUBLISH, WEIGHT_SYNC
+from verl_digen.schedule.actions import PUBLISH, WEIGHT_SYNC
 from verl_digen.schedule.executor import Completion
 
 

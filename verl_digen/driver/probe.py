@@ -12,7 +12,7 @@ from verl.single_controller.ray.base import RayWorkerGroup
 
 from verl_digen.config import RunConfig
 from verl_digen.driver.ray_backend import WORKER_METHODS, Rows
-from verl_digen.schedule.costs import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
+from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
 
 
 def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, rows_of: Rows, step: int,

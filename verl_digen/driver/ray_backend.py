@@ -32,8 +32,7 @@ from verl_digen.algo.tsp import TrainMetrics
 from verl_digen.driver.completions import Generated, Receipt, Scored, Stepped, Updated
 from verl_digen.driver.faults import FaultPolicy, GeneratorState, await_restarted, is_worker_death
 from verl_digen.schedule import ledger
-from verl_digen.schedule.actions import Action
-from verl_digen.schedule.costs import (
+from verl_digen.schedule.actions import (
     GENERATE,
     OPTIMIZER_STEP,
     PUBLISH,
@@ -43,6 +42,7 @@ from verl_digen.schedule.costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
+    Action,
 )
 from verl_digen.schedule.executor import Completion
 from verl_digen.schedule.timeline import gen_worker, tag_slot

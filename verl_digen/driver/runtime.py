@@ -60,9 +60,9 @@ from verl_digen.reporting.progress import Progress, Recent, forget_read
 from verl_digen.reporting.step_reports import StepReport, StepReports
 from verl_digen.reporting.trace_stream import RecordStream, restore_segments
 from verl_digen.schedule import ScheduleConfig, StepScheduler
+from verl_digen.schedule.actions import SWITCH_TO_GEN, SWITCH_TO_TRAIN
 from verl_digen.schedule.colocated import ColocatedScheduler
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import SWITCH_TO_GEN, SWITCH_TO_TRAIN
 from verl_digen.schedule.executor import Completion, run
 from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.profile_io import dump_profile
@@ -621,15 +621,3 @@ class DigenRuntime:
             raise RunStopped(f"stopped at step {step}: non-finite {what} in {self._bad_streak} consecutive step(s) "
                              f"(trainer.on_nonfinite={t.on_nonfinite}, trainer.max_nonfinite_steps="
                              f"{t.max_nonfinite_steps})", 3, self.last_checkpoint)
-
-
-def __getattr__(name: str):
-    """``DigenTrainer``: the runtime's name before 0.2, kept as a deprecated alias until 0.3 ("trainer"
-    names the trainer pool only, besides the ``trainer=<mode>`` config group and the ``trainer.*`` keys)."""
-    if name == "DigenTrainer":
-        import warnings
-
-        warnings.warn("DigenTrainer is now DigenRuntime (verl_digen.driver.runtime); the old name is removed in "
-                      "verl-digen 0.3", DeprecationWarning, stacklevel=2)
-        return DigenRuntime
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -7,8 +7,7 @@ renamed or added metric shows up in the docs check. ``actor/*`` names come from 
 
 from __future__ import annotations
 
-from verl_digen.algo.tsp import TrainMetrics
-from verl_digen.schedule.costs import (
+from verl_digen.schedule.actions import (
     GENERATE,
     OPTIMIZER_STEP,
     PUBLISH,
@@ -70,6 +69,8 @@ def val_component_mean(reward: str) -> str:
 def actor_names() -> set[str]:
     """The ``actor/*`` names of a step report: ``TrainMetrics.summary`` keys (the stale / fresh split
     only in steps with such rows, the rollout log-prob gap only with the recompute) and the gradient norm."""
+    from verl_digen.algo.tsp import TrainMetrics  # torch: the config reads these names without it
+
     summary = TrainMetrics(stale_rows=1, fresh_rows=1, rollout_diff_rows=1).summary()
     return {actor(k) for k in summary if k != "rows"} | {GRAD_NORM}
 

@@ -8,18 +8,10 @@ from typing import Any
 from verl_digen.config.schema import RunConfig
 from verl_digen.reporting import metric_names as names
 from verl_digen.reporting.metric_names import TIME_KEYS
+from verl_digen.schedule.actions import GENERATE, SCORE, TAG_GENERATE, UPDATE, WEIGHT_SYNC
 from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import (
-    GENERATE,
-    SCORE,
-    TAG_GENERATE,
-    UPDATE,
-    WEIGHT_SYNC,
-    CostModel,
-    Hardware,
-    Pool,
-)
+from verl_digen.schedule.costs import CostModel, Hardware, Pool
 from verl_digen.schedule.profile_io import Workload, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+from verl_digen.defaults import DEFAULT_LEARNABLE_REWARD  # noqa: F401 (re-exported: its home for callers)
 from verl_digen.registry import Registry
 
 from .base import Reward
@@ -14,10 +15,6 @@ from .external import HPSv2, ImageRewardScore, PickScore
 from .neural import RandomCNN
 from .ocr import OcrReward
 from .offline import Brightness, Colorfulness, JpegCompressibility, JpegIncompressibility, LatentMean, LatentTarget
-
-#: The reward a tiny random-weight model learns within a few GRPO steps: the final-latent mean moves
-#: directly with the policy output (no decoder in between) and is monotone, so it cannot saturate.
-DEFAULT_LEARNABLE_REWARD = "latent_mean"
 
 #: name -> factory (a Reward subclass or any callable returning a Reward); extend with register_reward
 REWARDS: Registry[Callable[..., Reward]] = Registry("reward")

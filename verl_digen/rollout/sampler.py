@@ -18,13 +18,9 @@ from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.sigmas import flow_sigmas
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainStepConfig
+from verl_digen.defaults import NUM_STEPS, TRAIN_STEPS
 from verl_digen.models.base import Conditioning, DiffusionModel
 from verl_digen.rollout.denoise import denoise
-
-#: the default sampling steps and trained steps, which a run's ``rollout.num_steps`` / ``rollout.train_steps``
-#: also start from: the tiny CPU run's (Flow-GRPO trains 9 of 10 on real models)
-NUM_STEPS = 6
-TRAIN_STEPS = 4
 
 
 @dataclass(frozen=True)

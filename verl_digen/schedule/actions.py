@@ -1,7 +1,7 @@
 """Actions the scheduler emits; the executor runs each and reports its completion.
 
 An :class:`Action` names its kind, the workers it occupies, the global step and policy version it
-belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt, sample) pairs.
+belongs to, and (for per-micro-batch work) the micro-batch index ``mb`` and its (prompt, sample) pairs.
 ``start`` is stamped by the scheduler with the ``now`` it was emitted at. Kinds (:class:`ActionKind`;
 the worker method each one runs on Ray is stated in ``driver/ray_backend.py``, ``WORKER_METHODS``):
 
@@ -14,8 +14,8 @@ the worker method each one runs on Ray is stated in ``driver/ray_backend.py``, `
 - ``switch_to_gen`` / ``switch_to_train``: trainer context switch around TAG (full weights onto every
   rank / training state back).
 - ``optimizer_step``: apply the accumulated gradient; closes the step's training. With several
-  mini-batches each has one: ``mb`` holds its index, and the last one (``mb`` None) closes the step
-  (:func:`ends_step`).
+  mini-batches each has one: ``mini_batch`` holds its index, and the last one (``mini_batch`` None) closes
+  the step (:func:`ends_step`).
 - ``publish``: the trainer publishes weights ``version`` once, after the optimizer step.
 - ``weight_sync``: one generator worker picks up the published ``version`` between its trajectories.
 """
@@ -47,17 +47,32 @@ class ActionKind(str, Enum):
         return repr(self.value)
 
 
+# The members under their short names, shared by the scheduler, the timeline, the profiler, the cost model
+# and the driver (import them from here, their home).
+GENERATE = ActionKind.GENERATE
+TAG_GENERATE = ActionKind.TAG_GENERATE
+SCORE = ActionKind.SCORE
+UPDATE = ActionKind.UPDATE
+SWITCH_TO_GEN = ActionKind.SWITCH_TO_GEN
+SWITCH_TO_TRAIN = ActionKind.SWITCH_TO_TRAIN
+OPTIMIZER_STEP = ActionKind.OPTIMIZER_STEP
+PUBLISH = ActionKind.PUBLISH
+WEIGHT_SYNC = ActionKind.WEIGHT_SYNC
+KINDS = tuple(ActionKind)
+
+
 @dataclass(eq=False)
 class Action:
     kind: ActionKind
     workers: tuple[str, ...]
     step: int
     version: int
-    mb: int | None = None
+    mb: int | None = None  # the micro-batch (generate, tag_generate, score, update); None for the rest
     samples: tuple[tuple[int, int], ...] = ()
     stale: bool = False
     start: float = 0.0
     count: int = 1  # update actions: micro-batches mb .. mb + count - 1 (one release unit)
+    mini_batch: int | None = None  # an optimizer step of a mini-batch before the step's last: its index
 
     @property
     def micro_batches(self) -> range:
@@ -65,7 +80,7 @@ class Action:
 
     @property
     def ends_step(self) -> bool:
-        return ends_step(self.kind, self.mb)
+        return ends_step(self.kind, self.mini_batch)
 
     @property
     def worker(self) -> str:
@@ -73,12 +88,13 @@ class Action:
 
     def __repr__(self) -> str:
         mb = f" mb={self.mb}" if self.mb is not None else ""
+        mini = f" mini_batch={self.mini_batch}" if self.mini_batch is not None else ""
         stale = " stale" if self.stale else ""
         where = ",".join(self.workers)
-        return f"Action({self.kind} {where} step={self.step} v={self.version}{mb}{stale} @{self.start:.6g})"
+        return f"Action({self.kind} {where} step={self.step} v={self.version}{mb}{mini}{stale} @{self.start:.6g})"
 
 
-def ends_step(kind: str, mb: int | None) -> bool:
+def ends_step(kind: str, mini_batch: int | None) -> bool:
     """Whether an action (or its record) is its step's last optimizer step: a mini-batch's carries the
-    mini-batch's index in ``mb``, the step's last none."""
-    return kind == ActionKind.OPTIMIZER_STEP and mb is None
+    mini-batch's index in ``mini_batch``, the step's last none."""
+    return kind == ActionKind.OPTIMIZER_STEP and mini_batch is None

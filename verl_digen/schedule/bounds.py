@@ -33,7 +33,8 @@ import math
 from collections import defaultdict
 from dataclasses import dataclass
 
-from .costs import GENERATE, TAG_GENERATE, StageCosts
+from .actions import GENERATE, TAG_GENERATE
+from .costs import StageCosts
 from .timeline import TRAINER, Record, Timeline, is_tag_slot, is_trainer_side
 
 

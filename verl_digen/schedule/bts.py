@@ -49,7 +49,8 @@ from array import array
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
-from .costs import GENERATE, SCORE, WEIGHT_SYNC, StageCosts
+from .actions import GENERATE, SCORE, WEIGHT_SYNC
+from .costs import StageCosts
 from .tag_policy import BubbleContext, SchedulerView, register_tag_policy
 
 # generator task kinds
@@ -552,9 +553,7 @@ DEFAULT_NODE_CAP = 200_000
 
 @dataclass
 class SearchStats:
-    nodes: int = 0
-    memo_hits: int = 0
-    pruned: int = 0
+    nodes: int = 0  # searched states, for the node cap
     capped: bool = False  # the last solve hit its node or work cap: its plan is the best found, not proven best
     seconds: float = 0.0
     work: int = 0  # search work (CALL_WORK, EVENT_WORK), rollouts included
@@ -666,18 +665,15 @@ class Solver:
             key = s.key(p.quantum, p.unit_size > 1)
             hit = self.exact.get(key)
             if hit is not None:
-                st.memo_hits += 1
                 v, self._path = hit
                 return v
             if self.lbs.get(key, -INF) >= ub:
-                st.memo_hits += 1
                 return INF
         if self.prune or self.fan_out is not None:
             lb, hint = bound_and_split(p, s)
         else:
             lb, hint = -INF, 1
         if self.prune and lb >= ub:
-            st.pruned += 1
             if key is not None:
                 self.lbs[key] = max(self.lbs.get(key, -INF), ub)
             return INF

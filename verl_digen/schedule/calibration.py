@@ -14,8 +14,9 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 
+from .actions import SCORE, UPDATE
 from .config import COLOCATED, ScheduleConfig
-from .costs import IDEAL, NATIVE, SCORE, UPDATE, VERL_OMNI, CostModel
+from .costs import IDEAL, NATIVE, VERL_OMNI, CostModel
 from .fabric import Fabric
 from .presets import ENGINE_SLEEP_S, ENGINE_WAKE_S, QWEN_IMAGE, SPECS, Gpu, Setting, Testbed, derive
 from .simulator import run_ablation, simulate

@@ -5,24 +5,14 @@ It speaks the same protocol as :class:`~.scheduler.StepScheduler`, so the one ex
 (:func:`.executor.run`) runs it in the simulator and on Ray. Each phase is one action occupying every
 worker; ``samples`` holds the whole batch (the Ray backend splits it over the ranks), or one
 mini-batch's for the update with several (``config.mini_batches``: an update and an optimizer step per
-mini-batch, the optimizer step's ``mb`` its index, None for the last, as in verl's PPO loop).
+mini-batch, the optimizer step's ``mini_batch`` its index, None for the last, as in verl's PPO loop).
 """
 
 from __future__ import annotations
 
-from .actions import Action
+from .actions import GENERATE, OPTIMIZER_STEP, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, UPDATE, Action
 from .config import COLOCATED, ScheduleConfig
-from .costs import (
-    GENERATE,
-    IDEAL,
-    OPTIMIZER_STEP,
-    SCORE,
-    SWITCH_TO_GEN,
-    SWITCH_TO_TRAIN,
-    UPDATE,
-    CostModel,
-    StageCosts,
-)
+from .costs import IDEAL, CostModel, StageCosts
 from .timeline import Record, Timeline
 
 PHASES = (SWITCH_TO_GEN, GENERATE, SCORE, SWITCH_TO_TRAIN, UPDATE, OPTIMIZER_STEP)  # a step of one mini-batch
@@ -81,7 +71,7 @@ class ColocatedScheduler:
         elif kind in (GENERATE, SCORE):
             a = Action(kind, self.workers, step, step, 0, self.samples, start=now)
         else:
-            a = Action(kind, self.workers, step, step, mini, start=now)
+            a = Action(kind, self.workers, step, step, start=now, mini_batch=mini)
         self._running = a
         return [a]
 
@@ -91,4 +81,5 @@ class ColocatedScheduler:
         self._running = None
         for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     samples=len(action.samples), moved=moved if i == 0 else ()))
+                                     samples=len(action.samples), moved=moved if i == 0 else (),
+                                     mini_batch=action.mini_batch))

@@ -23,22 +23,18 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, fields, replace
 
-from .actions import ActionKind
+from .actions import (
+    GENERATE,
+    KINDS,
+    OPTIMIZER_STEP,
+    PUBLISH,
+    SCORE,
+    SWITCH_TO_GEN,
+    SWITCH_TO_TRAIN,
+    UPDATE,
+    WEIGHT_SYNC,
+)
 from .rows import row_plan
-
-# Action kinds, shared by the scheduler, the timeline, the profiler and the profile format: the
-# members of ActionKind under their short names.
-GENERATE = ActionKind.GENERATE
-TAG_GENERATE = ActionKind.TAG_GENERATE
-SCORE = ActionKind.SCORE
-UPDATE = ActionKind.UPDATE
-SWITCH_TO_GEN = ActionKind.SWITCH_TO_GEN
-SWITCH_TO_TRAIN = ActionKind.SWITCH_TO_TRAIN
-OPTIMIZER_STEP = ActionKind.OPTIMIZER_STEP
-PUBLISH = ActionKind.PUBLISH
-WEIGHT_SYNC = ActionKind.WEIGHT_SYNC
-KINDS = tuple(ActionKind)
-
 
 #: cluster-level costs that are one number (not per micro-batch)
 SCALAR_COSTS = (SWITCH_TO_GEN, SWITCH_TO_TRAIN, OPTIMIZER_STEP, WEIGHT_SYNC, PUBLISH)

@@ -30,6 +30,8 @@ STEP_LABEL = "step end (optimizer step done)"
 
 
 def _label(r) -> str:
+    if r.mini_batch is not None:
+        return f"{r.kind} s{r.step} mini-batch {r.mini_batch}"
     if r.mb is None:
         return r.kind
     mbs = f"{r.mb}" if r.count == 1 else f"{r.mb}-{r.mb + r.count - 1}"
@@ -53,7 +55,8 @@ def chrome_trace(timeline: Timeline, title: str = "verl-digen") -> dict:
             "ts": r.start * 1e6,
             "dur": max(0.0, r.end - r.start) * 1e6,
             "args": {"kind": r.kind, "step": r.step, "mb": r.mb, "count": r.count, "version": r.version,
-                     "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {})},
+                     "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {}),
+                     **({"mini_batch": r.mini_batch} if r.mini_batch is not None else {})},
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
-from .costs import KINDS, StageCosts
+from .actions import KINDS
+from .costs import StageCosts
 
 
 @dataclass

@@ -26,8 +26,8 @@ scheduling core"):
   it themselves); update from the Update Queue if non-empty; after the step's last update, the
   optimizer step. With several mini-batches (``config.mini_batches``) the Update Queue holds the
   current mini-batch's micro-batches only (later ones wait until its optimizer step: that step moves
-  the weights their updates train), each mini-batch ends with an optimizer step (``mb`` = its index;
-  the last one's ``mb`` is None: it closes the step), and no TAG decision is taken after the first
+  the weights their updates train), each mini-batch ends with an optimizer step (``mini_batch`` = its
+  index; the last one's is None: it closes the step), and no TAG decision is taken after the first
   one (TAG must sample with the step's weights, which have moved by then). In generation mode with
   updates waiting it lets the busy TAG slots finish; once every slot is free the TAG policy decides
   whether they go on generating (0 = switch back). Otherwise it is in a *bubble*: if micro-batches are
@@ -48,9 +48,7 @@ import heapq
 from collections import defaultdict, deque
 from dataclasses import dataclass, field
 
-from .actions import Action
-from .config import COLOCATED, SEPARATE, ScheduleConfig
-from .costs import (
+from .actions import (
     GENERATE,
     OPTIMIZER_STEP,
     PUBLISH,
@@ -60,8 +58,10 @@ from .costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
-    StageCosts,
+    Action,
 )
+from .config import COLOCATED, SEPARATE, ScheduleConfig
+from .costs import StageCosts
 from .profiler import Profiler
 from .tag_policy import BubbleContext, GeneratorView, SchedulerView, TagPolicy, parse_policy
 from .timeline import TRAINER, Record, Timeline, gen_worker, tag_slot
@@ -184,7 +184,8 @@ class StepScheduler:
             if w in self._slot_names:
                 self._slots_busy -= 1
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     action.stale, action.count, len(action.samples), moved if i == 0 else ()))
+                                     action.stale, action.count, len(action.samples), moved if i == 0 else (),
+                                     action.mini_batch))
         kind, s = action.kind, action.step
         self._decided = False  # a new event: a TAG decision may be due again
         if kind in (GENERATE, TAG_GENERATE):
@@ -315,7 +316,7 @@ class StepScheduler:
                 a.samples = tuple(s for i in mbs for s in self.partition.micro_batches[i].samples)
                 return [a]
             if st.mini + 1 < self.config.mini_batches:
-                return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts, st.mini)]
+                return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts, mini_batch=st.mini)]
             return [Action(OPTIMIZER_STEP, (TRAINER,), ts, ts)]  # its end moves train_step on
         if not ready:
             return self._bubble(now)

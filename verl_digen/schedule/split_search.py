@@ -9,7 +9,7 @@ cheapest bound first, and the search stops once the next bound is no better than
 simulated step, so the rows it returns are exactly the best ``keep`` of the whole space (beyond
 ``EXACT_SPLITS`` GPUs the splits are a refined grid, ``split_grid``, and no longer exhaustive).
 
-Memory enters through ``row_cap``: the caller (``trainer.planning``, which has the run config and its
+Memory enters through ``row_cap``: the caller (``config.planning``, which has the run config and its
 memory plan) says how many rows per rank per pass fit for a trainer pool size, micro-batch size and
 TAG on or off. Without it (a bare preset or profile) rows per pass are unbounded.
 """

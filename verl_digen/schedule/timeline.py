@@ -13,9 +13,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass, field, fields, replace
 
-from .actions import ends_step
-from .config import stale_budget
-from .costs import (
+from .actions import (
     GENERATE,
     OPTIMIZER_STEP,
     SCORE,
@@ -24,7 +22,9 @@ from .costs import (
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
+    ends_step,
 )
+from .config import stale_budget
 
 TRAINER = "trainer"
 TAG_PREFIX = "tag"
@@ -67,6 +67,7 @@ class Record:
     # bytes the action moved, by kind ((kind, bytes) pairs of ``ledger.KINDS``; empty where nothing moved):
     # publishes, pickups and switches on the runtime, their priced moves on the simulator
     moved: tuple[tuple[str, int], ...] = ()
+    mini_batch: int | None = None  # an optimizer step of a mini-batch before the step's last: its index
 
     @property
     def duration(self) -> float:
@@ -112,7 +113,7 @@ class Timeline:
         """End of each step: the end of its optimizer step (generators pick the version up on their own)."""
         ends: dict[int, float] = {}
         for r in self.records:
-            if ends_step(r.kind, r.mb):
+            if ends_step(r.kind, r.mini_batch):
                 ends[r.step] = max(ends.get(r.step, 0.0), r.end)
         return [ends[s] for s in sorted(ends)]
 
@@ -131,7 +132,10 @@ def record_dict(record: Record) -> dict:
 
 
 def record_of(d: dict) -> Record:
-    """A record read back from :func:`record_dict`'s form (``moved`` absent in files of earlier versions)."""
+    """A record read back from :func:`record_dict`'s form (``moved`` absent in files of earlier versions, whose
+    mini-batch optimizer steps carried their index in ``mb``)."""
+    if "mini_batch" not in d and d.get("kind") == OPTIMIZER_STEP:
+        d = {**d, "mb": None, "mini_batch": d.get("mb")}
     moved = d.get("moved") or {}
     return Record(**{**d, "moved": tuple(sorted(moved.items()) if isinstance(moved, dict) else
                                          (tuple(p) for p in moved))})
@@ -169,7 +173,7 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
       ``switch_to_gen`` and the next ``switch_to_train``), never alongside a training action;
     - each micro-batch of each step generated once, scored once, updated once, in that order;
       optimizer step of a step after all its updates; with several mini-batches, each mini-batch's
-      optimizer step (``mb`` = its index, the last one's None) after its updates and before the next
+      optimizer step (``mini_batch`` = its index, the last one's None) after its updates and before the next
       mini-batch's, and no TAG generation of the step starts after the first one;
     - scoring has priority: no generation starts while a generated micro-batch waits for scoring;
     - no trajectory spans two versions (generation never overlaps its worker's weight sync and uses
@@ -216,7 +220,7 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
                 _fail(f"step {s} mb {i} updated at {up[0].start:.6g} before its scoring ended at {sc[0].end:.6g}")
             if up[0].version != s:
                 _fail(f"step {s} mb {i} trained by policy version {up[0].version}, expected {s}")
-    opts = {r.step: r for r in recs if ends_step(r.kind, r.mb) and r.worker == TRAINER}
+    opts = {r.step: r for r in recs if ends_step(r.kind, r.mini_batch) and r.worker == TRAINER}
     for s in range(steps):
         if s not in opts:
             _fail(f"step {s} has no optimizer step")
@@ -270,12 +274,12 @@ def _check_mini_batches(timeline: Timeline, seen: dict, opts: dict[int, Record])
     per = m // n
     mids: dict[int, list[Record]] = defaultdict(list)
     for r in timeline.records:
-        if r.kind == OPTIMIZER_STEP and r.worker == TRAINER and r.mb is not None:
+        if r.kind == OPTIMIZER_STEP and r.worker == TRAINER and r.mini_batch is not None:
             mids[r.step].append(r)
     for s in range(timeline.steps):
         steps_of = sorted(mids.get(s, []), key=lambda r: r.start) + [opts[s]]
-        if [r.mb for r in steps_of] != [*range(n - 1), None]:
-            _fail(f"step {s}: mini-batch optimizer steps {[r.mb for r in steps_of]}, expected "
+        if [r.mini_batch for r in steps_of] != [*range(n - 1), None]:
+            _fail(f"step {s}: mini-batch optimizer steps {[r.mini_batch for r in steps_of]}, expected "
                   f"{[*range(n - 1), None]}")
         for c, opt in enumerate(steps_of):
             ups = [seen[(UPDATE, s, i)][0] for i in range(c * per, (c + 1) * per)]

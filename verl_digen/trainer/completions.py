@@ -1,5 +1,0 @@
-"""Deprecated alias of ``verl_digen.driver.completions``: see ``verl_digen.trainer``."""
-
-from verl_digen.trainer import alias
-
-alias(__name__)
