@@ -169,11 +169,14 @@ def dry_run(cfg: RunConfig) -> str:
 
     from verl_digen.config.memory import memory_plan
     from verl_digen.config.plan import resource_plan
+    from verl_digen.config.stop_plan import stop_plan
 
     mem = memory_plan(cfg)
-    text = OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + resource_plan(cfg).render() + "\n"
-    return text + (mem.render() if mem is not None else
-                   "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
+    plan = resource_plan(cfg)
+    text = OmegaConf.to_yaml(OmegaConf.structured(cfg)) + "\n" + plan.render() + "\n"
+    text += (mem.render() if mem is not None else
+             "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
+    return text + "\n" + stop_plan(cfg, plan.predicted_step_s).render()
 
 
 def verl_name_error(argv: list[str]) -> str | None:
