@@ -149,13 +149,19 @@ def _job_processes(marker: str) -> list[str]:
 
 def test_the_sbatch_script_runs_a_two_node_job_placing_generator_and_trainer_on_different_nodes(tmp_path):
     fake = Path(tempfile.mkdtemp(prefix="dg2n-"))  # short: Ray's socket paths live under the nodes' temp dirs
+    marker = f"DIGEN_FAKE_JOB={uuid.uuid4().hex}"
     try:
-        _run_job(tmp_path, fake)
+        _run_job(tmp_path, fake, marker)
     finally:
+        for line in _job_processes(marker):  # a failed run's leftovers (a passing one has none)
+            try:
+                os.kill(int(line.split(":", 1)[0]), signal.SIGKILL)
+            except OSError:
+                pass
         shutil.rmtree(fake, ignore_errors=True)
 
 
-def _run_job(tmp_path: Path, fake: Path) -> None:
+def _run_job(tmp_path: Path, fake: Path, marker: str) -> None:
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     for name, text in {"srun": SRUN, "ray-node": RAY, "scontrol": SCONTROL}.items():
@@ -164,7 +170,6 @@ def _run_job(tmp_path: Path, fake: Path) -> None:
     digen_dir = tmp_path / "digen"
     (digen_dir / "recipes").mkdir(parents=True)
     (digen_dir / "recipes" / "tiny2node.yaml").write_text(RECIPE)
-    marker = f"DIGEN_FAKE_JOB={uuid.uuid4().hex}"
     out_dir, log = tmp_path / "out", fake / "log"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_", "SLURM_"))}
     env.update({
