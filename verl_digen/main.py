@@ -175,18 +175,21 @@ def dry_run(cfg: RunConfig) -> str:
 
     from verl_digen.config.memory import memory_plan
     from verl_digen.config.plan import resource_plan
+    from verl_digen.config.stop_plan import stop_plan
     from verl_digen.rewards.custom import CUSTOM
 
     mem = memory_plan(cfg)
+    plan = resource_plan(cfg)
     shown = OmegaConf.structured(cfg)
     if cfg.custom_reward_function.path and not cfg.reward.weights and not cfg.reward.functions:
         shown.reward.name = CUSTOM  # the default name is replaced by the custom function: print what runs
     text = OmegaConf.to_yaml(shown)
     if cfg.reward.functions:
         text += f"# the reward is reward.functions ({', '.join(cfg.reward.functions)}); reward.name is not used\n"
-    text += "\n" + resource_plan(cfg).render() + "\n"
-    return text + (mem.render() if mem is not None else
-                   "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
+    text += "\n" + plan.render() + "\n"
+    text += (mem.render() if mem is not None else
+             "memory plan: model size unknown (set digen.profile to a preset for an estimate)")
+    return text + "\n" + stop_plan(cfg, plan.predicted_step_s).render()
 
 
 def verl_name_error(argv: list[str]) -> str | None:

@@ -346,6 +346,12 @@ def activation_bytes(rows: int, blocks: int, tokens: int, hidden: int, compute_b
     return rows * blocks * per_block
 
 
+def trainable_params(cfg: RunConfig, size: ModelSize) -> float:
+    """The trained parameters: the whole transformer, or LoRA's adapters on ``LORA_PROJECTIONS`` per block."""
+    r = cfg.model.lora_rank
+    return 2 * r * size.hidden * LORA_PROJECTIONS * size.blocks if r > 0 else size.params
+
+
 def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | None = None,
                 tag: bool | None = None) -> MemoryPlan | None:
     """Per pool and per GPU estimated memory of a validated config (``None``: no size known).
@@ -363,7 +369,7 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
     colocated = cfg.trainer.mode == COLOCATED
     ranks = cfg.total_workers if colocated else cfg.resources.trainer.workers
     lora = m.lora_rank > 0
-    trainable = (2 * m.lora_rank * h * LORA_PROJECTIONS * lb) if lora else n
+    trainable = trainable_params(cfg, size)
     gpu, host = {}, {}
     weights = n * master_b / ranks
     (host if a.param_offload else gpu)["weights"] = weights

@@ -36,6 +36,7 @@ from verl_digen.config import RunConfig, checks, validate
 from verl_digen.config.memory import generation_copy_resident
 from verl_digen.config.plan import prior_stage_costs
 from verl_digen.config.schema import log_format
+from verl_digen.config.stop_plan import SAVE_BEGAN_KEY
 from verl_digen.data import PromptDataset
 from verl_digen.driver import native_memory, validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
@@ -280,7 +281,8 @@ class DigenRuntime:
         extra = {"step": step, "data_position": self.data_offset + step * self.cfg.data.train_batch_size,
                  "run_id": self.run_id, "parent_run": getattr(self, "parent_run", None),
                  "config": checks.fingerprint(self.cfg),
-                 ckpt.CONFIG_YAML_KEY: run_log.resolved_config_yaml(self.cfg)}
+                 ckpt.CONFIG_YAML_KEY: run_log.resolved_config_yaml(self.cfg),
+                 SAVE_BEGAN_KEY: time.time()}  # the next dry run's measured save time (config/stop_plan.py)
         t0 = time.perf_counter()
         ray.get([w.save_checkpoint.remote(path, extra, t.max_checkpoints, t.export_on_save)
                  for w in self.trn_wg.workers])
