@@ -91,4 +91,5 @@ class ColocatedScheduler:
         self._running = None
         for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     samples=len(action.samples), moved=moved if i == 0 else ()))
+                                     samples=len(action.samples), moved=moved if i == 0 else (),
+                                     issued=action.issued))

@@ -98,6 +98,7 @@ class SimBackend:
         return self.clock
 
     def launch(self, action: Action) -> None:
+        action.issued = self.clock  # a virtual clock dispatches at once
         d = self.duration(action)
         if self.noise:
             d *= math.exp(self.rng.gauss(0.0, self.noise) - self.noise * self.noise / 2)

@@ -53,7 +53,8 @@ def chrome_trace(timeline: Timeline, title: str = "verl-digen") -> dict:
             "ts": r.start * 1e6,
             "dur": max(0.0, r.end - r.start) * 1e6,
             "args": {"kind": r.kind, "step": r.step, "mb": r.mb, "count": r.count, "version": r.version,
-                     "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {})},
+                     "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {}),
+                     **({"dispatch_s": r.dispatch} if r.issued is not None else {})},
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 

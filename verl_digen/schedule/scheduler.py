@@ -184,7 +184,8 @@ class StepScheduler:
             if w in self._slot_names:
                 self._slots_busy -= 1
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
-                                     action.stale, action.count, len(action.samples), moved if i == 0 else ()))
+                                     action.stale, action.count, len(action.samples), moved if i == 0 else (),
+                                     action.issued))
         kind, s = action.kind, action.step
         self._decided = False  # a new event: a TAG decision may be due again
         if kind in (GENERATE, TAG_GENERATE):

@@ -67,10 +67,18 @@ class Record:
     # bytes the action moved, by kind ((kind, bytes) pairs of ``ledger.KINDS``; empty where nothing moved):
     # publishes, pickups and switches on the runtime, their priced moves on the simulator
     moved: tuple[tuple[str, int], ...] = ()
+    # when the backend launched the action (the runtime's driver, before its Ray call; the simulator at
+    # ``start``); None in files of earlier versions. ``issued - start``: the driver's dispatch latency
+    issued: float | None = None
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def dispatch(self) -> float:
+        """Seconds from the scheduler's decision to the backend's launch (0 where not recorded)."""
+        return 0.0 if self.issued is None else self.issued - self.start
 
 
 @dataclass
@@ -191,6 +199,9 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
         for r in rs:
             if r.end < r.start - EPS:
                 _fail(f"{w}: {r.kind} ends before it starts ({r.start} > {r.end})")
+            if r.issued is not None and not r.start - EPS <= r.issued <= r.end + EPS:
+                _fail(f"{w}: {r.kind} (step {r.step}, mb {r.mb}) issued at {r.issued:.6g}, outside "
+                      f"[{r.start:.6g}, {r.end:.6g}]")
     if timeline.mode == "colocated":
         return
     _check_tag_windows(timeline)
