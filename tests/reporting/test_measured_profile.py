@@ -59,3 +59,35 @@ def test_without_probes_a_never_run_cannot_price_tag():
     model, _ = measured_profile(compose([*BASE, "resources.generator.node_resource=nodeA",
                                          "resources.trainer.node_resource=nodeB"]), _timeline())
     assert model.trainer.hardware.generate(2) == 0.0 and model.switch_to_gen == 0.0
+
+
+def test_the_fit_recovers_per_call_overhead_and_per_row_compute_exactly():
+    """Synthetic records at two sizes, each duration exactly overhead + rows x per-row (float64): the fit
+    gives both back to rounding, and one load spike (a call 20x its peers) moves neither."""
+    gen, score = (0.0375, 0.0125), (0.004, 0.0005)  # (per call, per sample)
+    train = (0.02, 0.003)  # one training pass: per call, per row (K = 2 steps trained in one pass: 2 rows a sample)
+    tl = Timeline(["gen0", TRAINER], micro_batches=2, steps=4)
+    for step in range(4):
+        t = 10.0 * step
+        for i, n in enumerate((2, 4, 2, 4) if step else (2, 4)):  # step 0 is warm-up: dropped whatever it holds
+            spike = 20.0 if (step, i) == (2, 0) else 1.0
+            tl.add(Record("gen0", GENERATE, i, step, step, t, t + spike * (gen[0] + gen[1] * n), samples=n))
+            tl.add(Record("gen0", SCORE, i, step, step, t + 1, t + 1 + score[0] + score[1] * n, samples=n))
+            tl.add(Record(TRAINER, UPDATE, i, step, step, t + 2, t + 2 + train[0] + train[1] * 2 * n, samples=n))
+    model, _ = measured_profile(compose(BASE), tl)
+    hw = model.generator.hardware
+    for got, want in ((hw.generate, gen), (hw.score, score), (model.trainer.hardware.train_pass, train)):
+        assert (got.fixed, got.per_unit) == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_fit_affine_is_least_squares_and_refuses_one_size():
+    from verl_digen.schedule.profile_io import fit_affine
+
+    # y = 1 + 2x at x = 0, 1, 2 with the middle point 0.3 high: the least-squares line is 1.1 + 2x
+    got = fit_affine([(0.0, 1.0, 1.0), (1.0, 3.3, 1.0), (2.0, 5.0, 1.0)])
+    assert (got.fixed, got.per_unit) == pytest.approx((1.1, 2.0), rel=1e-12)
+    assert fit_affine([(1.0, 2.0, 1.0), (2.0, 1.0, 1.0)]).per_unit == 0.0  # falling: the mean, per call
+    through_origin = fit_affine([(1.0, 1.0, 1.0), (3.0, 4.0, 1.0)])  # the line's intercept would be -0.5
+    assert through_origin.fixed == 0.0 and through_origin.per_unit == pytest.approx(13 / 10)
+    with pytest.raises(ValueError, match="two distinct sizes"):
+        fit_affine([(2.0, 1.0, 1.0), (2.0, 3.0, 2.0)])

@@ -131,13 +131,14 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
             else:
                 samples.append({"kind": r.kind, "seconds": r.duration})
     else:
-        for r in records:
+        for r in records:  # an action's own sample count (a run with two sizes fits per call vs per row alone)
             if r.kind in (GENERATE, SCORE):
-                samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
+                samples.append({"pool": "generator", "kind": r.kind, "size": r.samples or mb, "seconds": r.duration})
             elif r.kind == TAG_GENERATE:
-                samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
+                samples.append({"kind": r.kind, "size": r.samples or mb, "seconds": r.duration})
             elif r.kind == UPDATE:
-                samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
+                samples.append({"kind": r.kind, "size": r.samples or mb * r.count, "tsp_degree": degree,
+                                "seconds": r.duration})
             elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
                 samples.append({"kind": r.kind, "seconds": r.duration})
         if same_hardware(cfg):
