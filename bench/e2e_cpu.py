@@ -13,6 +13,10 @@ tell a user which mode to run.
 
     python bench/e2e_cpu.py            # table
     python bench/e2e_cpu.py --json     # table, then one JSON list on the last line
+    python bench/e2e_cpu.py --out DIR  # keep every round's traces, timelines, profiles and probe samples
+    python bench/e2e_cpu.py --refit DIR [--json]   # no run: the same table from what DIR kept, every profile
+                                                   # fitted again by this code (a model change judged on the
+                                                   # same measurements, apart from the host's noise)
 """
 
 from __future__ import annotations
@@ -23,6 +27,7 @@ import os
 import statistics
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ["VERL_PLATFORM"] = "cpu"
 
@@ -30,8 +35,11 @@ import ray  # noqa: E402
 
 from verl_digen.config import RunConfig, compose  # noqa: E402
 from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
+from verl_digen.reporting.metrics import measured_profile  # noqa: E402
+from verl_digen.reporting.run_log import metrics_path, read_metrics  # noqa: E402
 from verl_digen.schedule.actions import ends_step  # noqa: E402
-from verl_digen.schedule.profile_io import load  # noqa: E402
+from verl_digen.schedule.export import timeline_from_file  # noqa: E402
+from verl_digen.schedule.profile_io import dump_profile, load  # noqa: E402
 from verl_digen.schedule.simulator import simulate  # noqa: E402
 
 #: the workload: 4 prompts x 4 samples (one GRPO group per micro-batch), 8 sampling steps of which 6
@@ -93,6 +101,29 @@ def run_mode(name: str, steps: int, out_dir: str, overrides: list[str]) -> dict:
     }
 
 
+def refit_mode(name: str, steps: int, round_dir: str, overrides: list[str], tmp: str) -> dict:
+    """``run_mode``'s row from what a kept run measured (``--out``): the step times from its metrics file,
+    the profile fitted again by this code from its timeline and, where kept, its probe samples."""
+    cfg = mode_config(name, steps, round_dir, overrides)
+    trace_dir, mode = Path(cfg.trainer.trace_dir), cfg.trainer.mode
+    steady = read_metrics(metrics_path(trace_dir, mode))[1:]
+    probes_file = trace_dir / f"{mode}_probes.json"
+    probes = json.loads(probes_file.read_text())["samples"] if probes_file.exists() else None
+    model, workload = measured_profile(cfg, timeline_from_file(trace_dir / f"{mode}_timeline.json"), probes)
+    path = str(Path(tmp, f"{Path(round_dir).name}_{name}_profile.json"))
+    dump_profile(model, path, name=f"refit {name}", workload=workload)
+    return {
+        "step_s": statistics.median(m["timing/step_s"] for m in steady),
+        "fraction_of_ideal": (statistics.median(m["perf/fraction_of_ideal"] for m in steady)
+                              if "perf/fraction_of_ideal" in steady[0] else None),
+        "predicted_step_s": predicted_step(cfg, path),
+        "batch": cfg.batch,
+        "workers": cfg.total_workers,
+        "cfg": cfg,
+        "profile_path": path,
+    }
+
+
 def _opt(x: float | None, digits: int = 2) -> str:
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -104,17 +135,25 @@ def main() -> None:
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="keep traces and profiles here (default: a temporary folder)")
+    ap.add_argument("--refit", default=None, metavar="DIR",
+                    help="run nothing: the table from the runs kept in DIR (--out), profiles fitted again")
     ap.add_argument("overrides", nargs="*", help="extra config overrides for every mode (key=value)")
     args = ap.parse_args()
     if args.steps < 2:
         raise SystemExit("--steps must be >= 2 (the first step of each run is warm-up)")
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
-             runtime_env={"env_vars": {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1"}})
+    if args.refit is None:
+        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False,
+                 runtime_env={"env_vars": {"VERL_PLATFORM": "cpu", "OMP_NUM_THREADS": "1"}})
     runs: dict[str, list[dict]] = {m: [] for m in args.modes}
     with tempfile.TemporaryDirectory() as tmp:
-        out = args.out or tmp
-        for r in range(args.rounds):
+        out = args.refit or args.out or tmp
+        rounds = (sum(1 for d in Path(out).iterdir() if d.name.startswith("round")) if args.refit
+                  else args.rounds)
+        for r in range(rounds):
             for mode in args.modes:
+                if args.refit:
+                    runs[mode].append(refit_mode(mode, args.steps, f"{out}/round{r + 1}", args.overrides, tmp))
+                    continue
                 row = run_mode(mode, args.steps, f"{out}/round{r + 1}", args.overrides)
                 runs[mode].append(row)
                 # the host's 1-minute load: other jobs on a shared machine slow one run and not the next
@@ -154,7 +193,8 @@ def main() -> None:
               f"{_opt(r['cross_predicted_step_s'], 3):>9}{'-' if xerr is None else f'{100 * xerr:.1f}%':>8}")
     if args.json:
         print(json.dumps(rows))
-    ray.shutdown()
+    if args.refit is None:
+        ray.shutdown()
 
 
 if __name__ == "__main__":
