@@ -1,10 +1,13 @@
 """The runtime's measured profile (no Ray): the run's records, the probe's samples and pooled hardware."""
 
+from dataclasses import replace
+
 import pytest
 
 from verl_digen.config import compose
 from verl_digen.reporting.metrics import measured_profile
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
+from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE, Sharded
+from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 BASE = ["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",
@@ -91,3 +94,37 @@ def test_fit_affine_is_least_squares_and_refuses_one_size():
     assert through_origin.fixed == 0.0 and through_origin.per_unit == pytest.approx(13 / 10)
     with pytest.raises(ValueError, match="two distinct sizes"):
         fit_affine([(2.0, 1.0, 1.0), (2.0, 3.0, 2.0)])
+
+
+#: the probe's sharding samples: an all-gather between two processes at 8 and 8,008 bytes (1 ms + 0.125 us per
+#: byte) and the trainer's collective counts
+SHARDING = [{"kind": "all_gather", "size": 8, "seconds": 0.001001},
+            {"kind": "all_gather", "size": 8008, "seconds": 0.002001},
+            {"kind": "sharded_calls", "pass_calls": 8, "pass_bytes": 3000, "switch_calls": 66, "switch_bytes": 1000,
+             "step_calls": 1}]
+
+
+def test_a_one_rank_profile_prices_what_sharding_the_trainer_adds():
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    c = model.sharded.collective
+    assert (c.fixed, c.per_unit) == pytest.approx((0.001, 1.25e-7), rel=1e-9)
+    one = model.stage_costs(2)  # the run's own layout (one trainer rank): nothing added
+    assert (one.switch_to_gen, one.optimizer_step) == (model.switch_to_gen, model.optimizer_step)
+    two = model.with_workers(1, 2).stage_costs(2)  # two ranks: 66 gathers of the state, one norm reduction
+    assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 66 * 0.001 + 1.25e-7 * 1000)
+    assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.001)
+    # colocated on both workers: the same per switch and step, and 8 collectives (3,000 bytes) per training pass
+    ph = model.colocated_phases(4, tsp_degree=1)
+    assert ph["switch_to_gen"] == pytest.approx(two.switch_to_gen)
+    assert ph["optimizer_step"] == pytest.approx(two.optimizer_step)
+    plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
+    assert ph["update"] - plain["update"] == pytest.approx(2 * (8 * 0.001 + 1.25e-7 * 3000))  # K = 2 passes
+    # a run whose trainer is sharded measured its collectives: no term on top
+    col, _ = measured_profile(compose([*BASE, "trainer=colocated"]), _timeline(), PROBES + SHARDING)
+    assert col.sharded == Sharded()
+
+
+def test_the_sharded_term_survives_the_profile_file(tmp_path):
+    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    dump_profile(model, tmp_path / "p.json", workload=workload)
+    assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()

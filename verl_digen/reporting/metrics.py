@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import replace
 from typing import Any
 
 from verl_digen.config.schema import RunConfig
@@ -11,16 +12,19 @@ from verl_digen.reporting.metric_names import TIME_KEYS
 from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
+    ALL_GATHER,
     GENERATE,
     SCORE,
+    SHARDED_CALLS,
     TAG_GENERATE,
     UPDATE,
     WEIGHT_SYNC,
     CostModel,
     Hardware,
     Pool,
+    Sharded,
 )
-from verl_digen.schedule.profile_io import Workload, fit_samples
+from verl_digen.schedule.profile_io import Workload, fit_points, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 
@@ -105,7 +109,9 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     and the costs the run never measured (a ``never`` run's switches); the run's own samples then set
     each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
     scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
-    from both pools' samples."""
+    from both pools' samples. A profile of one unsharded trainer rank also gets the probe's all-gather
+    (latency + per byte) and the trainer's collective counts (``costs.Sharded``): what a sharded trainer
+    (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never ran."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -146,10 +152,17 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
+    sharded = Sharded()
     if probes:
+        gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
+        counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
+        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS)]
+        # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
+        if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
+            sharded = Sharded(fit_points(gathers), **{k: int(v) for k, v in counts.items() if k != "kind"})
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     d = cfg.digen
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
                         policy=d.tag.policy, mini_batches=cfg.mini_batches())
-    return fit_samples(base, samples), workload
+    return replace(fit_samples(base, samples), sharded=sharded), workload

@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, passes
+from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
@@ -91,6 +91,15 @@ def _baselines(d: Any) -> BaselineCosts:
     return BaselineCosts(**d)
 
 
+def _sharded(d: Any) -> Sharded:
+    if d is None:
+        return Sharded()
+    allowed = {f.name for f in fields(Sharded)}
+    if not isinstance(d, dict) or set(d) - allowed:
+        raise ValueError(f"sharded: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
+    return Sharded(**{**d, "collective": _affine(d.get("collective"), "sharded.collective")})
+
+
 def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
     if d.get("format", FORMAT) != FORMAT:
@@ -105,6 +114,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         sequence_parallel=int(d.get("sequence_parallel", 1)),
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
         baselines=_baselines(d.get("baselines")),
+        sharded=_sharded(d.get("sharded")),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -147,7 +157,7 @@ def _medians(points: list[tuple[float, float]]) -> list[tuple[float, float, floa
     return [(s, statistics.median(ts), float(len(ts))) for s, ts in sorted(by.items())]
 
 
-def _fit(points: list[tuple[float, float]], prior: Affine) -> Affine:
+def fit_points(points: list[tuple[float, float]], prior: Affine | None = None) -> Affine:
     """Per-call + per-unit cost of ``(size, seconds)`` points: least squares over the per-size medians
     (weighted by their counts) where there are two sizes or more; one size keeps the prior's split of per
     call vs per unit at the measured level (or, with no prior, makes the cost a per-unit rate)."""
@@ -155,14 +165,14 @@ def _fit(points: list[tuple[float, float]], prior: Affine) -> Affine:
     if len(med) >= 2:
         return fit_affine(med)
     ((size, t, _),) = med
-    predicted = prior(size)
+    predicted = prior(size) if prior is not None else 0.0
     if predicted > 0:
         return prior.scaled(t / predicted)
     return Affine(0.0, t / size if size > 0 else 0.0)
 
 
 def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
-    """Refit affine costs from measured (pool, kind, size, seconds) samples (``_fit``); scalar kinds -> their
+    """Refit affine costs from measured (pool, kind, size, seconds) samples (``fit_points``); scalar kinds -> their
     median."""
     pts: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     scalars: dict[str, list[float]] = defaultdict(list)
@@ -193,7 +203,7 @@ def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
     pools = {"generator": model.generator, "trainer": model.trainer}
     for (pool, kind), p in pts.items():
         hw = pools[pool].hardware
-        pools[pool] = Pool(replace(hw, **{kind: _fit(p, getattr(hw, kind))}), pools[pool].workers)
+        pools[pool] = Pool(replace(hw, **{kind: fit_points(p, getattr(hw, kind))}), pools[pool].workers)
     return replace(model, generator=pools["generator"], trainer=pools["trainer"],
                    **{k: statistics.median(v) for k, v in scalars.items()})
 
@@ -213,6 +223,8 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
     out.update({k: getattr(model, k) for k in _SCALARS})
     if model.baselines != BaselineCosts():
         out["baselines"] = asdict(model.baselines)
+    if model.sharded != Sharded():
+        out["sharded"] = asdict(model.sharded)
     if workload is not None:
         out["workload"] = asdict(workload)
     return out
