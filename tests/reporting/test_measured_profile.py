@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import measured_profile
+from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile
 from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
@@ -128,3 +128,50 @@ def test_the_sharded_term_survives_the_profile_file(tmp_path):
     model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
     dump_profile(model, tmp_path / "p.json", workload=workload)
     assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()
+
+
+def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
+    """Generation alone takes 0.1 s; beside a busy trainer 0.15 s: each other busy process adds half. The
+    profile keeps the time alone and the contention, which the simulator applies (processor sharing)."""
+    tl = Timeline(["gen0", TRAINER], micro_batches=4, steps=2)
+    for step in range(2):
+        t = 10.0 * step
+        for i in range(4):
+            busy = i % 2 == 1
+            end = t + (0.15 if busy else 0.1)
+            tl.add(Record("gen0", GENERATE, i, step, step, t, end, samples=2))
+            if busy:  # the trainer works over the whole generation
+                tl.add(Record(TRAINER, UPDATE, i - 1, step, step, t, end, samples=2))
+            t = end + 1.0
+    recs = [r for r in tl.records if r.step == 1]
+    others = busy_others(recs, trainer_ranks=1)
+    assert [o for r, o in zip(recs, others) if r.kind == GENERATE] == pytest.approx([0.0, 1.0, 0.0, 1.0])
+    assert host_contention(recs, others) == pytest.approx(0.5)
+    two = busy_others(recs, trainer_ranks=2)  # a trainer unit of two ranks is two processes beside generation
+    assert [o for r, o in zip(recs, two) if r.kind == GENERATE] == pytest.approx([0.0, 2.0, 0.0, 2.0])
+    assert [o for r, o in zip(recs, two) if r.kind == UPDATE] == pytest.approx([1.0, 1.0])
+    model, _ = measured_profile(compose(BASE), tl)
+    assert model.host_contention == pytest.approx(0.5)
+    assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
+    gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
+    assert gpu.host_contention == 0.0 and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
+
+
+def test_the_simulator_shares_the_host_between_busy_processes():
+    from verl_digen.schedule.actions import Action
+    from verl_digen.schedule.costs import uniform_stage_costs
+    from verl_digen.schedule.executor import SimBackend
+
+    costs = uniform_stage_costs(generate=1.0, update=2.0)
+    backend = SimBackend(costs, contention=1.0)
+    gen, upd = Action(GENERATE, ("gen0",), 0, 0, 0), Action(UPDATE, (TRAINER,), 0, 0, 0)
+    backend.launch(gen)
+    backend.launch(upd)
+    done, t = backend.wait()  # both at half speed: generation's 1 s of work ends at 2 s
+    assert [c.action for c in done] == [gen] and t == pytest.approx(2.0)
+    done, t = backend.wait()  # the update's last 1 s of work alone
+    assert [c.action for c in done] == [upd] and t == pytest.approx(3.0)
+    alone = SimBackend(costs)  # no contention: each at its own duration
+    alone.launch(gen)
+    alone.launch(upd)
+    assert [alone.wait()[1], alone.wait()[1]] == [1.0, 2.0]

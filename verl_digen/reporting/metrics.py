@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import bisect
+import statistics
 from collections import defaultdict
 from dataclasses import replace
 from typing import Any
@@ -97,6 +99,60 @@ def pool_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def busy_others(records: list[Record], trainer_ranks: int) -> list[float]:
+    """Per record, the mean number of *other* processes busy over its span (a ``trainer`` record keeps every
+    trainer rank busy, any other one process), by one sweep over the records' starts and ends."""
+    events = sorted((t, d * (trainer_ranks if r.worker == TRAINER else 1))
+                    for r in records for t, d in ((r.start, 1), (r.end, -1)))
+    times, area = [], []  # the integral of (busy processes) dt up to each event time
+    busy, total, last = 0, 0.0, None
+    for t, d in events:
+        if last is not None:
+            total += busy * (t - last)
+        if times and times[-1] == t:
+            area[-1] = total
+        else:
+            times.append(t)
+            area.append(total)
+        busy, last = busy + d, t
+
+    def integral(t: float) -> float:
+        return area[bisect.bisect_left(times, t)]
+
+    out = []
+    for r in records:
+        own = trainer_ranks if r.worker == TRAINER else 1
+        span = r.end - r.start
+        out.append(max(0.0, (integral(r.end) - integral(r.start)) / span - own) if span > 0 else 0.0)
+    return out
+
+
+#: the least an action must share its span with other processes to count as contended, and the most to count
+#: as alone, when the run's contention is measured
+CONTENDED, ALONE = 0.8, 0.2
+
+
+def host_contention(records: list[Record], others: list[float]) -> float:
+    """How much each other busy process slows an action on a shared host (``CostModel.host_contention``):
+    per (kind, samples) of a compute action run both alone and beside another process (at least two of each),
+    the ratio of the medians' excess per other process; the median over those. 0 where no pair is measured."""
+    alone: dict[tuple, list[float]] = defaultdict(list)
+    shared: dict[tuple, list[tuple[float, float]]] = defaultdict(list)
+    for r, o in zip(records, others, strict=True):
+        if r.kind not in (GENERATE, SCORE, UPDATE) or r.duration <= 0:
+            continue
+        if o <= ALONE:
+            alone[(r.kind, r.samples)].append(r.duration)
+        elif o >= CONTENDED:
+            shared[(r.kind, r.samples)].append((r.duration, o))
+    ratios = []
+    for key, pairs in shared.items():
+        if len(pairs) >= 2 and len(alone[key]) >= 2:
+            slow = statistics.median(d for d, _ in pairs) / statistics.median(alone[key]) - 1
+            ratios.append(slow / statistics.median(o for _, o in pairs))
+    return max(0.0, statistics.median(ratios)) if ratios else 0.0
+
+
 def measured_profile(cfg: RunConfig, timeline: Timeline,
                      probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
@@ -117,6 +173,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     degree = cfg.digen.tsp.degree or k
     res = cfg.resources
     samples = []
+    contention = 0.0
     records = timeline.records
     steps = {r.step for r in records}
     if len(steps) > 1:  # the first step is warm-up (allocator, caches, first BTS solves): not a cost
@@ -137,16 +194,21 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
             else:
                 samples.append({"kind": r.kind, "seconds": r.duration})
     else:
-        for r in records:  # an action's own sample count (a run with two sizes fits per call vs per row alone)
+        # CPU pools share the host's cores: each action's time alone, and how much each other busy process
+        # adds to it (a colocated run is always fully contended, so it cannot tell: its levels hold it)
+        others = busy_others(records, res.trainer.workers)
+        contention = host_contention(records, others) if cfg.trainer.device == "cpu" else 0.0
+        for r, o in zip(records, others, strict=True):  # an action's own sample count (two sizes fit per call
+            secs = r.duration / (1 + contention * o)  # vs per row from the run alone)
             if r.kind in (GENERATE, SCORE):
-                samples.append({"pool": "generator", "kind": r.kind, "size": r.samples or mb, "seconds": r.duration})
+                samples.append({"pool": "generator", "kind": r.kind, "size": r.samples or mb, "seconds": secs})
             elif r.kind == TAG_GENERATE:
-                samples.append({"kind": r.kind, "size": r.samples or mb, "seconds": r.duration})
+                samples.append({"kind": r.kind, "size": r.samples or mb, "seconds": secs})
             elif r.kind == UPDATE:
                 samples.append({"kind": r.kind, "size": r.samples or mb * r.count, "tsp_degree": degree,
-                                "seconds": r.duration})
+                                "seconds": secs})
             elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
-                samples.append({"kind": r.kind, "seconds": r.duration})
+                samples.append({"kind": r.kind, "seconds": secs})
         if same_hardware(cfg):
             samples = pool_samples(samples)
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
@@ -165,4 +227,4 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
                         policy=d.tag.policy, mini_batches=cfg.mini_batches())
-    return replace(fit_samples(base, samples), sharded=sharded), workload
+    return replace(fit_samples(base, samples), sharded=sharded, host_contention=contention), workload

@@ -245,6 +245,9 @@ class CostModel:
     # priced in ``Hardware.train_pass``), so rows are shared over ranks / size data-parallel groups
     sequence_parallel: int = 1
     sharded: Sharded = Sharded()  # collectives a sharded trainer adds (a profile measured on one rank)
+    # every process on one host (a CPU testbed): each other busy process slows an action by this fraction of
+    # its time alone (the simulator's processor sharing, ``executor.SimBackend``); 0 for pools of their own
+    host_contention: float = 0.0
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -254,7 +257,7 @@ class CostModel:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
         if not isinstance(self.sequence_parallel, int) or self.sequence_parallel < 1:
             raise ValueError(f"sequence_parallel must be a positive integer, got {self.sequence_parallel!r}")
-        for name in SCALAR_COSTS:
+        for name in (*SCALAR_COSTS, "host_contention"):
             _check_cost(name, getattr(self, name))
 
     @property

@@ -82,17 +82,27 @@ def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], 
 
 class SimBackend:
     """Virtual clock: an action takes its cost-model duration (optionally with multiplicative
-    log-normal noise); completions within 1 ns are delivered together, as a real event loop would."""
+    log-normal noise); completions within 1 ns are delivered together, as a real event loop would.
+
+    ``contention`` > 0: every process shares one host (a CPU testbed, ``CostModel.host_contention``); while N
+    processes are busy, every action runs 1 + contention x (N - 1) times slower than alone (processor sharing:
+    all progress at the same rate, which changes at each launch and completion). ``processes(action)``: how many
+    processes an action keeps busy (default one per worker it occupies)."""
 
     def __init__(self, costs: StageCosts, noise: float = 0.0, seed: int = 0,
-                 duration: Callable[[Action], float] | None = None) -> None:
+                 duration: Callable[[Action], float] | None = None, contention: float = 0.0,
+                 processes: Callable[[Action], int] | None = None) -> None:
         self.costs = costs
         self.noise = noise
         self.rng = random.Random(seed)
         self.duration = duration or (lambda a: costs.duration(a.kind))
+        self.contention = contention
+        self.processes = processes or (lambda a: len(a.workers))
         self.clock = 0.0
-        self._heap: list[tuple[float, int, Action]] = []
+        self._heap: list[tuple[float, int, Action]] = []  # by end (no contention) or by work done at the end
         self._seq = 0
+        self._work = 0.0  # work each busy action has done since the start (all progress at one rate)
+        self._busy = 0  # processes busy
 
     def now(self) -> float:
         return self.clock
@@ -102,12 +112,28 @@ class SimBackend:
         d = self.duration(action)
         if self.noise:
             d *= math.exp(self.rng.gauss(0.0, self.noise) - self.noise * self.noise / 2)
-        heapq.heappush(self._heap, (self.clock + d, self._seq, action))
+        if self.contention:
+            self._busy += self.processes(action)
+            heapq.heappush(self._heap, (self._work + d, self._seq, action))
+        else:
+            heapq.heappush(self._heap, (self.clock + d, self._seq, action))
         self._seq += 1
+
+    def _slowdown(self) -> float:
+        return 1.0 + self.contention * max(self._busy - 1, 0)
 
     def wait(self) -> tuple[list[Completion], float]:
         if not self._heap:
             raise RuntimeError("scheduler stalled: no action in flight and not done")
+        if self.contention:  # to the next end of work, at the rate of the processes busy until then
+            w, _, a = heapq.heappop(self._heap)
+            self.clock += (w - self._work) * self._slowdown()
+            self._work = w
+            done = [a]
+            while self._heap and self._heap[0][0] <= w + EPS:
+                done.append(heapq.heappop(self._heap)[2])
+            self._busy -= sum(self.processes(x) for x in done)
+            return [Completion(x, self.clock) for x in done], self.clock
         t, _, a = heapq.heappop(self._heap)
         done = [Completion(a, t)]
         while self._heap and self._heap[0][0] <= t + EPS:

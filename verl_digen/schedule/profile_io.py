@@ -115,6 +115,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
         baselines=_baselines(d.get("baselines")),
         sharded=_sharded(d.get("sharded")),
+        host_contention=float(d.get("host_contention", 0.0)),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -225,6 +226,8 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
         out["baselines"] = asdict(model.baselines)
     if model.sharded != Sharded():
         out["sharded"] = asdict(model.sharded)
+    if model.host_contention:
+        out["host_contention"] = model.host_contention
     if workload is not None:
         out["workload"] = asdict(workload)
     return out
