@@ -9,7 +9,9 @@ samples per worker-second, the ratio to colocated, the fraction of ideal, the si
 prediction of the step time from the profile that same run measured (``prediction_error``), and its
 prediction from the profile the ``digen`` (TAG never) run of the same round measured
 (``cross_prediction_error``): one measured mode has to predict the others, or the simulator cannot
-tell a user which mode to run.
+tell a user which mode to run. ``transfer_error`` (``x/own``) sets that cross prediction against the
+mode's own profile's prediction: what carrying a profile across modes loses, apart from the host's load
+moving one run's steps and not another's.
 
     python bench/e2e_cpu.py            # table
     python bench/e2e_cpu.py --json     # table, then one JSON list on the last line
@@ -180,17 +182,21 @@ def main() -> None:
             "prediction_error": pred / step - 1,
             "cross_predicted_step_s": cross,
             "cross_prediction_error": None if cross is None else cross / step - 1,
+            # the cross prediction against the mode's own profile's: what the transfer loses, apart from how
+            # far the host's load moved the measured steps (both profiles are fitted from per-size medians)
+            "transfer_error": None if cross is None else cross / pred - 1,
         })
     base = next((r for r in rows if r["mode"] == "colocated"), None)
     for r in rows:
         r["vs_colocated"] = base["step_s"] / r["step_s"] if base else float("nan")
     print(f"{'mode':<16}{'step s':>9}{'samp/wkr-s':>12}{'vs coloc':>10}{'frac ideal':>12}{'pred s':>9}{'err':>8}"
-          f"{'xpred s':>9}{'xerr':>8}")
+          f"{'xpred s':>9}{'xerr':>8}{'x/own':>8}")
     for r in rows:
-        xerr = r["cross_prediction_error"]
+        xerr, terr = r["cross_prediction_error"], r["transfer_error"]
         print(f"{r['mode']:<16}{r['step_s']:>9.3f}{r['samples_per_worker_s']:>12.3f}{r['vs_colocated']:>9.2f}x"
               f"{_opt(r['fraction_of_ideal']):>12}{r['predicted_step_s']:>9.3f}{100 * r['prediction_error']:>7.1f}%"
-              f"{_opt(r['cross_predicted_step_s'], 3):>9}{'-' if xerr is None else f'{100 * xerr:.1f}%':>8}")
+              f"{_opt(r['cross_predicted_step_s'], 3):>9}{'-' if xerr is None else f'{100 * xerr:.1f}%':>8}"
+              f"{'-' if terr is None else f'{100 * terr:.1f}%':>8}")
     if args.json:
         print(json.dumps(rows))
     if args.refit is None:
