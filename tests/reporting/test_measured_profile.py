@@ -146,15 +146,18 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
     recs = [r for r in tl.records if r.step == 1]
     others = busy_others(recs, trainer_ranks=1)
     assert [o for r, o in zip(recs, others) if r.kind == GENERATE] == pytest.approx([0.0, 1.0, 0.0, 1.0])
-    assert host_contention(recs, others) == pytest.approx(0.5)
-    two = busy_others(recs, trainer_ranks=2)  # a trainer unit of two ranks is two processes beside generation
+    assert host_contention(recs, others) == pytest.approx({GENERATE: 0.5})  # no update ran alone: none for it
+    # an update alone takes 0.04 s by the probe, beside generation 0.15 s: each other process adds 2.75x
+    alone = host_contention(recs, others, lambda kind, n: 0.04 if kind == UPDATE else 0.0)
+    assert alone[UPDATE] == pytest.approx(0.15 / 0.04 - 1) and alone[GENERATE] == pytest.approx(0.5)
+    two = busy_others(recs, trainer_ranks=2)  # a trainer unit of two ranks: two processes, sharing the host too
     assert [o for r, o in zip(recs, two) if r.kind == GENERATE] == pytest.approx([0.0, 2.0, 0.0, 2.0])
-    assert [o for r, o in zip(recs, two) if r.kind == UPDATE] == pytest.approx([1.0, 1.0])
+    assert [o for r, o in zip(recs, two) if r.kind == UPDATE] == pytest.approx([2.0, 2.0])
     model, _ = measured_profile(compose(BASE), tl)
-    assert model.host_contention == pytest.approx(0.5)
+    assert dict(model.host_contention) == pytest.approx({GENERATE: 0.5})
     assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
     gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
-    assert gpu.host_contention == 0.0 and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
+    assert gpu.host_contention == () and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
 
 
 def test_the_simulator_shares_the_host_between_busy_processes():
@@ -163,7 +166,7 @@ def test_the_simulator_shares_the_host_between_busy_processes():
     from verl_digen.schedule.executor import SimBackend
 
     costs = uniform_stage_costs(generate=1.0, update=2.0)
-    backend = SimBackend(costs, contention=1.0)
+    backend = SimBackend(costs, contention={GENERATE: 1.0, UPDATE: 1.0})
     gen, upd = Action(GENERATE, ("gen0",), 0, 0, 0), Action(UPDATE, (TRAINER,), 0, 0, 0)
     backend.launch(gen)
     backend.launch(upd)
@@ -175,3 +178,7 @@ def test_the_simulator_shares_the_host_between_busy_processes():
     alone.launch(gen)
     alone.launch(upd)
     assert [alone.wait()[1], alone.wait()[1]] == [1.0, 2.0]
+    kinds = SimBackend(costs, contention={UPDATE: 1.0})  # only updates slow down beside another process
+    kinds.launch(gen)
+    kinds.launch(upd)
+    assert [kinds.wait()[1], kinds.wait()[1]] == pytest.approx([1.0, 2.5])  # 0.5 s of work shared, 1.5 alone

@@ -245,9 +245,10 @@ class CostModel:
     # priced in ``Hardware.train_pass``), so rows are shared over ranks / size data-parallel groups
     sequence_parallel: int = 1
     sharded: Sharded = Sharded()  # collectives a sharded trainer adds (a profile measured on one rank)
-    # every process on one host (a CPU testbed): each other busy process slows an action by this fraction of
-    # its time alone (the simulator's processor sharing, ``executor.SimBackend``); 0 for pools of their own
-    host_contention: float = 0.0
+    # every process on one host (a CPU testbed): per action kind, how much each other busy process slows an action
+    # of that kind, as a fraction of its time alone ((kind, fraction) pairs; the simulator's processor sharing,
+    # ``executor.SimBackend``); empty for pools of their own
+    host_contention: tuple[tuple[str, float], ...] = ()
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -257,8 +258,10 @@ class CostModel:
             raise ValueError(f"keep_fraction must be in (0, 1], got {self.keep_fraction}")
         if not isinstance(self.sequence_parallel, int) or self.sequence_parallel < 1:
             raise ValueError(f"sequence_parallel must be a positive integer, got {self.sequence_parallel!r}")
-        for name in (*SCALAR_COSTS, "host_contention"):
+        for name in SCALAR_COSTS:
             _check_cost(name, getattr(self, name))
+        for kind, c in self.host_contention:
+            _check_cost(f"host_contention.{kind}", c)
 
     @property
     def total_workers(self) -> int:

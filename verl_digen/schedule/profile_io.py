@@ -32,7 +32,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
+from .costs import KINDS, SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
@@ -100,6 +100,15 @@ def _sharded(d: Any) -> Sharded:
     return Sharded(**{**d, "collective": _affine(d.get("collective"), "sharded.collective")})
 
 
+def _contention(d: Any) -> tuple[tuple[str, float], ...]:
+    if d is None:
+        return ()
+    if not isinstance(d, dict) or set(d) - set(KINDS):
+        raise ValueError(f"host_contention: expected a mapping from action kinds {list(KINDS)} to fractions, "
+                         f"got {d!r}")
+    return tuple(sorted((str(k), float(v)) for k, v in d.items()))
+
+
 def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
     if d.get("format", FORMAT) != FORMAT:
@@ -115,7 +124,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
         baselines=_baselines(d.get("baselines")),
         sharded=_sharded(d.get("sharded")),
-        host_contention=float(d.get("host_contention", 0.0)),
+        host_contention=_contention(d.get("host_contention")),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -227,7 +236,7 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
     if model.sharded != Sharded():
         out["sharded"] = asdict(model.sharded)
     if model.host_contention:
-        out["host_contention"] = model.host_contention
+        out["host_contention"] = dict(model.host_contention)
     if workload is not None:
         out["workload"] = asdict(workload)
     return out
