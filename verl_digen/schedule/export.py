@@ -175,7 +175,8 @@ def _joined_runs(path: str | Path) -> dict:
         shift = int(header.get("first_step", 0)) - base
         for r in recs:
             records.append({**r, "step": r["step"] + shift, "version": r["version"] + shift,
-                            "start": r["start"] + t, "end": r["end"] + t})
+                            "start": r["start"] + t, "end": r["end"] + t,
+                            **({"issued": r["issued"] + t} if r.get("issued") is not None else {})})
         t = max((r["end"] for r in records), default=t)
     head = runs[-1][0] if runs else {}
     return {**head, "records": records}
