@@ -36,7 +36,7 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
     full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
     here enters the timeline or the step reports. Run alone, these calls do not contend with the
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
-    the level from the run (``measured_profile``). With one trainer rank, last: the trainer's collective
+    the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
     counts and an all-gather between it and generator 0 at two sizes (``costs.Sharded``: what sharding the
     trainer adds). ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``RayBackend``'s
     ``rows``)."""
@@ -81,7 +81,9 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
                      {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]
         if rep > 0:
             out += measured
-    if len(trainers) == 1:  # what sharding the trainer would add, which this run's unsharded rank never did
+    # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
+    # gloo, as timed here; a GPU pool's NCCL is not)
+    if len(trainers) == 1 and cfg.trainer.device == "cpu":
         out += _sharded_samples(trainers[0], gen)
     return out
 
