@@ -6,7 +6,7 @@ import pytest
 
 from verl_digen.config import compose
 from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile
-from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE, Sharded
+from verl_digen.schedule.costs import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
@@ -153,8 +153,8 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
     two = busy_others(recs, trainer_ranks=2)  # a trainer unit of two ranks: two processes, sharing the host too
     assert [o for r, o in zip(recs, two) if r.kind == GENERATE] == pytest.approx([0.0, 2.0, 0.0, 2.0])
     assert [o for r, o in zip(recs, two) if r.kind == UPDATE] == pytest.approx([2.0, 2.0])
-    model, _ = measured_profile(compose(BASE), tl)
-    assert dict(model.host_contention) == pytest.approx({GENERATE: 0.5})
+    model, _ = measured_profile(compose(BASE), tl)  # one hardware type: TAG generation contends as generation
+    assert dict(model.host_contention) == pytest.approx({GENERATE: 0.5, TAG_GENERATE: 0.5})
     assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
     gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
     assert gpu.host_contention == () and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
@@ -182,3 +182,17 @@ def test_the_simulator_shares_the_host_between_busy_processes():
     kinds.launch(gen)
     kinds.launch(upd)
     assert [kinds.wait()[1], kinds.wait()[1]] == pytest.approx([1.0, 2.5])  # 0.5 s of work shared, 1.5 alone
+
+
+def test_generation_mostly_beside_an_update_counts_as_contended():
+    """A pipelined run's generations overlap the trainer for about 70 % of their span (as on the CPU run):
+    each such record gives its slowdown per other process, (0.0812 / 0.05 - 1) / 0.7 = 0.8915."""
+    recs = []
+    for i in range(3):
+        t = 10.0 * i
+        recs.append(Record("gen0", GENERATE, i, 1, 1, t, t + 0.05, samples=4))  # alone
+        recs.append(Record("gen0", GENERATE, i, 1, 1, t + 1, t + 1.0812, samples=4))
+        recs.append(Record(TRAINER, UPDATE, i, 1, 1, t + 1 + 0.3 * 0.0812, t + 1.0812, samples=4))
+    others = busy_others(recs, trainer_ranks=1)
+    assert sorted(round(o, 9) for r, o in zip(recs, others) if r.kind == GENERATE) == [0, 0, 0, 0.7, 0.7, 0.7]
+    assert host_contention(recs, others)[GENERATE] == pytest.approx((0.0812 / 0.05 - 1) / 0.7)

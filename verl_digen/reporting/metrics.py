@@ -130,7 +130,7 @@ def busy_others(records: list[Record], trainer_ranks: int) -> list[float]:
 
 #: the least an action must share its span with other processes to count as contended, and the most to count
 #: as alone, when the run's contention is measured
-CONTENDED, ALONE = 0.8, 0.2
+CONTENDED, ALONE = 0.5, 0.2
 
 #: the compute kinds whose contention a run measures (the others keep the run's own level, contention and all)
 CONTENDING = (GENERATE, TAG_GENERATE, SCORE, UPDATE)
@@ -231,6 +231,10 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
         others = busy_others(records, res.trainer.workers)
         if cfg.trainer.device == "cpu":
             contention = host_contention(records, others, _alone(base, degree) if probes else None)
+            if same_hardware(cfg):  # generation on a trainer rank (TAG) runs the same code as on a generator
+                for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
+                    if a in contention and b not in contention:
+                        contention[b] = contention[a]
         # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
         # alone): the run's, divided by a median slowdown, only add its noise
         alone_by_probe = set(contention) if probes else set()
