@@ -61,12 +61,18 @@ def test_calibration_bench_emits_its_rows():
     assert len(held) >= len(rows) / 2 and {r["role"] for r in rows} == {"fit", "held_out"}
 
 
-def test_e2e_bench_predicts_every_mode_from_the_digen_profile():
-    rows = _last_json(["bench/e2e_cpu.py", "--json", "--rounds", "1", "--steps", "2", "--modes", "digen", "separate"])
+def test_e2e_bench_predicts_every_mode_from_the_digen_profile(tmp_path):
+    args = ["bench/e2e_cpu.py", "--json", "--rounds", "1", "--steps", "2", "--modes", "digen", "separate"]
+    rows = _last_json([*args, "--out", str(tmp_path)])
     assert [r["mode"] for r in rows] == ["digen", "separate"]
     assert all(r["step_s"] > 0 and r["predicted_step_s"] > 0 and r["cross_predicted_step_s"] > 0 for r in rows)
     # the digen row's cross prediction is its own profile's prediction
-    assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"]
+    assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"] and rows[0]["transfer_error"] == 0
+    assert (tmp_path / "round1" / "digen" / "digen_probes.json").exists()  # the probe's samples are kept
+    # the same table again from what the run kept, every profile fitted again: the same steps and predictions
+    again = _last_json([*args, "--refit", str(tmp_path)])
+    for key in ("step_s", "predicted_step_s", "cross_predicted_step_s"):
+        assert [r[key] for r in again] == pytest.approx([r[key] for r in rows], rel=1e-9)
 
 
 def test_tcss_learning_bench_summarizes_and_plots_saved_curves(tmp_path):

@@ -62,7 +62,7 @@ def test_restore_refuses_a_version_whose_weights_are_gone():
 
 
 def _rec(i: int, end: float) -> Record:
-    return Record("gen0", "generate", i, i, i, end - 1.0, end)
+    return Record("gen0", "generate", i, i, i, end - 1.0, end, issued=end - 0.75)
 
 
 def test_record_stream_appends_only_new_records_and_reads_back_a_torn_file(tmp_path):
@@ -99,6 +99,7 @@ def test_a_resumed_run_appends_to_the_stream_after_the_steps_its_checkpoint_hold
     joined = timeline_from_file(path)  # one history: global steps, the second run after the first
     assert [(r.step, r.version) for r in joined.records] == [(0, 0), (1, 1), (2, 2), (3, 3)]
     assert [r.end for r in joined.records] == [1.0, 2.0, 3.0, 4.0]
+    assert [r.dispatch for r in joined.records] == [0.25] * 4  # each run's issue times moved with its clock
     fresh = RecordStream(path, [], {"run_id": "c"})  # a fresh run starts the file over
     fresh.close()
     assert [h["run_id"] for h, _ in read_runs(path)] == ["c"]

@@ -1,10 +1,14 @@
 """The runtime's measured profile (no Ray): the run's records, the probe's samples and pooled hardware."""
 
+from dataclasses import replace
+
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import measured_profile
-from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, UPDATE
+from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile
+from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
+from verl_digen.schedule.costs import Sharded
+from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 BASE = ["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",
@@ -59,3 +63,137 @@ def test_without_probes_a_never_run_cannot_price_tag():
     model, _ = measured_profile(compose([*BASE, "resources.generator.node_resource=nodeA",
                                          "resources.trainer.node_resource=nodeB"]), _timeline())
     assert model.trainer.hardware.generate(2) == 0.0 and model.switch_to_gen == 0.0
+
+
+def test_the_fit_recovers_per_call_overhead_and_per_row_compute_exactly():
+    """Synthetic records at two sizes, each duration exactly overhead + rows x per-row (float64): the fit
+    gives both back to rounding, and one load spike (a call 20x its peers) moves neither."""
+    gen, score = (0.0375, 0.0125), (0.004, 0.0005)  # (per call, per sample)
+    train = (0.02, 0.003)  # one training pass: per call, per row (K = 2 steps trained in one pass: 2 rows a sample)
+    tl = Timeline(["gen0", TRAINER], micro_batches=2, steps=4)
+    for step in range(4):
+        t = 10.0 * step
+        for i, n in enumerate((2, 4, 2, 4) if step else (2, 4)):  # step 0 is warm-up: dropped whatever it holds
+            spike = 20.0 if (step, i) == (2, 0) else 1.0
+            tl.add(Record("gen0", GENERATE, i, step, step, t, t + spike * (gen[0] + gen[1] * n), samples=n))
+            tl.add(Record("gen0", SCORE, i, step, step, t + 1, t + 1 + score[0] + score[1] * n, samples=n))
+            tl.add(Record(TRAINER, UPDATE, i, step, step, t + 2, t + 2 + train[0] + train[1] * 2 * n, samples=n))
+    model, _ = measured_profile(compose(BASE), tl)
+    hw = model.generator.hardware
+    for got, want in ((hw.generate, gen), (hw.score, score), (model.trainer.hardware.train_pass, train)):
+        assert (got.fixed, got.per_unit) == pytest.approx(want, rel=1e-9, abs=1e-15)
+
+
+def test_fit_affine_is_least_squares_and_refuses_one_size():
+    from verl_digen.schedule.profile_io import fit_affine
+
+    # y = 1 + 2x at x = 0, 1, 2 with the middle point 0.3 high: the least-squares line is 1.1 + 2x
+    got = fit_affine([(0.0, 1.0, 1.0), (1.0, 3.3, 1.0), (2.0, 5.0, 1.0)])
+    assert (got.fixed, got.per_unit) == pytest.approx((1.1, 2.0), rel=1e-12)
+    assert fit_affine([(1.0, 2.0, 1.0), (2.0, 1.0, 1.0)]).per_unit == 0.0  # falling: the mean, per call
+    through_origin = fit_affine([(1.0, 1.0, 1.0), (3.0, 4.0, 1.0)])  # the line's intercept would be -0.5
+    assert through_origin.fixed == 0.0 and through_origin.per_unit == pytest.approx(13 / 10)
+    with pytest.raises(ValueError, match="two distinct sizes"):
+        fit_affine([(2.0, 1.0, 1.0), (2.0, 3.0, 2.0)])
+
+
+#: the probe's sharding samples: an all-gather between two processes at 8 and 8,008 bytes (1 ms + 0.125 us per
+#: byte) and the trainer's collective counts
+SHARDING = [{"kind": "all_gather", "size": 8, "seconds": 0.001001},
+            {"kind": "all_gather", "size": 8008, "seconds": 0.002001},
+            {"kind": "sharded_calls", "pass_calls": 8, "pass_bytes": 3000, "switch_calls": 66, "switch_bytes": 1000,
+             "step_calls": 1}]
+
+
+def test_a_one_rank_profile_prices_what_sharding_the_trainer_adds():
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    c = model.sharded.collective
+    assert (c.fixed, c.per_unit) == pytest.approx((0.001, 1.25e-7), rel=1e-9)
+    one = model.stage_costs(2)  # the run's own layout (one trainer rank): nothing added
+    assert (one.switch_to_gen, one.optimizer_step) == (model.switch_to_gen, model.optimizer_step)
+    two = model.with_workers(1, 2).stage_costs(2)  # two ranks: 66 gathers of the state, one norm reduction
+    assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 66 * 0.001 + 1.25e-7 * 1000)
+    assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.001)
+    # colocated on both workers: the same per switch and step, and 8 collectives (3,000 bytes) per training pass
+    ph = model.colocated_phases(4, tsp_degree=1)
+    assert ph["switch_to_gen"] == pytest.approx(two.switch_to_gen)
+    assert ph["optimizer_step"] == pytest.approx(two.optimizer_step)
+    plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
+    assert ph["update"] - plain["update"] == pytest.approx(2 * (8 * 0.001 + 1.25e-7 * 3000))  # K = 2 passes
+    # a run whose trainer is sharded measured its collectives: no term on top
+    col, _ = measured_profile(compose([*BASE, "trainer=colocated"]), _timeline(), PROBES + SHARDING)
+    assert col.sharded == Sharded()
+
+
+def test_the_sharded_term_survives_the_profile_file(tmp_path):
+    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    dump_profile(model, tmp_path / "p.json", workload=workload)
+    assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()
+
+
+def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
+    """Generation alone takes 0.1 s; beside a busy trainer 0.15 s: each other busy process adds half. The
+    profile keeps the time alone and the contention, which the simulator applies (processor sharing)."""
+    tl = Timeline(["gen0", TRAINER], micro_batches=4, steps=2)
+    for step in range(2):
+        t = 10.0 * step
+        for i in range(4):
+            busy = i % 2 == 1
+            end = t + (0.15 if busy else 0.1)
+            tl.add(Record("gen0", GENERATE, i, step, step, t, end, samples=2))
+            if busy:  # the trainer works over the whole generation
+                tl.add(Record(TRAINER, UPDATE, i - 1, step, step, t, end, samples=2))
+            t = end + 1.0
+    recs = [r for r in tl.records if r.step == 1]
+    others = busy_others(recs, trainer_ranks=1)
+    assert [o for r, o in zip(recs, others) if r.kind == GENERATE] == pytest.approx([0.0, 1.0, 0.0, 1.0])
+    assert host_contention(recs, others) == pytest.approx({GENERATE: 0.5})  # no update ran alone: none for it
+    # an update alone takes 0.04 s by the probe, beside generation 0.15 s: each other process adds 2.75x
+    alone = host_contention(recs, others, lambda kind, n: 0.04 if kind == UPDATE else 0.0)
+    assert alone[UPDATE] == pytest.approx(0.15 / 0.04 - 1) and alone[GENERATE] == pytest.approx(0.5)
+    two = busy_others(recs, trainer_ranks=2)  # a trainer unit of two ranks: two processes, sharing the host too
+    assert [o for r, o in zip(recs, two) if r.kind == GENERATE] == pytest.approx([0.0, 2.0, 0.0, 2.0])
+    assert [o for r, o in zip(recs, two) if r.kind == UPDATE] == pytest.approx([2.0, 2.0])
+    model, _ = measured_profile(compose(BASE), tl)  # one hardware type: TAG generation contends as generation
+    assert dict(model.host_contention) == pytest.approx({GENERATE: 0.5, TAG_GENERATE: 0.5})
+    assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
+    gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
+    assert gpu.host_contention == () and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
+
+
+def test_the_simulator_shares_the_host_between_busy_processes():
+    from verl_digen.schedule.actions import Action
+    from verl_digen.schedule.costs import uniform_stage_costs
+    from verl_digen.schedule.executor import SimBackend
+
+    costs = uniform_stage_costs(generate=1.0, update=2.0)
+    backend = SimBackend(costs, contention={GENERATE: 1.0, UPDATE: 1.0})
+    gen, upd = Action(GENERATE, ("gen0",), 0, 0, 0), Action(UPDATE, (TRAINER,), 0, 0, 0)
+    backend.launch(gen)
+    backend.launch(upd)
+    done, t = backend.wait()  # both at half speed: generation's 1 s of work ends at 2 s
+    assert [c.action for c in done] == [gen] and t == pytest.approx(2.0)
+    done, t = backend.wait()  # the update's last 1 s of work alone
+    assert [c.action for c in done] == [upd] and t == pytest.approx(3.0)
+    alone = SimBackend(costs)  # no contention: each at its own duration
+    alone.launch(gen)
+    alone.launch(upd)
+    assert [alone.wait()[1], alone.wait()[1]] == [1.0, 2.0]
+    kinds = SimBackend(costs, contention={UPDATE: 1.0})  # only updates slow down beside another process
+    kinds.launch(gen)
+    kinds.launch(upd)
+    assert [kinds.wait()[1], kinds.wait()[1]] == pytest.approx([1.0, 2.5])  # 0.5 s of work shared, 1.5 alone
+
+
+def test_generation_mostly_beside_an_update_counts_as_contended():
+    """A pipelined run's generations overlap the trainer for about 70 % of their span (as on the CPU run):
+    each such record gives its slowdown per other process, (0.0812 / 0.05 - 1) / 0.7 = 0.8915."""
+    recs = []
+    for i in range(3):
+        t = 10.0 * i
+        recs.append(Record("gen0", GENERATE, i, 1, 1, t, t + 0.05, samples=4))  # alone
+        recs.append(Record("gen0", GENERATE, i, 1, 1, t + 1, t + 1.0812, samples=4))
+        recs.append(Record(TRAINER, UPDATE, i, 1, 1, t + 1 + 0.3 * 0.0812, t + 1.0812, samples=4))
+    others = busy_others(recs, trainer_ranks=1)
+    assert sorted(round(o, 9) for r, o in zip(recs, others) if r.kind == GENERATE) == [0, 0, 0, 0.7, 0.7, 0.7]
+    assert host_contention(recs, others)[GENERATE] == pytest.approx((0.0812 / 0.05 - 1) / 0.7)

@@ -13,6 +13,7 @@ from verl.single_controller.ray.base import RayWorkerGroup
 from verl_digen.config import RunConfig
 from verl_digen.driver.ray_backend import WORKER_METHODS, Rows
 from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
+from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS
 
 
 def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, rows_of: Rows, step: int,
@@ -27,8 +28,10 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
     full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
     here enters the timeline or the step reports. Run alone, these calls do not contend with the
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
-    the level from the run (``measured_profile``). ``rows_of`` maps (prompt-in-step, sample) pairs to
-    rows as the run did (``RayBackend``'s ``rows``)."""
+    the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
+    counts and an all-gather between it and generator 0 at two sizes (``costs.Sharded``: what sharding the
+    trainer adds). ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``RayBackend``'s
+    ``rows``)."""
     mb, batch = cfg.rollout.micro_batch_size, cfg.batch
     # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
     # fitted per-sample / per-row slope stable against host noise
@@ -70,4 +73,18 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
                      {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]
         if rep > 0:
             out += measured
+    # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
+    # gloo, as timed here; a GPU pool's NCCL is not)
+    if len(trainers) == 1 and cfg.trainer.device == "cpu":
+        out += _sharded_samples(trainers[0], gen)
     return out
+
+
+def _sharded_samples(trainer: Any, gen: Any) -> list[dict[str, Any]]:
+    """The trainer's collective counts and an all-gather between it and a generator (two processes of the
+    run on their hosts) of one element and of the whole model (half per rank), as profile samples."""
+    counts = ray.get(trainer.sharded_calls.remote())
+    host, port = ray.get(trainer.get_available_master_addr_port.remote())
+    numels = [1, max(2, counts["switch_bytes"] // 8)]
+    timed = ray.get([w.time_all_gather.remote(host, int(port), r, 2, numels) for r, w in enumerate((trainer, gen))])
+    return [*({"kind": ALL_GATHER, "size": b, "seconds": t} for b, t in timed[0]), {"kind": SHARDED_CALLS, **counts}]

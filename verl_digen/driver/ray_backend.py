@@ -144,6 +144,7 @@ class RayBackend:
         return time.perf_counter() - self.t0
 
     def launch(self, a: Action) -> None:
+        a.issued = self.now()  # before any Ray call: the record keeps the dispatch latency apart
         g = self.base + a.step
         w = a.worker
         keep: list[ray.ObjectRef] = []

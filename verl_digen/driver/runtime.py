@@ -411,6 +411,8 @@ class DigenRuntime:
             Path(trace_dir, f"{mode}_violation.txt").write_text(violation + "\n")
             return
         result.profile_path = str(Path(trace_dir) / f"{mode}_profile.json")
+        if probes:  # kept beside the timeline: the profile can be fitted again from what was measured
+            run_log.write_json_atomic(Path(trace_dir, f"{mode}_probes.json"), {"samples": probes})
         model, workload = measured_profile(self.cfg, result.timeline, probes)
         dump_profile(model, result.profile_path, name=f"measured {mode} run", workload=workload)
 

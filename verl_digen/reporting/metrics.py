@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import bisect
+import statistics
 from collections import defaultdict
+from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from verl_digen.config.schema import RunConfig
@@ -11,8 +15,8 @@ from verl_digen.reporting.metric_names import TIME_KEYS
 from verl_digen.schedule.actions import GENERATE, SCORE, TAG_GENERATE, UPDATE, WEIGHT_SYNC
 from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import CostModel, Hardware, Pool
-from verl_digen.schedule.profile_io import Workload, fit_samples
+from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS, CostModel, Hardware, Pool, Sharded
+from verl_digen.schedule.profile_io import Workload, fit_points, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
 
@@ -85,6 +89,79 @@ def pool_samples(samples: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+def busy_others(records: list[Record], trainer_ranks: int) -> list[float]:
+    """Per record, the mean number of processes busy over its span besides one of its own (a ``trainer`` record
+    keeps every trainer rank busy, whose ranks share the host too; any other record one process), by one sweep
+    over the records' starts and ends: the ``N - 1`` of the simulator's shared host (``executor.SimBackend``)."""
+    events = sorted((t, d * (trainer_ranks if r.worker == TRAINER else 1))
+                    for r in records for t, d in ((r.start, 1), (r.end, -1)))
+    times, area = [], []  # the integral of (busy processes) dt up to each event time
+    busy, total, last = 0, 0.0, None
+    for t, d in events:
+        if last is not None:
+            total += busy * (t - last)
+        if times and times[-1] == t:
+            area[-1] = total
+        else:
+            times.append(t)
+            area.append(total)
+        busy, last = busy + d, t
+
+    def integral(t: float) -> float:
+        return area[bisect.bisect_left(times, t)]
+
+    out = []
+    for r in records:
+        span = r.end - r.start
+        out.append(max(0.0, (integral(r.end) - integral(r.start)) / span - 1) if span > 0 else 0.0)
+    return out
+
+
+#: the least an action must share its span with other processes to count as contended, and the most to count
+#: as alone, when the run's contention is measured
+CONTENDED, ALONE = 0.5, 0.2
+
+#: the compute kinds whose contention a run measures (the others keep the run's own level, contention and all)
+CONTENDING = (GENERATE, TAG_GENERATE, SCORE, UPDATE)
+
+
+def host_contention(records: list[Record], others: list[float],
+                    alone: Callable[[str, int], float] | None = None) -> dict[str, float]:
+    """Per compute kind, how much each other busy process slows an action of that kind on a shared host
+    (``CostModel.host_contention``): the median over its contended records (another process busy over most of
+    the span) of ``(seconds / seconds alone - 1) / others``. Alone: ``alone(kind, samples)`` (the probe's, one
+    action at a time), else the median of the run's own records of that kind and size with no other process
+    busy (two at least). A kind with fewer than two such records gets none."""
+    alone_runs: dict[tuple[str, int], list[float]] = defaultdict(list)
+    for r, o in zip(records, others, strict=True):
+        if r.kind in CONTENDING and o <= ALONE and r.duration > 0:
+            alone_runs[(r.kind, r.samples)].append(r.duration)
+    out = {}
+    for kind in CONTENDING:
+        ratios = []
+        for r, o in zip(records, others, strict=True):
+            if r.kind != kind or o < CONTENDED or r.duration <= 0:
+                continue
+            ref = alone(kind, r.samples) if alone is not None else 0.0
+            if not ref and len(alone_runs[(kind, r.samples)]) >= 2:
+                ref = statistics.median(alone_runs[(kind, r.samples)])
+            if ref:
+                ratios.append((r.duration / ref - 1) / o)
+        if len(ratios) >= 2:
+            out[kind] = max(0.0, statistics.median(ratios))
+    return out
+
+
+def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
+    """Seconds of one action alone at ``samples``, by the probe's costs (``model``; 0 where it has none)."""
+    def alone(kind: str, samples: int) -> float:
+        if kind == UPDATE:
+            return model.train_time(samples, degree, model.trainer.workers, model.trainer.hardware)
+        hw = model.trainer.hardware if kind == TAG_GENERATE else model.generator.hardware
+        return (hw.score if kind == SCORE else hw.generate)(samples)
+    return alone
+
+
 def measured_profile(cfg: RunConfig, timeline: Timeline,
                      probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
@@ -97,12 +174,27 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     and the costs the run never measured (a ``never`` run's switches); the run's own samples then set
     each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
     scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
-    from both pools' samples."""
+    from both pools' samples. A profile of one unsharded trainer rank also gets the probe's all-gather
+    (latency + per byte) and the trainer's collective counts (``costs.Sharded``): what a sharded trainer
+    (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never ran."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
     res = cfg.resources
+    base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
+                     Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
+                     steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
+    sharded = Sharded()
+    if probes:
+        gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
+        counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
+        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS)]
+        # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
+        if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
+            sharded = Sharded(fit_points(gathers), **{c: int(v) for c, v in counts.items() if c != "kind"})
+        base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     samples = []
+    contention: dict[str, float] = {}
     records = timeline.records
     steps = {r.step for r in records}
     if len(steps) > 1:  # the first step is warm-up (allocator, caches, first BTS solves): not a cost
@@ -123,24 +215,36 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
             else:
                 samples.append({"kind": r.kind, "seconds": r.duration})
     else:
-        for r in records:
+        # CPU pools share the host's cores: each action's time alone, and how much each other busy process
+        # adds to it (a colocated run is always fully contended, so it cannot tell: its levels hold it)
+        others = busy_others(records, res.trainer.workers)
+        if cfg.trainer.device == "cpu":
+            contention = host_contention(records, others, _alone(base, degree) if probes else None)
+            if same_hardware(cfg):  # generation on a trainer rank (TAG) runs the same code as on a generator
+                for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
+                    if a in contention and b not in contention:
+                        contention[b] = contention[a]
+        # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
+        # alone): the run's, divided by a median slowdown, only add its noise
+        alone_by_probe = set(contention) if probes else set()
+        for r, o in zip(records, others, strict=True):  # an action's own sample count (two sizes fit per call
+            if r.kind in alone_by_probe:  # vs per row from the run alone)
+                continue
+            secs = r.duration / (1 + contention.get(r.kind, 0.0) * o)
             if r.kind in (GENERATE, SCORE):
-                samples.append({"pool": "generator", "kind": r.kind, "size": mb, "seconds": r.duration})
+                samples.append({"pool": "generator", "kind": r.kind, "size": r.samples or mb, "seconds": secs})
             elif r.kind == TAG_GENERATE:
-                samples.append({"kind": r.kind, "size": mb, "seconds": r.duration})
+                samples.append({"kind": r.kind, "size": r.samples or mb, "seconds": secs})
             elif r.kind == UPDATE:
-                samples.append({"kind": r.kind, "size": mb * r.count, "tsp_degree": degree, "seconds": r.duration})
+                samples.append({"kind": r.kind, "size": r.samples or mb * r.count, "tsp_degree": degree,
+                                "seconds": secs})
             elif r.kind == WEIGHT_SYNC or r.worker == TRAINER:  # pickups; switches, optimizer step, publish
-                samples.append({"kind": r.kind, "seconds": r.duration})
+                samples.append({"kind": r.kind, "seconds": secs})
         if same_hardware(cfg):
             samples = pool_samples(samples)
-    base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
-                     Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
-                     steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
-    if probes:
-        base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     d = cfg.digen
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
                         policy=d.tag.policy, mini_batches=cfg.mini_batches())
-    return fit_samples(base, samples), workload
+    return replace(fit_samples(base, samples), sharded=sharded,
+                   host_contention=tuple(sorted(contention.items()))), workload

@@ -1,8 +1,10 @@
 """Actions the scheduler emits; the executor runs each and reports its completion.
 
 An :class:`Action` names its kind, the workers it occupies, the global step and policy version it
-belongs to, and (for per-micro-batch work) the micro-batch index ``mb`` and its (prompt, sample) pairs.
-``start`` is stamped by the scheduler with the ``now`` it was emitted at. Kinds (:class:`ActionKind`;
+belongs to, and (for per-micro-batch work) the micro-batch index and its (prompt, sample) pairs.
+``start`` is stamped by the scheduler with the ``now`` it was emitted at, ``issued`` by the backend when
+it launched the action (the runtime's driver, before its Ray call): ``issued - start`` is the driver's
+dispatch latency, which a record keeps apart from the work. Kinds (:class:`ActionKind`;
 the worker method each one runs on Ray is stated in ``driver/ray_backend.py``, ``WORKER_METHODS``):
 
 - ``generate``: sample the micro-batch on generator worker ``genI`` with weights ``version``
@@ -73,6 +75,7 @@ class Action:
     start: float = 0.0
     count: int = 1  # update actions: micro-batches mb .. mb + count - 1 (one release unit)
     mini_batch: int | None = None  # an optimizer step of a mini-batch before the step's last: its index
+    issued: float | None = None  # when the backend launched it (None: not launched yet)
 
     @property
     def micro_batches(self) -> range:

@@ -82,4 +82,4 @@ class ColocatedScheduler:
         for i, w in enumerate(action.workers):  # the action's bytes on its first worker's record: counted once
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
                                      samples=len(action.samples), moved=moved if i == 0 else (),
-                                     mini_batch=action.mini_batch))
+                                     mini_batch=action.mini_batch, issued=action.issued))

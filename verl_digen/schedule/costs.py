@@ -174,6 +174,50 @@ class BaselineCosts:
             _check_cost(name, getattr(self, name))
 
 
+#: the after-run probe's samples for :class:`Sharded` (``driver/probe.py``): an all-gather between two of the run's
+#: processes (size: bytes gathered) and the trainer's own collective counts
+ALL_GATHER = "all_gather"
+SHARDED_CALLS = "sharded_calls"
+
+
+@dataclass(frozen=True)
+class Sharded:
+    """The collectives a trainer sharded over more ranks (FSDP2) adds per call, for a profile measured on one
+    unsharded rank, which never ran them (a measured profile's other costs stay per GPU as measured; presets
+    price their collectives on the fabric and leave this empty). ``collective``: one all-gather between two
+    ranks of the host, ``latency + per_unit * bytes gathered``; over W ranks a ring pays the latency W - 1
+    times and moves 2 (W - 1) / W of those bytes. The counts are the trainer's own (``fsdp.sharded_calls``)."""
+
+    collective: Affine = Affine()
+    pass_calls: int = 0  # one training pass: per FSDP unit an all-gather forward and backward, a reduce-scatter
+    pass_bytes: int = 0  # the bytes those move (the unsharded parameters, three times)
+    switch_calls: int = 0  # switch to generation: one all-gather per parameter tensor (the generation copy)
+    switch_bytes: int = 0
+    step_calls: int = 0  # optimizer step: the global gradient norm's reduction
+
+    def __post_init__(self) -> None:
+        for name in ("pass_calls", "pass_bytes", "switch_calls", "switch_bytes", "step_calls"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or v < 0:
+                raise ValueError(f"sharded.{name} must be a non-negative integer, got {v!r}")
+
+    def seconds(self, calls: int, nbytes: int, ranks: int) -> float:
+        """Seconds of ``calls`` collectives moving ``nbytes`` (gathered) over ``ranks`` ranks; 0 unsharded."""
+        if ranks <= 1 or calls <= 0:
+            return 0.0
+        c = self.collective
+        return calls * c.fixed * (ranks - 1) + c.per_unit * nbytes * 2 * (ranks - 1) / ranks
+
+    def per_pass(self, ranks: int) -> float:
+        return self.seconds(self.pass_calls, self.pass_bytes, ranks)
+
+    def switch(self, ranks: int) -> float:
+        return self.seconds(self.switch_calls, self.switch_bytes, ranks)
+
+    def step(self, ranks: int) -> float:
+        return self.seconds(self.step_calls, 0, ranks)
+
+
 @dataclass(frozen=True)
 class CostModel:
     """A cluster (generator pool + trainer pool) running one diffusion-RL workload.
@@ -196,6 +240,11 @@ class CostModel:
     # trainer GPUs per Ulysses group: a group trains the same rows (its GPUs each hold 1/size of their tokens,
     # priced in ``Hardware.train_pass``), so rows are shared over ranks / size data-parallel groups
     sequence_parallel: int = 1
+    sharded: Sharded = Sharded()  # collectives a sharded trainer adds (a profile measured on one rank)
+    # every process on one host (a CPU testbed): per action kind, how much each other busy process slows an action
+    # of that kind, as a fraction of its time alone ((kind, fraction) pairs; the simulator's processor sharing,
+    # ``executor.SimBackend``); empty for pools of their own
+    host_contention: tuple[tuple[str, float], ...] = ()
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -207,6 +256,8 @@ class CostModel:
             raise ValueError(f"sequence_parallel must be a positive integer, got {self.sequence_parallel!r}")
         for name in SCALAR_COSTS:
             _check_cost(name, getattr(self, name))
+        for kind, c in self.host_contention:
+            _check_cost(f"host_contention.{kind}", c)
 
     @property
     def total_workers(self) -> int:
@@ -226,10 +277,11 @@ class CostModel:
         """Forward+backward of ``samples`` generated samples on ``ranks`` GPUs, data-parallel over their
         Ulysses groups (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
         ``rows_per_pass``: rows per rank per pass, ``rows.row_plan``'s ``cap``)."""
+        extra = self.sharded.per_pass(ranks)
         if per_sample:
             each = math.ceil(samples * self.keep_fraction / self.data_parallel(ranks) - 1e-9)
-            return each * sum(hw.train_pass(d) for d in passes(self.steps_trained, tsp_degree))
-        return sum(hw.train_pass(r) for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
+            return each * sum(hw.train_pass(d) + extra for d in passes(self.steps_trained, tsp_degree))
+        return sum(hw.train_pass(r) + extra for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
 
     def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None,
                     per_sample: bool = False, rows_per_pass: int | None = None) -> StageCosts:
@@ -243,9 +295,9 @@ class CostModel:
             tag_generate=t_hw.generate(mb_size),
             score=g_hw.score(mb_size),
             update=self.train_time(update_samples or mb_size, tsp_degree, r, t_hw, per_sample, rows_per_pass),
-            switch_to_gen=self.switch_to_gen,
+            switch_to_gen=self.switch_to_gen + self.sharded.switch(r),
             switch_to_train=self.switch_to_train,
-            optimizer_step=self.optimizer_step,
+            optimizer_step=self.optimizer_step + self.sharded.step(r),
             weight_sync=self.weight_sync,
             publish=self.publish,
         )
@@ -273,13 +325,14 @@ class CostModel:
         per_gpu = math.ceil(batch / w)
         hws = (m.generator.hardware, m.trainer.hardware)
         b = self.baselines
+        to_gen = m.switch_to_gen + m.sharded.switch(w)  # every GPU in one FSDP group
         phases = {
-            SWITCH_TO_GEN: m.switch_to_gen,
+            SWITCH_TO_GEN: to_gen,
             GENERATE: max(hw.generate(per_gpu) for hw in hws),
             SCORE: max(hw.score(per_gpu) for hw in hws),
             SWITCH_TO_TRAIN: m.switch_to_train,
             UPDATE: max(m.train_time(batch, tsp_degree, w, hw, rows_per_pass=rows_per_pass) for hw in hws),
-            OPTIMIZER_STEP: m.optimizer_step,
+            OPTIMIZER_STEP: m.optimizer_step + m.sharded.step(w),
         }
         if baseline == NATIVE:
             def one_sample(hw: Hardware) -> float:  # every forward waits for its all-gather (or hides it)
@@ -300,7 +353,7 @@ class CostModel:
                            for r in self._pass_rows(batch, 1, w))
 
             phases.update({
-                SWITCH_TO_GEN: m.switch_to_gen + b.rollout_wake,
+                SWITCH_TO_GEN: to_gen + b.rollout_wake,
                 SWITCH_TO_TRAIN: m.switch_to_train + b.rollout_sleep,
                 UPDATE: max(m.train_time(batch, 1, w, hw) + recompute(hw) for hw in hws),
             })

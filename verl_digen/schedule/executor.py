@@ -82,31 +82,65 @@ def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], 
 
 class SimBackend:
     """Virtual clock: an action takes its cost-model duration (optionally with multiplicative
-    log-normal noise); completions within 1 ns are delivered together, as a real event loop would."""
+    log-normal noise); completions within 1 ns are delivered together, as a real event loop would.
+
+    ``contention`` (action kind -> c): every process shares one host (a CPU testbed,
+    ``CostModel.host_contention``); while N processes are busy, an action of that kind runs 1 + c x (N - 1) times
+    slower than alone (processor sharing, re-rated at each launch and completion). ``processes(action)``: how
+    many processes an action keeps busy (default one per worker it occupies)."""
 
     def __init__(self, costs: StageCosts, noise: float = 0.0, seed: int = 0,
-                 duration: Callable[[Action], float] | None = None) -> None:
+                 duration: Callable[[Action], float] | None = None, contention: dict[str, float] | None = None,
+                 processes: Callable[[Action], int] | None = None) -> None:
         self.costs = costs
         self.noise = noise
         self.rng = random.Random(seed)
         self.duration = duration or (lambda a: costs.duration(a.kind))
+        self.contention = {k: c for k, c in (contention or {}).items() if c > 0}
+        self.processes = processes or (lambda a: len(a.workers))
         self.clock = 0.0
         self._heap: list[tuple[float, int, Action]] = []
         self._seq = 0
+        self._work: dict[int, list] = {}  # shared host: seq -> [action, work left (s alone), processes]
+        self._busy = 0  # processes busy
 
     def now(self) -> float:
         return self.clock
 
     def launch(self, action: Action) -> None:
+        action.issued = self.clock  # a virtual clock dispatches at once
         d = self.duration(action)
         if self.noise:
             d *= math.exp(self.rng.gauss(0.0, self.noise) - self.noise * self.noise / 2)
-        heapq.heappush(self._heap, (self.clock + d, self._seq, action))
+        if self.contention:
+            n = self.processes(action)
+            self._work[self._seq] = [action, d, n]
+            self._busy += n
+        else:
+            heapq.heappush(self._heap, (self.clock + d, self._seq, action))
         self._seq += 1
 
+    def _shared_wait(self) -> tuple[list[Completion], float]:
+        """To the next end of work at the rates of the processes busy until then; every action's work advances."""
+        others = max(self._busy - 1, 0)
+        rate = {s: 1.0 / (1.0 + self.contention.get(a.kind, 0.0) * others) for s, (a, _, _) in self._work.items()}
+        dt = min(w / rate[s] for s, (_, w, _) in self._work.items())
+        self.clock += dt
+        done = []
+        for s in sorted(self._work):
+            item = self._work[s]
+            item[1] -= dt * rate[s]
+            if item[1] <= EPS:
+                done.append(item[0])
+                self._busy -= item[2]
+                del self._work[s]
+        return [Completion(a, self.clock) for a in done], self.clock
+
     def wait(self) -> tuple[list[Completion], float]:
-        if not self._heap:
+        if not self._heap and not self._work:
             raise RuntimeError("scheduler stalled: no action in flight and not done")
+        if self.contention:
+            return self._shared_wait()
         t, _, a = heapq.heappop(self._heap)
         done = [Completion(a, t)]
         while self._heap and self._heap[0][0] <= t + EPS:

@@ -56,7 +56,8 @@ def chrome_trace(timeline: Timeline, title: str = "verl-digen") -> dict:
             "dur": max(0.0, r.end - r.start) * 1e6,
             "args": {"kind": r.kind, "step": r.step, "mb": r.mb, "count": r.count, "version": r.version,
                      "stale": r.stale, **({"bytes": dict(r.moved)} if r.moved else {}),
-                     **({"mini_batch": r.mini_batch} if r.mini_batch is not None else {})},
+                     **({"mini_batch": r.mini_batch} if r.mini_batch is not None else {}),
+                     **({"dispatch_s": r.dispatch} if r.issued is not None else {})},
         })
     return {"traceEvents": events, "displayTimeUnit": "ms"}
 
@@ -177,7 +178,8 @@ def _joined_runs(path: str | Path) -> dict:
         shift = int(header.get("first_step", 0)) - base
         for r in recs:
             records.append({**r, "step": r["step"] + shift, "version": r["version"] + shift,
-                            "start": r["start"] + t, "end": r["end"] + t})
+                            "start": r["start"] + t, "end": r["end"] + t,
+                            **({"issued": r["issued"] + t} if r.get("issued") is not None else {})})
         t = max((r["end"] for r in records), default=t)
     head = runs[-1][0] if runs else {}
     return {**head, "records": records}

@@ -26,12 +26,13 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 from collections import defaultdict
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, passes
+from .costs import KINDS, SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
@@ -90,6 +91,24 @@ def _baselines(d: Any) -> BaselineCosts:
     return BaselineCosts(**d)
 
 
+def _sharded(d: Any) -> Sharded:
+    if d is None:
+        return Sharded()
+    allowed = {f.name for f in fields(Sharded)}
+    if not isinstance(d, dict) or set(d) - allowed:
+        raise ValueError(f"sharded: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
+    return Sharded(**{**d, "collective": _affine(d.get("collective"), "sharded.collective")})
+
+
+def _contention(d: Any) -> tuple[tuple[str, float], ...]:
+    if d is None:
+        return ()
+    if not isinstance(d, dict) or set(d) - set(KINDS):
+        raise ValueError(f"host_contention: expected a mapping from action kinds {list(KINDS)} to fractions, "
+                         f"got {d!r}")
+    return tuple(sorted((str(k), float(v)) for k, v in d.items()))
+
+
 def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
     if d.get("format", FORMAT) != FORMAT:
@@ -104,6 +123,8 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         sequence_parallel=int(d.get("sequence_parallel", 1)),
         **{k: float(d.get(k, 0.0)) for k in _SCALARS},
         baselines=_baselines(d.get("baselines")),
+        sharded=_sharded(d.get("sharded")),
+        host_contention=_contention(d.get("host_contention")),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -117,25 +138,52 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     return model, wl
 
 
-def _fit(points: list[tuple[float, float]], prior: Affine) -> Affine:
-    sizes = {s for s, _ in points}
-    mean_t = sum(t for _, t in points) / len(points)
-    if len(sizes) >= 2:
-        n = len(points)
-        mx = sum(s for s, _ in points) / n
-        sxx = sum((s - mx) ** 2 for s, _ in points)
-        slope = sum((s - mx) * (t - mean_t) for s, t in points) / sxx
-        slope = max(slope, 0.0)
-        return Affine(max(mean_t - slope * mx, 0.0), slope)
-    (size,) = sizes
-    predicted = prior(size)
+def fit_affine(points: list[tuple[float, float, float]]) -> Affine:
+    """Weighted least squares of ``seconds = fixed + per_unit * size`` over ``(size, seconds, weight)``
+    points of at least two distinct sizes: ``fixed`` is the per-call overhead (dispatch, Ray round trip,
+    serialization, launch), ``per_unit`` the compute per sample or row. A negative slope (noise) leaves the
+    weighted mean as a per-call cost; a negative intercept refits the slope through the origin."""
+    w = sum(p[2] for p in points)
+    mx = sum(s * k for s, _, k in points) / w
+    my = sum(t * k for _, t, k in points) / w
+    sxx = sum(k * (s - mx) ** 2 for s, _, k in points)
+    if sxx <= 0:
+        raise ValueError("fit_affine needs points of at least two distinct sizes")
+    slope = sum(k * (s - mx) * (t - my) for s, t, k in points) / sxx
+    if slope <= 0:
+        return Affine(max(my, 0.0), 0.0)
+    fixed = my - slope * mx
+    if fixed < 0:
+        return Affine(0.0, sum(k * s * t for s, t, k in points) / sum(k * s * s for s, _, k in points))
+    return Affine(fixed, slope)
+
+
+def _medians(points: list[tuple[float, float]]) -> list[tuple[float, float, float]]:
+    """``(size, median seconds, count)`` per distinct size: a load spike on a shared host (one call 10x
+    its peers) moves a mean, and with it every prediction, but not a median."""
+    by: dict[float, list[float]] = defaultdict(list)
+    for s, t in points:
+        by[s].append(t)
+    return [(s, statistics.median(ts), float(len(ts))) for s, ts in sorted(by.items())]
+
+
+def fit_points(points: list[tuple[float, float]], prior: Affine | None = None) -> Affine:
+    """Per-call + per-unit cost of ``(size, seconds)`` points: least squares over the per-size medians
+    (weighted by their counts) where there are two sizes or more; one size keeps the prior's split of per
+    call vs per unit at the measured level (or, with no prior, makes the cost a per-unit rate)."""
+    med = _medians(points)
+    if len(med) >= 2:
+        return fit_affine(med)
+    ((size, t, _),) = med
+    predicted = prior(size) if prior is not None else 0.0
     if predicted > 0:
-        return prior.scaled(mean_t / predicted)
-    return Affine(0.0, mean_t / size if size > 0 else 0.0)
+        return prior.scaled(t / predicted)
+    return Affine(0.0, t / size if size > 0 else 0.0)
 
 
 def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
-    """Refit affine costs from measured (pool, kind, size, seconds) samples; scalar kinds -> mean."""
+    """Refit affine costs from measured (pool, kind, size, seconds) samples (``fit_points``); scalar kinds -> their
+    median."""
     pts: dict[tuple[str, str], list[tuple[float, float]]] = defaultdict(list)
     scalars: dict[str, list[float]] = defaultdict(list)
     R = model.trainer.workers
@@ -165,9 +213,9 @@ def fit_samples(model: CostModel, samples: list[dict]) -> CostModel:
     pools = {"generator": model.generator, "trainer": model.trainer}
     for (pool, kind), p in pts.items():
         hw = pools[pool].hardware
-        pools[pool] = Pool(replace(hw, **{kind: _fit(p, getattr(hw, kind))}), pools[pool].workers)
+        pools[pool] = Pool(replace(hw, **{kind: fit_points(p, getattr(hw, kind))}), pools[pool].workers)
     return replace(model, generator=pools["generator"], trainer=pools["trainer"],
-                   **{k: sum(v) / len(v) for k, v in scalars.items()})
+                   **{k: statistics.median(v) for k, v in scalars.items()})
 
 
 def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = None) -> dict:
@@ -185,6 +233,10 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
     out.update({k: getattr(model, k) for k in _SCALARS})
     if model.baselines != BaselineCosts():
         out["baselines"] = asdict(model.baselines)
+    if model.sharded != Sharded():
+        out["sharded"] = asdict(model.sharded)
+    if model.host_contention:
+        out["host_contention"] = dict(model.host_contention)
     if workload is not None:
         out["workload"] = asdict(workload)
     return out

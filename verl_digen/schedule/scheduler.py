@@ -185,7 +185,7 @@ class StepScheduler:
                 self._slots_busy -= 1
             self.timeline.add(Record(w, action.kind, action.mb, action.step, action.version, action.start, end,
                                      action.stale, action.count, len(action.samples), moved if i == 0 else (),
-                                     action.mini_batch))
+                                     action.mini_batch, action.issued))
         kind, s = action.kind, action.step
         self._decided = False  # a new event: a TAG decision may be due again
         if kind in (GENERATE, TAG_GENERATE):

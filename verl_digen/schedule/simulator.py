@@ -69,9 +69,16 @@ class SimResult:
 
 
 def execute(sched: StepScheduler, true_costs: StageCosts, noise: float = 0.0, seed: int = 0,
-            check: bool = True) -> Timeline:
-    """Run ``sched`` to completion on a virtual clock; returns its (checked) timeline."""
-    return run(sched, SimBackend(true_costs, noise, seed), check=check)
+            check: bool = True, contention: dict[str, float] | None = None) -> Timeline:
+    """Run ``sched`` to completion on a virtual clock; returns its (checked) timeline. ``contention``: the
+    cost model's ``host_contention`` (all processes on one host)."""
+    return run(sched, SimBackend(true_costs, noise, seed, contention=contention,
+                                 processes=_processes(sched.timeline.trainer_ranks)), check=check)
+
+
+def _processes(trainer_ranks: int):
+    """Processes an action keeps busy: the trainer unit is every trainer rank, any other worker one."""
+    return lambda a: sum(trainer_ranks if w == TRAINER else 1 for w in a.workers)
 
 
 def simulate(
@@ -95,7 +102,7 @@ def simulate(
     pol = parse_policy(policy if policy is not None else config.policy)
     R = model.trainer.workers
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
-    tl = execute(sched, costs, noise, seed, check)
+    tl = execute(sched, costs, noise, seed, check, dict(model.host_contention))
     span = tl.makespan
     bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R,
                          synchronous=sched.stale_budget == 0, mini_batches=config.mini_batches)
@@ -122,7 +129,9 @@ def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | No
         colocated_costs(model, config.batch, config.tsp_degree, baseline, config.mini_batches,
                         config.rows_per_pass), model)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
-    tl = run(ColocatedScheduler(config, workers), SimBackend(costs), check=check)
+    tl = run(ColocatedScheduler(config, workers),
+             SimBackend(costs, contention=dict(model.host_contention), processes=_processes(model.trainer.workers)),
+             check=check)
     span = tl.makespan
     return SimResult(
         label=label or f"colocated:{baseline}",

@@ -68,10 +68,18 @@ class Record:
     # publishes, pickups and switches on the runtime, their priced moves on the simulator
     moved: tuple[tuple[str, int], ...] = ()
     mini_batch: int | None = None  # an optimizer step of a mini-batch before the step's last: its index
+    # when the backend launched the action (the runtime's driver, before its Ray call; the simulator at
+    # ``start``); None in files of earlier versions. ``issued - start``: the driver's dispatch latency
+    issued: float | None = None
 
     @property
     def duration(self) -> float:
         return self.end - self.start
+
+    @property
+    def dispatch(self) -> float:
+        """Seconds from the scheduler's decision to the backend's launch (0 where not recorded)."""
+        return 0.0 if self.issued is None else self.issued - self.start
 
 
 @dataclass

@@ -28,6 +28,7 @@ from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
 from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned, plan_for
+from verl_digen.workers.collective_probe import time_all_gather
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
@@ -309,6 +310,14 @@ class TSPActorWorker(Worker):
         self._require(mode="any")
         state = self._gather_weights()
         return None if state is None else P.weights_checksum(state)
+
+    def sharded_calls(self) -> dict[str, int]:
+        """The collectives a trainer sharded over more ranks adds per call (``fsdp.sharded_calls``; the probe)."""
+        return fsdp.sharded_calls(self.model.transformer)
+
+    def time_all_gather(self, host: str, port: int, rank: int, world: int, numels: list[int]) -> list:
+        """The probe's all-gather timing with a generator (``collective_probe.time_all_gather``)."""
+        return time_all_gather(host, port, rank, world, numels)
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:

@@ -1,0 +1,40 @@
+"""The after-run probe's sharding samples: the collectives sharding a trainer adds, counted on its module, and an
+all-gather timed between two members of a group of their own (threads here; two of the run's processes there)."""
+
+import socket
+import threading
+
+import torch
+
+from verl_digen.models.tiny import tiny_components
+from verl_digen.workers.collective_probe import time_all_gather
+from verl_digen.workers.fsdp import sharded_calls
+
+
+def test_the_counts_follow_the_units_and_tensors_of_the_module():
+    transformer, _ = tiny_components("flux")
+    blocks = set(transformer._no_split_modules)
+    units = 1 + sum(type(m).__name__ in blocks for m in transformer.modules())
+    params = sum(p.numel() * 4 for p in transformer.parameters())
+    counts = sharded_calls(transformer)
+    assert units >= 3 and counts["pass_calls"] == 3 * units - 1  # the root is not gathered again for backward
+    assert counts["pass_bytes"] == 3 * params  # gathered forward, backward, gradients reduce-scattered
+    assert counts["switch_calls"] == len(transformer.state_dict()) and counts["switch_bytes"] >= params
+    transformer.requires_grad_(False)  # frozen weights are gathered but reduce nothing
+    assert sharded_calls(transformer)["pass_bytes"] == 2 * params
+
+
+def test_an_all_gather_between_two_members_is_timed_per_size():
+    torch.set_num_threads(1)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out: dict[int, list] = {}
+    threads = [threading.Thread(target=lambda r=r: out.__setitem__(
+        r, time_all_gather("127.0.0.1", port, r, 2, [1, 1000], reps=3))) for r in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert [b for b, _ in out[0]] == [8, 8000] == [b for b, _ in out[1]]  # bytes gathered: float32 x 2 ranks
+    assert all(0 < t < 10 for _, t in out[0])
