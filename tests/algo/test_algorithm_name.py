@@ -24,11 +24,15 @@ from verl_digen.rollout.sampler import SamplerConfig, sample_trajectories
     (["algorithm.name=dance_grpo"], "dance_grpo", "flow_grpo"),
     (["algorithm.name=grpo_guard"], "flow_grpo", "grpo_guard"),
     (["algorithm.name=flow_dppo", "rollout.sde_type=dance_grpo"], "dance_grpo", "flow_dppo"),
+    (["algorithm.name=mix_grpo", "rollout.sde_type=cps"], "cps", "flow_grpo"),
 ])
 def test_algorithm_name_selects_sde_and_loss(overrides, sde, mode):
     cfg = compose(overrides)
     assert cfg.sampler().sde == sde
     assert cfg.worker_config().loss.mode == mode
+    mix = cfg.sampler().selection.mix
+    assert (mix is not None) == ("algorithm.name=mix_grpo" in overrides)
+    assert cfg.sampler().selection.kind == ("window" if mix is not None else "first_k")
 
 
 def test_old_mean_losses_price_the_step_weights_forward_with_mini_batches():

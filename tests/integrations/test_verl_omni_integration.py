@@ -254,9 +254,46 @@ def test_grpo_guard_and_flow_dppo_carry_to_algorithm_name(mode, tmp_path):
         vo.from_verl_omni_config(raw)
 
 
+@pytest.mark.parametrize("strategy", ["random", "progressive"])
+def test_mix_grpo_carries_its_sliding_window(strategy, tmp_path):
+    """verl-omni's examples/mixgrpo_trainer keys: model.algorithm=mix_grpo (loss pinned to flow_grpo) becomes
+    algorithm.name=mix_grpo with the window's size, range and schedule; the converted recipe validates and
+    slides the window as verl-omni's adapter does; another loss, or no window (FlowGRPO), is said by name."""
+    from verl_digen.algo.mix_grpo import MixWindow
+    from verl_digen.config import ConfigError
+
+    raw = _runnable(tmp_path)
+    arr = raw["actor_rollout_ref"]
+    algo = {"noise_level": 1.2, "sde_type": "sde", "sde_window_size": 2, "sde_window_range": [0, 5],
+            "sample_strategy": strategy, "sde_window_seed": 42, "iters_per_group": 2}
+    raw["actor_rollout_ref"] = {**arr, "model": {**arr["model"], "algorithm": "mix_grpo"},
+                                "rollout": {**arr["rollout"], "algo": {**arr["rollout"]["algo"], **algo}}}
+    out = vo.from_verl_omni_config(raw)
+    assert out["algorithm.name"] == "mix_grpo"
+    assert (out["rollout.selection"], out["rollout.train_steps"], out["rollout.window_range"]) == ("window", 2, [0, 5])
+    assert "rollout.window_start" not in out
+    assert (out["rollout.sample_strategy"], out["rollout.iters_per_group"], out["rollout.sde_window_seed"]) == (
+        strategy, 2, 42)
+    cfg = vo.to_run_config(raw, log=lambda _: None)
+    sel = cfg.sampler().selection
+    assert sel.mix == MixWindow(strategy, 2, 42) and cfg.worker_config().loss.mode == "flow_grpo"
+    assert [sel.window(10, 0, s)[0] for s in range(4)] == [MixWindow(strategy, 2, 42).start(2, 0, 5, s)
+                                                           for s in range(4)]
+    raw["actor_rollout_ref"]["actor"]["diffusion_loss"]["loss_mode"] = "grpo_guard"
+    with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.actor.diffusion_loss.loss_mode' = "
+                                                    "'grpo_guard'")):
+        vo.from_verl_omni_config(raw)
+    raw["actor_rollout_ref"]["actor"]["diffusion_loss"]["loss_mode"] = "flow_grpo"
+    del raw["actor_rollout_ref"]["rollout"]["algo"]["sde_window_size"]
+    notes: list[str] = []
+    out = vo.from_verl_omni_config(raw, notes=notes)
+    assert "algorithm.name" not in out and "rollout.sample_strategy" not in out
+    assert any("mix_grpo without rollout.algo.sde_window_size" in n for n in notes)
+
+
 @pytest.mark.parametrize("key,value", [
     ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "diffusion_nft"),
-    ("actor_rollout_ref.model.algorithm", "mix_grpo"),
+    ("actor_rollout_ref.model.algorithm", "diffusion_nft"),
     ("algorithm.trainer_type", "direct_preference"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype", "fp8"),
     ("trainer.device", "npu"),

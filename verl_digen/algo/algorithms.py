@@ -3,6 +3,8 @@ the trainer takes (``loss.LOSS_MODES``). Names are verl-omni's (``model.algorith
 
 ``flow_grpo``, ``dance_grpo`` and ``cps`` are FlowGRPO's clipped loss with that SDE (the name sets
 ``rollout.sde_type``); ``grpo_guard`` and ``flow_dppo`` change the loss and keep ``rollout.sde_type``'s SDE.
+``mix_grpo`` is FlowGRPO's loss and ``rollout.sde_type``'s SDE inside MixGRPO's sliding window
+(``mix_grpo.py``): the window's steps are SDE steps and trained, the rest ODE steps.
 ``null`` is today's behaviour: FlowGRPO's loss with ``rollout.sde_type``.
 """
 
@@ -23,13 +25,13 @@ ALGORITHMS: dict[str, Algorithm] = {
     "cps": Algorithm("cps", "flow_grpo"),
     "grpo_guard": Algorithm(None, "grpo_guard"),
     "flow_dppo": Algorithm(None, "flow_dppo"),
+    "mix_grpo": Algorithm(None, "flow_grpo"),
 }
 
 #: verl-omni algorithms verl-digen names but does not run yet (issue 46), with what is missing
 NOT_IMPLEMENTED: dict[str, str] = {
     "diffusion_nft": "DiffusionNFT needs an ODE rollout without log-probs, k noised forward+backward rows per "
                      "clean sample, an 'old' adapter updated on a decay schedule, and their cost in the planner",
-    "mix_grpo": "MixGRPO needs a sliding SDE window with ODE steps around it in the sampler and the cost model",
 }
 
 

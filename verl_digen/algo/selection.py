@@ -8,7 +8,8 @@ sample, so (sample, step) rows stack into one TSP batch. Step i is the transitio
 - ``window``   (Flow-GRPO-Fast / MixGRPO): a contiguous SDE window of ``k`` steps; the sampler runs the
   ODE outside it, and only window steps are stored and trained. The window start is fixed
   (``window_start``) or drawn per global step from ``[0, T - k]``, or from ``[lo, hi - k]`` when a
-  ``window_range`` (lo, hi) bounds the window (same for every sample of that step).
+  ``window_range`` (lo, hi) bounds the window (same for every sample of that step). With ``mix``
+  (``algorithm.name=mix_grpo``) MixGRPO's schedule places it instead (``algo.mix_grpo``).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_digen.algo.mix_grpo import MixWindow
 from verl_digen.algo.seeding import sample_generator, sample_seed
 from verl_digen.defaults import SELECTION_KINDS
 from verl_digen.schedule.costs import trained_steps
@@ -31,6 +33,7 @@ class StepSelection:
     timestep_fraction: float | None = None
     window_start: int | None = None
     window_range: tuple[int, int] | None = None  # (lo, hi): the window lies inside steps [lo, hi)
+    mix: MixWindow | None = None  # MixGRPO's sliding schedule of the window (``window`` kind only)
 
     def num_trained(self, num_steps: int) -> int:
         """K, validated against the number of sampling steps T."""
@@ -49,6 +52,10 @@ class StepSelection:
         if self.kind == "window" and self.window_start is not None:
             if not 0 <= self.window_start <= num_steps - k:
                 raise ValueError(f"window_start={self.window_start} must lie in [0, {num_steps - k}] for k={k}")
+        if self.mix is not None:
+            if self.kind != "window" or self.window_start is not None:
+                raise ValueError("MixGRPO slides a window: it needs the window kind and no fixed window_start")
+            self.mix.check()
         if self.kind == "window" and self.window_range is not None:
             lo, hi = self.window_range
             if not 0 <= lo <= hi - k or hi > num_steps:
@@ -62,6 +69,9 @@ class StepSelection:
         if self.window_start is not None:
             return self.window_start, self.window_start + k
         lo, hi = self.window_range if self.window_range is not None else (0, num_steps)
+        if self.mix is not None:
+            start = self.mix.start(k, lo, hi, step)
+            return start, start + k
         start = lo + sample_seed(seed, step, -1, -1, "window") % (hi - k - lo + 1)
         return start, start + k
 

@@ -73,6 +73,11 @@ class RolloutConfig:
     timestep_fraction: float | None = None
     window_start: int | None = None
     window_range: list[int] | None = None  # [lo, hi]: a drawn window lies in steps [lo, hi) (sde_window_range)
+    # algorithm.name=mix_grpo: how the SDE window of rollout.train_steps steps slides (verl-omni's names): random
+    # (a start per global step from sde_window_seed) or progressive (+ its size every iters_per_group steps)
+    sample_strategy: str = "random"
+    iters_per_group: int = 1
+    sde_window_seed: int = 0
     shared_group_noise: bool = False
     backend: str = "diffusers"  # rollout engine of the generator pool: diffusers | vllm (vLLM-Omni, GPU)
     # backend=vllm: the RL pipeline class the engine installs (custom_pipeline_args); null = verl-digen's own for
@@ -114,7 +119,7 @@ class ActorConfig:
 
 @dataclass
 class AlgorithmConfig:
-    name: str | None = None  # flow_grpo | dance_grpo | cps | grpo_guard | flow_dppo; null: FlowGRPO, rollout.sde_type
+    name: str | None = None  # flow_grpo|dance_grpo|cps|grpo_guard|flow_dppo|mix_grpo; null: FlowGRPO, rollout.sde_type
     adv_std: str = "group"
     std_estimator: str = "population"  # the std's divisor: n (population) or n - 1 (unbiased, verl-omni's)
     adv_eps: float = 1e-4
@@ -271,12 +276,18 @@ class RunConfig:
         return self.resources.generator.workers + self.resources.trainer.workers
 
     def step_selection(self) -> StepSelection:
+        """Which steps are trained; ``algorithm.name=mix_grpo`` slides a window of them (``algo.mix_grpo``)."""
+        from verl_digen.algo.mix_grpo import MixWindow
         from verl_digen.algo.selection import StepSelection
 
         r = self.rollout
-        return StepSelection(r.selection, k=None if r.timestep_fraction is not None else r.train_steps,
+        mix = None
+        if self.algorithm.name == "mix_grpo":
+            mix = MixWindow(r.sample_strategy, r.iters_per_group, r.sde_window_seed)
+        return StepSelection("window" if mix is not None else r.selection,
+                             k=None if r.timestep_fraction is not None else r.train_steps,
                              timestep_fraction=r.timestep_fraction, window_start=r.window_start,
-                             window_range=tuple(r.window_range) if r.window_range is not None else None)
+                             window_range=tuple(r.window_range) if r.window_range is not None else None, mix=mix)
 
     def sde_type(self) -> str:
         """The rollout's SDE: the one ``algorithm.name`` fixes (flow_grpo, dance_grpo, cps), else

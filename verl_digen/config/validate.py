@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
+from verl_digen.algo.mix_grpo import STRATEGIES
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import (
@@ -126,6 +127,32 @@ def _check_algorithm(cfg: RunConfig) -> None:
         raise ConfigError("actor.kl_mask_threshold", t, "a finite number >= 0 (the per-element KL(new || old))")
 
 
+def _check_mix_grpo(cfg: RunConfig) -> None:
+    """MixGRPO's window keys: read only with ``algorithm.name=mix_grpo``, and a window that fits and slides."""
+    r, default = cfg.rollout, RolloutConfig()
+    keys = ("sample_strategy", "iters_per_group", "sde_window_seed")
+    if cfg.algorithm.name != "mix_grpo":
+        for key in keys:
+            if getattr(r, key) != getattr(default, key):
+                raise ConfigError(f"rollout.{key}", getattr(r, key), f"{getattr(default, key)} (the default) unless "
+                                  "algorithm.name=mix_grpo: only MixGRPO slides its SDE window")
+        return
+    _choice("rollout.sample_strategy", r.sample_strategy, STRATEGIES)
+    _positive("rollout.iters_per_group", r.iters_per_group)
+    _positive("rollout.sde_window_seed", r.sde_window_seed, allow_zero=True)
+    if r.selection not in (default.selection, "window"):
+        raise ConfigError("rollout.selection", r.selection, "window (or the default) with algorithm.name=mix_grpo: "
+                          "its trained steps are the sliding SDE window")
+    if r.window_start is not None:
+        raise ConfigError("rollout.window_start", r.window_start, "null with algorithm.name=mix_grpo: the window "
+                          "slides (bound it with rollout.window_range)")
+    lo, hi = r.window_range if r.window_range is not None else (0, r.num_steps)
+    if r.timestep_fraction is None and not (isinstance(r.train_steps, int) and 1 <= r.train_steps <= hi - lo):
+        raise ConfigError("rollout.train_steps", r.train_steps, f"an integer in [1, {hi - lo}]: MixGRPO's window "
+                          f"size (verl-omni's sde_window_size) within steps [{lo}, {hi}) (rollout.window_range, "
+                          "else [0, rollout.num_steps])")
+
+
 def validate(cfg: RunConfig) -> list[str]:
     """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one, and return
     warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
@@ -196,6 +223,7 @@ def validate(cfg: RunConfig) -> list[str]:
     if wr is not None and not 0 <= wr[0] < wr[1] <= r.num_steps:
         raise ConfigError("rollout.window_range", list(wr), f"null or [lo, hi] with 0 <= lo < hi <= {r.num_steps} "
                           "(rollout.num_steps): the SDE window lies in steps [lo, hi)")
+    _check_mix_grpo(cfg)
     try:
         k = cfg.trained_steps()
     except ValueError as err:

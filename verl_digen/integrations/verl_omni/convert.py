@@ -34,6 +34,8 @@ DEVICES = {"cuda": "cuda", "gpu": "cuda", "cpu": "cpu"}  # verl-omni's trainer.d
 LOSS_MODES = ("flow_grpo", "dance_grpo", "grpo_guard", "flow_dppo")  # verl-omni loss modes verl-digen implements
 ADV_ESTIMATORS = ("flow_grpo", "dance_grpo")  # verl-omni's GRPO group advantages (every loss above takes them)
 OLD_MEAN_LOSSES = ("grpo_guard", "flow_dppo")  # carried to algorithm.name (the loss reads the old policy's mean)
+MIX_GRPO = "mix_grpo"  # model.algorithm only: FlowGRPO's loss in MixGRPO's sliding window (algorithm.name)
+MIX_KEYS = ("sample_strategy", "iters_per_group", "sde_window_seed")  # its window schedule, same names
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
 # CFG: which verl-omni pipeline key is the real classifier-free guidance scale for an architecture
 # (diffusers' Qwen-Image pipelines take true_cfg_scale; SD3, Wan, HunyuanVideo take guidance_scale; FLUX.1-dev
@@ -188,9 +190,19 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     algorithm = get(f"{ARR}.model.algorithm")
     loss_mode = get(f"{ARR}.actor.diffusion_loss.loss_mode")  # verl-omni's default: model.algorithm
     for key, value in ((f"{ARR}.model.algorithm", algorithm), (f"{ARR}.actor.diffusion_loss.loss_mode", loss_mode)):
-        if value is not None and value not in LOSS_MODES:
+        if value is not None and value not in LOSS_MODES and not (key.endswith(".algorithm") and value == MIX_GRPO):
             raise _refuse(key, value, f"one of {', '.join(LOSS_MODES)} (the losses verl-digen implements; "
                           "see docs/migrating-from-verl-omni.md)")
+    mix = algorithm == MIX_GRPO
+    if mix and loss_mode not in (None, "flow_grpo"):
+        raise _refuse(f"{ARR}.actor.diffusion_loss.loss_mode", loss_mode, "flow_grpo with model.algorithm=mix_grpo "
+                      "(MixGRPO trains FlowGRPO's loss, as verl-omni's docs pin it)")
+    if mix and get(f"{ARR}.rollout.algo.sde_window_size") is None:
+        mix = False
+        notes.append(f"{ARR}.model.algorithm=mix_grpo without rollout.algo.sde_window_size: verl-omni's SDE window "
+                     "is then the whole trajectory and never slides, which is FlowGRPO; converted as FlowGRPO")
+    elif mix:
+        put("algorithm.name", MIX_GRPO, src=f"{ARR}.model.algorithm")
     adv = get("algorithm.adv_estimator")
     if adv is not None and adv not in ADV_ESTIMATORS:
         raise _refuse("algorithm.adv_estimator", adv, f"one of {', '.join(ADV_ESTIMATORS)} (GRPO group advantages)")
@@ -243,7 +255,14 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         lo, hi = (int(v) for v in (lo_hi if lo_hi is not None else DEFAULT_WINDOW_RANGE))
         if steps is not None:
             hi = min(hi, int(steps))
-        if hi - window == lo:
+        if mix:  # the start follows MixGRPO's schedule inside [lo, hi), as verl-omni's mix_grpo adapter places it
+            out["rollout.window_range"] = [lo, hi]
+            if lo_hi is None:
+                notes.append(f"{ARR}.rollout.algo.sde_window_range unset: MixGRPO's window slides in steps {[lo, hi]} "
+                             "(verl-omni's mix_grpo adapter's default range)")
+            for name in MIX_KEYS:
+                take(f"rollout.{name}", f"{ARR}.rollout.algo.{name}", str if name == "sample_strategy" else int)
+        elif hi - window == lo:
             out["rollout.window_start"] = lo
         else:
             out["rollout.window_range"] = [lo, hi]
@@ -253,9 +272,9 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
                          "(verl-omni draws per request)")
         if get(f"{ARR}.rollout.algo.sde_contiguous") is False:
             notes.append(f"{ARR}.rollout.algo.sde_contiguous=False: verl-digen's SDE window is contiguous")
-        if get(f"{ARR}.rollout.algo.sample_strategy") not in (None, "random"):
+        if not mix and get(f"{ARR}.rollout.algo.sample_strategy") not in (None, "random"):
             notes.append(f"{ARR}.rollout.algo.sample_strategy={_get(cfg, f'{ARR}.rollout.algo.sample_strategy')!r}: "
-                         "verl-digen draws the window start at random (MixGRPO's schedules are not implemented)")
+                         "only verl-omni's mix_grpo adapters read it (model.algorithm=mix_grpo); not carried")
     elif steps is not None:
         # no window: verl-omni runs the SDE on, and trains, steps 0 .. T-2 (the last step is deterministic)
         out.update({"rollout.selection": "first_k", "rollout.train_steps": max(1, int(steps) - 1),
