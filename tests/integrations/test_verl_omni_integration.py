@@ -846,3 +846,27 @@ def test_verl_omni_03_named_reward_model_is_the_served_judge(case, tmp_path):
     with pytest.raises(ConfigError) as err:
         vo.to_run_config(raw, log=lambda _: None)
     assert err.value.key == key, str(err.value)
+
+
+def test_digen_registers_through_trainer_base_when_the_package_does_not_re_export_it(monkeypatch):
+    """verl-omni 0.3's v1 entry imports get_diffusion_trainer_cls from verl_omni.trainer.diffusion.v1; the hook
+    registers into the package's re-exported registry (0.2.0rc1), else into the trainer_base module defining it."""
+    import types
+
+    from verl_digen.integrations.verl_omni import hook
+
+    registry: dict[str, type] = {}
+
+    def register_diffusion_trainer(name):
+        def decorator(cls):
+            registry[name] = cls
+            return cls
+        return decorator
+
+    base = types.ModuleType(vo.REGISTRY_MODULE)
+    base.DIFFUSION_TRAINER_REGISTRY, base.register_diffusion_trainer = registry, register_diffusion_trainer
+    package = types.ModuleType(vo.REGISTRY_PACKAGE)  # re-exports only get_diffusion_trainer_cls
+    package.get_diffusion_trainer_cls = registry.__getitem__
+    monkeypatch.setitem(sys.modules, vo.REGISTRY_MODULE, base)
+    assert hook._register_into(package) is True
+    assert package.get_diffusion_trainer_cls("digen") is vo.DigenVerlOmniTrainer
