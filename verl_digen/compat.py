@@ -12,6 +12,24 @@ when the old path does not exist in the installed verl.
 ``VERL_REQUIREMENT`` is the range ``setup.py`` declares; widen it only together with the tests that run
 both ends (see docs/architecture.md, "Layout").
 
+Checked against what (2026-12-06). Run: verl 0.9.1 and 8a69493 (the pin of verl-omni 0.2.0rc1, a1139ba), by the
+test suite. Read, not run: verl-omni 0.3 moved its pin (``.github/verl_pin.txt``) to c4b389a, which reports
+``0.10.0.dev``, outside the range, and later to fefb080. At c4b389a (verl's git history, read with ``git show``)
+every interface verl-digen uses is there with the signature it has at 8a69493: the ``verl.plugins`` entry-point
+loop in ``verl/__init__.py``; ``RayResourcePool``, ``RayClassWithInitArgs``, ``RayWorkerGroup`` and
+``sort_placement_group_by_node_ip`` (``verl.single_controller.ray.base``); ``Worker``, ``register`` and
+``Dispatch.ONE_TO_ALL`` / ``DP_COMPUTE``; ``gather_outputs_and_unpad``, ``gather_heads_scatter_seq``,
+``gather_seq_scatter_heads``; ``Tracking``; ``get_fsdp_full_state_dict``; ``get_device_name``,
+``get_nccl_backend``; ``PlatformRegistry.register`` and ``PlatformBase``; ``verl.utils.chat_template`` is
+gone there too, so the alias below serves it. verl-omni 0.3's side (read from its newer files): its v1 entry
+still looks the trainer up with ``get_diffusion_trainer_cls`` from ``verl_omni.trainer.diffusion.v1`` (whose
+``trainer_base`` still defines ``register_diffusion_trainer`` and ``DIFFUSION_TRAINER_REGISTRY``; the hook
+registers there when the package does not re-export them), builds the manager named by
+``rollout.agent.agent_loop_manager_class`` with ``.create(config=, llm_client=, reward_loop_worker_handles=)``,
+and calls ``verl_omni.utils.diffusion_attention.validate_attention_consistency`` before Ray (after its own
+``verl_omni.utils.config.validate_config``). fefb080 is in no snapshot available here and was not read. No
+verl 0.10 can be installed in this project's tests, so the range stays where the tests run it.
+
 This module imports only the standard library.
 """
 

@@ -298,6 +298,7 @@ def test_mix_grpo_carries_its_sliding_window(strategy, tmp_path):
     ("actor_rollout_ref.actor.fsdp_config.model_dtype", "fp8"),
     ("trainer.device", "npu"),
     ("actor_rollout_ref.actor.ppo_epochs", 2),
+    ("actor_rollout_ref.teacher.enabled", True),  # verl-omni 0.3's online policy distillation
 ])
 def test_unsupported_settings_are_refused_naming_the_key(key, value):
     from verl_digen.config import ConfigError
@@ -782,3 +783,149 @@ def test_a_finished_run_says_nothing_to_do_before_ray_through_verl_omnis_entry(t
     assert stop.value.code == 0 and f"nothing to do: the checkpoint resumed ({ck}) is at step 2" in out, err
     raw["trainer"]["total_training_steps"] = 3
     vo.entry_guard(OmegaConf.create(raw))  # steps left: the guard lets verl-omni go on
+
+
+# -- verl-omni 0.3 (v1 trainer by default, verl pinned at c4b389a): its new keys convert, are refused or named ----
+
+def _separate_async(tmp_path: Path, **separate) -> dict:
+    """The runnable recipe as a separate_async script: a standalone rollout pool and trainer.v1.separate_async.*"""
+    raw = _runnable(tmp_path)
+    raw["actor_rollout_ref"] = {**raw["actor_rollout_ref"], "rollout": {
+        **raw["actor_rollout_ref"]["rollout"], "nnodes": 1, "n_gpus_per_node": 2}}
+    raw["trainer"] = {**raw["trainer"], "v1": {"trainer_mode": "digen", "separate_async": separate}}
+    return raw
+
+
+def test_verl_omni_03_separate_async_keys_convert_or_are_named(tmp_path):
+    """parameter_sync_step=N with train_batch_size = N x ppo_mini_batch_size (verl-omni 0.3's identity) is
+    verl-digen's step with the mini-batch carried: read, no line. Another product is named with what verl-digen
+    does. Lending (hybrid_rollout.enable_switch) is named as TAG's, with its thresholds; the checkpoint engine
+    (omni_delta_sharded included) is named as replaced by verl-digen's own sync."""
+    logged: list[str] = []
+    cfg = vo.to_run_config(_separate_async(tmp_path, parameter_sync_step=2), log=logged.append)  # 8 = 2 x 4
+    assert (cfg.data.train_batch_size, cfg.actor.ppo_mini_batch_size) == (8, 4)
+    assert not [x for x in logged if "parameter_sync_step" in x], logged
+    logged.clear()
+    raw = _separate_async(tmp_path, parameter_sync_step=4,
+                          hybrid_rollout={"enable_switch": True, "switch_threshold_ratio": 0.4})
+    raw["actor_rollout_ref"]["rollout"]["checkpoint_engine"] = {"backend": "omni_delta_sharded"}
+    vo.to_run_config(raw, log=logged.append)
+    joined = "\n".join(logged)
+    assert ("trainer.v1.separate_async.parameter_sync_step=4: verl-digen syncs the generators' weights once per "
+            "global step, after its data.train_batch_size / ppo_mini_batch_size = 8 / 4 optimizer steps") in joined
+    assert "trainer.v1.separate_async.hybrid_rollout.enable_switch=True: lending the trainer's GPUs" in joined
+    assert "actor_rollout_ref.rollout.checkpoint_engine.backend='omni_delta_sharded': not used" in joined
+    assert not [x for x in logged if "not converted" in x and ("separate_async" in x or "checkpoint_engine" in x)]
+
+
+def test_verl_omni_03_memory_only_actor_options_are_named(tmp_path):
+    """enable_timestep_staging and use_no_sync_for_gradient_accumulation (both spellings) change memory or
+    communication, not the numbers: one line each, naming the key, and not reported as unconverted."""
+    raw = _runnable(tmp_path)
+    actor = raw["actor_rollout_ref"]["actor"]
+    raw["actor_rollout_ref"] = {**raw["actor_rollout_ref"], "actor": {
+        **actor, "enable_timestep_staging": True, "use_no_sync_for_gradient_accumulation": True,
+        "fsdp_config": {**actor["fsdp_config"], "use_no_sync_for_gradient_accumulation": True}}}
+    logged: list[str] = []
+    vo.to_run_config(raw, log=logged.append)
+    for key in ("actor.enable_timestep_staging", "actor.use_no_sync_for_gradient_accumulation",
+                "actor.fsdp_config.use_no_sync_for_gradient_accumulation"):
+        lines = [x for x in logged if f"actor_rollout_ref.{key}=True: not used" in x]
+        assert len(lines) == 1, (key, logged)
+    assert not [x for x in logged if "not converted" in x and ("staging" in x or "no_sync" in x)], logged
+
+
+def test_verl_omni_03_nested_lora_rank_is_refused_without_the_flat_key():
+    """A nested model.lora.rank (a newer verl's default tree) without the flat lora_rank would train every
+    weight: refused naming the key, as verl-omni 0.3 refuses it; the same rank in both spellings converts."""
+    from verl_digen.config import ConfigError
+
+    key = "actor_rollout_ref.model.lora.rank"
+    with pytest.raises(ConfigError, match=re.escape(f"'{key}' = 32")) as err:
+        vo.from_verl_omni_config(vo._nested({key: 32, "actor_rollout_ref.model.lora_rank": 0}))
+    assert "actor_rollout_ref.model.lora_rank" in str(err.value)
+    with pytest.raises(ConfigError, match=re.escape(f"'{key}' = 16")):
+        vo.from_verl_omni_config(vo._nested({key: 16, "actor_rollout_ref.model.lora_rank": 32}))
+    used: set[str] = set()
+    out = vo.from_verl_omni_config(vo._nested({key: 32, "actor_rollout_ref.model.lora_rank": 32}), used=used)
+    assert out["model.lora_rank"] == 32 and key in used
+
+
+def test_verl_omni_03_reward_accelerator_keys_are_named(tmp_path):
+    """reward.accelerator_workers.enabled and its deprecated alias custom_reward_function.use_accelerator: named
+    (verl-digen's reward functions run on the generator pool anyway)."""
+    raw = _runnable(tmp_path, reward={"reward_model": {"enable": False}, "accelerator_workers": {"enabled": True},
+                                      "custom_reward_function": {"use_accelerator": True}, "name": "ocr"})
+    logged: list[str] = []
+    vo.to_run_config(raw, log=logged.append)
+    for key in ("reward.accelerator_workers.enabled", "reward.custom_reward_function.use_accelerator"):
+        assert any(x.startswith(f"verl-omni -> verl-digen: {key}=True: not used") for x in logged), (key, logged)
+    assert not [x for x in logged if "not converted" in x and "accelerator" in x], logged
+
+
+JUDGE_FILE = "def judge(solution_image, reward_router_address, model_name):\n    return 1.0\n"
+
+
+@pytest.mark.parametrize("case", ["one-engine", "native", "two", "with-reward-model"])
+def test_verl_omni_03_named_reward_model_is_the_served_judge(case, tmp_path):
+    """reward.models (verl-omni 0.3's named reward models): one engine model is the judge verl-digen serves, its
+    own model_path and rollout keys over reward.reward_model's; a native model, several models, or both
+    reward.models and reward.reward_model.enable are refused naming the key."""
+    from verl_digen.config import ConfigError
+
+    f = tmp_path / "judge.py"
+    f.write_text(JUDGE_FILE)
+    raw = _multi(tmp_path, {"ocr": {"path": str(f), "name": "judge", "weight": 1.0}})
+    raw["reward"]["reward_model"] = {"enable": False, "model_path": "/models/common",
+                                     "rollout": {"name": "vllm", "gpu_memory_utilization": 0.3,
+                                                 "tensor_model_parallel_size": 2}}
+    judge_dir = tmp_path / "Qwen3-VL-8B-Instruct"  # a checkpoint on this machine (a hub id must be cached)
+    judge_dir.mkdir()
+    ocr = {"backend": "engine", "model_path": str(judge_dir), "offload": True,
+           "rollout": {"name": "vllm", "tensor_model_parallel_size": 1}}
+    raw["reward"]["models"] = {"ocr": ocr}
+    raw["reward"]["served"] = {"command": ["python", "stub.py", "--port", "{port}"]}  # a stand-in for vLLM
+    if case == "one-engine":
+        logged: list[str] = []
+        cfg = vo.to_run_config(raw, log=logged.append)
+        served = cfg.reward.served
+        assert (served.model_path, served.tensor_parallel_size, served.gpu_memory_utilization) == (
+            str(judge_dir), 1, 0.3)
+        assert any("reward.models.ocr.{offload}: not used" in x for x in logged), logged
+        assert not [x for x in logged if "not converted" in x and "reward.models" in x], logged
+        return
+    key = {"native": "reward.models.ocr.backend", "two": "reward.models",
+           "with-reward-model": "reward.reward_model.enable"}[case]
+    if case == "native":
+        ocr["backend"] = "native"
+    elif case == "two":
+        raw["reward"]["models"]["quality"] = dict(ocr)
+    else:
+        raw["reward"]["reward_model"]["enable"] = True
+    with pytest.raises(ConfigError) as err:
+        vo.to_run_config(raw, log=lambda _: None)
+    assert err.value.key == key, str(err.value)
+
+
+def test_digen_registers_through_trainer_base_when_the_package_does_not_re_export_it(monkeypatch):
+    """verl-omni 0.3's v1 entry imports get_diffusion_trainer_cls from verl_omni.trainer.diffusion.v1; the hook
+    registers into the package's re-exported registry (0.2.0rc1), else into the trainer_base module defining it."""
+    import types
+
+    from verl_digen.integrations.verl_omni import hook
+
+    registry: dict[str, type] = {}
+
+    def register_diffusion_trainer(name):
+        def decorator(cls):
+            registry[name] = cls
+            return cls
+        return decorator
+
+    base = types.ModuleType(vo.REGISTRY_MODULE)
+    base.DIFFUSION_TRAINER_REGISTRY, base.register_diffusion_trainer = registry, register_diffusion_trainer
+    package = types.ModuleType(vo.REGISTRY_PACKAGE)  # re-exports only get_diffusion_trainer_cls
+    package.get_diffusion_trainer_cls = registry.__getitem__
+    monkeypatch.setitem(sys.modules, vo.REGISTRY_MODULE, base)
+    assert hook._register_into(package) is True
+    assert package.get_diffusion_trainer_cls("digen") is vo.DigenVerlOmniTrainer

@@ -46,6 +46,7 @@ ENTRY_KEYS = ("ray_kwargs", "transfer_queue", "trainer.use_v1", "trainer.v1.trai
               f"{ARR}.rollout.agent.agent_loop_manager_class")
 # top-level sections that exist only in verl-digen's schema (verl-omni has none of these names)
 DIGEN_ONLY_SECTIONS = ("model", "rollout", "actor", "resources", "digen")
+SEPARATE_ASYNC = "trainer.v1.separate_async"  # verl-omni's separate_async trainer's keys
 #: same-named keys that the mapping alone decides (verl-omni's placeholder ``val_files`` default is used
 #: only when ``test_freq`` > 0, where the mapping carries both)
 NOT_CARRIED = frozenset({"data.val_files", "trainer.test_freq", "trainer.log_val_generations"})
@@ -145,6 +146,68 @@ def _sequence_parallel(get: Callable[[str], Any], put: Callable[..., None], note
         return
 
 
+def _separate_async_cycle(get: Callable[..., Any], notes: list[str], cfg: Mapping[str, Any]) -> None:
+    """verl-omni's separate_async keys, for a script with a standalone rollout pool (the pool itself becomes the
+    generator pool in ``to_run_config``).
+
+    ``parameter_sync_step=N``: verl-omni 0.3 trains N PPO mini-batches per outer step against the cycle-start
+    policy and syncs the rollout once after them, with ``data.train_batch_size = N x ppo_mini_batch_size``.
+    That is verl-digen's global step once ``actor.ppo_mini_batch_size`` is carried: nothing more to set. Any
+    other product (verl-omni 0.2 synced every N steps of one mini-batch) is logged: verl-digen syncs after
+    every step. ``hybrid_rollout.enable_switch`` (lending the actor's GPUs to generation between steps) is
+    verl-digen's TAG, which decides by its own policy. ``rollout.checkpoint_engine.backend`` is replaced by
+    verl-digen's own weight sync (``digen.sync.backend``).
+    """
+    if not _standalone_rollout_gpus(cfg):
+        return
+    key = f"{SEPARATE_ASYNC}.parameter_sync_step"
+    sync_step = get(key)
+    batch, mini = _get(cfg, "data.train_batch_size"), _get(cfg, f"{ARR}.actor.ppo_mini_batch_size")
+    if sync_step is not None and batch is not None and mini is not None and int(sync_step) * int(mini) != int(batch):
+        notes.append(f"{key}={sync_step}: verl-digen syncs the generators' weights once per global step, after its "
+                     f"data.train_batch_size / ppo_mini_batch_size = {batch} / {mini} optimizer steps (verl-omni 0.3 "
+                     "requires train_batch_size = parameter_sync_step x ppo_mini_batch_size)")
+    switch = f"{SEPARATE_ASYNC}.hybrid_rollout"
+    if get(f"{switch}.enable_switch"):
+        get(switch)  # its thresholds: named in the note
+        notes.append(f"{switch}.enable_switch=True: lending the trainer's GPUs to generation is verl-digen's TAG "
+                     "(digen.tag.policy with trainer=digen; the colocated and separate baselines do not lend); "
+                     f"{switch}.switch_threshold_* and adaptive_switch_threshold are not used (TAG's policy decides)")
+    backend = get(f"{ARR}.rollout.checkpoint_engine.backend")
+    if backend not in (None, "naive"):
+        notes.append(f"{ARR}.rollout.checkpoint_engine.backend={backend!r}: not used; verl-digen sends the trainer's "
+                     "weights to the generator pool with its own weight sync (digen.sync.backend)")
+
+
+def _memory_only_keys(get: Callable[..., Any], notes: list[str]) -> None:
+    """verl-omni 0.3's opt-in actor options that change where memory goes or when gradients are communicated,
+    not the loss or the gradients: named when on, not converted."""
+    if get(f"{ARR}.actor.enable_timestep_staging"):
+        notes.append(f"{ARR}.actor.enable_timestep_staging=True: not used (verl-omni keeps the trajectory on the CPU "
+                     "and stages it per timestep to save GPU memory); verl-digen's memory plan places its own rows, "
+                     "with the same loss and gradients")
+    for key in (f"{ARR}.actor.use_no_sync_for_gradient_accumulation",
+                f"{ARR}.actor.fsdp_config.use_no_sync_for_gradient_accumulation"):
+        if get(key):
+            notes.append(f"{key}=True: not used; verl-digen's FSDP2 trainer does not defer gradient synchronization "
+                         "across micro-batches (communication and memory only: the same gradients)")
+
+
+def _nested_lora_rank(get: Callable[..., Any]) -> None:
+    """A newer verl's default config puts a nested ``model.lora`` (Megatron's spelling) into verl-omni's. LoRA is
+    trained by the flat ``model.lora_rank`` in verl-omni 0.3 and in verl-digen, so a nested rank without it (which
+    would train every weight) or disagreeing with it is refused, as verl-omni 0.3 refuses it."""
+    flat, nested = get(f"{ARR}.model.lora_rank"), get(f"{ARR}.model.lora.rank")
+    if not nested or int(nested) <= 0:
+        return
+    if not flat or int(flat) <= 0:
+        raise _refuse(f"{ARR}.model.lora.rank", nested, f"0 or unset; set {ARR}.model.lora_rank instead (the key "
+                      "verl-omni and verl-digen train LoRA by)")
+    if int(flat) != int(nested):
+        raise _refuse(f"{ARR}.model.lora.rank", nested, f"unset or equal to {ARR}.model.lora_rank={flat} (set only "
+                      "one spelling)")
+
+
 def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, notes: list[str] | None = None,
                           used: set[str] | None = None, sources: dict[str, str] | None = None) -> dict[str, Any]:
     """Map a (resolved) verl-omni diffusion config onto verl-digen overrides, as ``{dotted key: value}``.
@@ -216,8 +279,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         if mode == "flow_dppo":
             take("actor.kl_mask_threshold", f"{ARR}.actor.diffusion_loss.kl_mask_threshold", float)
             take("actor.add_kl_coefficient", f"{ARR}.actor.diffusion_loss.add_kl_coefficient", bool)
-    for key in (f"{ARR}.actor.use_distill_loss", "distillation.enabled"):
-        if get(key):
+    for key in (f"{ARR}.actor.use_distill_loss", "distillation.enabled", f"{ARR}.teacher.enabled"):
+        if get(key):  # teacher.enabled: verl-omni 0.3's frozen teacher for online policy distillation
             raise _refuse(key, True, "false (distillation has no counterpart in verl-digen)")
 
     # -- batch and group --------------------------------------------------------------------------
@@ -232,6 +295,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if epochs not in (None, 1):
         raise _refuse(f"{ARR}.actor.ppo_epochs", epochs, "1 (verl-digen trains each batch once: a second pass "
                       "over a step's trajectories has no counterpart)")
+    _separate_async_cycle(get, notes, cfg)
 
     # -- sampling: steps, noise, SDE, trained window ------------------------------------------------
     steps = take("rollout.num_steps", f"{ARR}.rollout.pipeline.num_inference_steps", int)
@@ -335,6 +399,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         put("actor.param_offload", bool(offload) or bool(policy), src=f"{fsdp}.param_offload")
     take("actor.optimizer_offload", f"{fsdp}.optimizer_offload", bool)
     _sequence_parallel(get, put, notes, out.get("model.arch"))
+    _memory_only_keys(get, notes)
+    _nested_lora_rank(get)
     rank = take("model.lora_rank", f"{ARR}.model.lora_rank", int)
     if rank:
         take("model.lora_alpha", f"{ARR}.model.lora_alpha", float)
@@ -366,6 +432,10 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 
     # -- reward function (verl's custom_reward_function, batched or verl-omni's per-sample signature) -----
     crf = "reward.custom_reward_function"
+    for key in ("reward.accelerator_workers.enabled", f"{crf}.use_accelerator"):  # verl-omni 0.3
+        if get(key):
+            notes.append(f"{key}=True: not used; verl-digen's reward functions run in the generator pool's workers, "
+                         "next to the images they score")
     own = [k for k in ("reward.name", "reward.weights", "reward.functions")
            if _get(cfg, k) is not None]  # verl-digen's, written in
     if _multi_reward(get, put, notes, own):
@@ -438,6 +508,10 @@ def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: lis
     ``reward_router_address``) as ``reward.served``: served on the generator pool. Called only where verl-omni's
     reward functions are carried (a verl-digen reward written in replaces them, and nothing would call it)."""
     rm = "reward.reward_model"
+    models = get("reward.models")
+    if models:
+        _named_served_reward(get, put, notes, dict(models))
+        return
     if not get(f"{rm}.enable"):
         return
     path = get(f"{rm}.model_path")
@@ -454,6 +528,53 @@ def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: lis
     if get(f"{rm}.enable_resource_pool"):
         notes.append(f"{rm}.enable_resource_pool=True: the reward model is served on the generator pool, one "
                      "replica per generator worker (its own pool is not implemented)")
+
+
+def _named_served_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str],
+                         models: dict[str, Any]) -> None:
+    """verl-omni 0.3's named reward models (``reward.models.<name>``) as ``reward.served``: one ``engine`` model
+    (served with vLLM, called through ``reward_router_address``) is the judge verl-digen serves on the generator
+    pool; its own ``model_path`` and ``rollout.*`` override ``reward.reward_model``'s, as in verl-omni. Several
+    models, or a ``native`` one (loaded inside verl-omni's reward workers), are refused naming the key."""
+    rm = "reward.reward_model"
+    if get(f"{rm}.enable"):
+        raise _refuse(f"{rm}.enable", True, "False while reward.models is set (verl-omni takes one or the other)")
+    if len(models) != 1:
+        raise _refuse("reward.models", sorted(models), "one named model (verl-digen serves one judge)")
+    name, entry = next(iter(models.items()))
+    key = f"reward.models.{name}"
+    get(key)  # the whole entry is read here: what is not carried is named below
+    entry = dict(entry or {})
+    if entry.get("backend") != "engine":
+        raise _refuse(f"{key}.backend", entry.get("backend"), "engine (a model served with vLLM; a native reward "
+                      "model, loaded inside verl-omni's reward workers, has no counterpart)")
+    rollout = dict(entry.get("rollout") or {})
+
+    def pick(leaf: str) -> tuple[Any, str]:
+        """The named model's ``rollout.<leaf>``, else reward.reward_model's (the common engine default)."""
+        if rollout.get(leaf) is not None:
+            return rollout[leaf], f"{key}.rollout.{leaf}"
+        return get(f"{rm}.rollout.{leaf}"), f"{rm}.rollout.{leaf}"
+
+    path, src = (entry.get("model_path"), f"{key}.model_path")
+    if not path:
+        path, src = get(f"{rm}.model_path"), f"{rm}.model_path"
+    if not path:
+        raise _refuse(f"{key}.model_path", path, "the served reward model's checkpoint")
+    engine, engine_key = pick("name")
+    if engine not in (None, "vllm"):
+        raise _refuse(engine_key, engine, "vllm (the engine verl-digen serves a reward model with)")
+    put("reward.served.model_path", str(path), src=src)
+    tp, tp_key = pick("tensor_model_parallel_size")
+    put("reward.served.tensor_parallel_size", tp, int, src=tp_key)
+    share, share_key = pick("gpu_memory_utilization")
+    put("reward.served.gpu_memory_utilization", share, float, src=share_key)
+    read = {"backend", "model_path", "rollout"}
+    other = sorted(k for k in entry if k not in read) + [f"rollout.{k}" for k in sorted(rollout) if k not in (
+        "name", "tensor_model_parallel_size", "gpu_memory_utilization")]
+    if other:
+        notes.append(f"{key}.{{{', '.join(other)}}}: not used; the judge is served on the generator pool, one replica "
+                     "per generator worker")
 
 
 def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:

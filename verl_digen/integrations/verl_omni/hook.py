@@ -38,7 +38,14 @@ def is_available() -> bool:
 
 
 def _register_into(module: ModuleType) -> bool:
-    """Put ``digen`` into the registry that ``module`` exposes; True when it is there afterwards."""
+    """Put ``digen`` into the registry that ``module`` exposes; True when it is there afterwards.
+
+    The package re-exports the registry of ``trainer_base.py`` (read at verl-omni 0.2.0rc1; its 0.3 entry still
+    imports ``get_diffusion_trainer_cls`` from the package); should a newer package stop re-exporting the
+    registry, the already imported ``trainer_base`` module that defines it is used."""
+    base = sys.modules.get(REGISTRY_MODULE)
+    if not hasattr(module, "DIFFUSION_TRAINER_REGISTRY") and base is not None:
+        module = base
     decorator = getattr(module, "register_diffusion_trainer", None)
     registry = getattr(module, "DIFFUSION_TRAINER_REGISTRY", None)
     if decorator is None or registry is None:
