@@ -4,9 +4,9 @@ scheduler decided it and when it ended: the dispatch latency is visible, not fol
 import pytest
 
 from verl_digen.driver.ray_backend import RayBackend
-from verl_digen.schedule.actions import Action
+from verl_digen.schedule.actions import OPTIMIZER_STEP, Action
 from verl_digen.schedule.config import ScheduleConfig
-from verl_digen.schedule.costs import OPTIMIZER_STEP, uniform_stage_costs
+from verl_digen.schedule.costs import uniform_stage_costs
 from verl_digen.schedule.executor import SimBackend, run
 from verl_digen.schedule.export import chrome_trace
 from verl_digen.schedule.scheduler import StepScheduler

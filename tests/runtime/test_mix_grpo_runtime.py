@@ -4,7 +4,7 @@ windows differ (progressive: the window moves on between the steps)."""
 import pytest
 from runtime_helpers import compose_run, train
 
-from verl_digen.schedule.costs import TAG_GENERATE
+from verl_digen.schedule.actions import TAG_GENERATE
 
 pytestmark = pytest.mark.ray
 

@@ -32,7 +32,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from .costs import KINDS, SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
+from .actions import KINDS
+from .costs import SCALAR_COSTS, Affine, BaselineCosts, CostModel, Hardware, Pool, Sharded, passes
 
 FORMAT = "verl-digen-profile"
 VERSION = 1
