@@ -84,6 +84,25 @@ def test_sigterm_abandons_at_once_when_the_step_does_not_fit_and_usr1_waits_for_
         assert sig.requested == signal.SIGINT
 
 
+def test_a_step_finished_on_sigterm_that_runs_past_the_grace_is_abandoned_then():
+    """decide() estimates the step from the last one; a slower step is abandoned when the grace's budget for
+    it (deadline()) has passed since the SIGTERM, not left to the scheduler's SIGKILL. A step that ends in
+    time leaves nothing armed."""
+    with StopSignals(lambda _: None, decide=lambda: (True, "about 0.1 s left"), deadline=lambda: 0.3) as sig:
+        _send(signal.SIGTERM)
+        assert sig.requested == signal.SIGTERM
+        t0 = time.monotonic()
+        with pytest.raises(AbandonStep, match="ran past the 0.3 s") as ab:
+            time.sleep(5)  # the step, slower than its estimate
+        assert ab.value.signum == signal.SIGTERM and 0.2 < time.monotonic() - t0 < 2.0
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0)
+    before = signal.getsignal(signal.SIGALRM)
+    with StopSignals(lambda _: None, decide=lambda: (True, "fits"), deadline=lambda: 5.0):
+        _send(signal.SIGTERM)
+        assert signal.getitimer(signal.ITIMER_REAL)[0] > 4.0  # armed while the step finishes
+    assert signal.getitimer(signal.ITIMER_REAL) == (0.0, 0.0) and signal.getsignal(signal.SIGALRM) is before
+
+
 def test_an_abandon_raised_inside_a_c_extension_is_found_behind_its_wrapper():
     ab = AbandonStep(signal.SIGTERM, "why")
     try:

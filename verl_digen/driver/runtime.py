@@ -45,6 +45,7 @@ from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensu
 from verl_digen.driver.probe import probe_costs
 from verl_digen.driver.ray_backend import WORKER_METHODS
 from verl_digen.driver.stopping import (
+    STOP_EXIT_S,
     AbandonStep,
     GuardedBackend,
     RunStopped,
@@ -306,7 +307,7 @@ class DigenRuntime:
         values (see ``trainer.on_nonfinite``); on any stop or failure the trace of the steps so far is
         written before the error propagates. The handlers are in place before Ray starts: a signal while
         it starts stops the run with its line too."""
-        with StopSignals(self.log, decide=self._grace_decision) as sig:
+        with StopSignals(self.log, decide=self._grace_decision, deadline=self._grace_deadline) as sig:
             self._signals = sig
             exit_code = 1
             try:
@@ -341,6 +342,11 @@ class DigenRuntime:
     def _grace_decision(self) -> tuple[bool, str]:
         """On SIGTERM: finish the step in progress, or abandon it (``stopping.grace_decision``)."""
         return grace_decision(self._clock.remaining(), self.cfg.trainer.stop_grace_s)
+
+    def _grace_deadline(self) -> float | None:
+        """Seconds after a SIGTERM by which the step being finished and its save must end (None: no grace)."""
+        grace = self.cfg.trainer.stop_grace_s
+        return None if grace is None else grace - STOP_EXIT_S
 
     def _finish_tracking(self, exit_code: int) -> None:
         """Flush the loggers now (tensorboard's last events, wandb's run state: failed when

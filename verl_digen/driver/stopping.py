@@ -109,17 +109,22 @@ class StopSignals:
     - SIGINT: stop after the current global step (its checkpoint and trace are written); a second
       abandons the step at once.
     - SIGTERM (a scheduler's stop, followed by SIGKILL after its grace): finish the step when
-      ``decide()`` says it fits the grace, else abandon it at once; a second abandons it.
+      ``decide()`` says it fits the grace, else abandon it at once; a second abandons it. ``decide`` estimates
+      from the last step; a step slower than that is abandoned when ``deadline()`` seconds (what the grace
+      leaves the step) have passed since the signal (SIGALRM), so the exit still comes before the SIGKILL.
     - SIGUSR1 (a scheduler's advance warning): stop after the current step, checkpointed, with
       ``REQUEUE_EXIT_CODE``."""
 
     SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)
 
-    def __init__(self, log, decide: Callable[[], tuple[bool, str]] | None = None) -> None:
+    def __init__(self, log, decide: Callable[[], tuple[bool, str]] | None = None,
+                 deadline: Callable[[], float | None] | None = None) -> None:
         self.log = log
         self.decide = decide
+        self.deadline = deadline
         self.requested: int | None = None
         self._old: dict[int, Any] = {}
+        self._budget: float | None = None  # the armed deadline's seconds
 
     def __enter__(self) -> StopSignals:
         if threading.current_thread() is threading.main_thread():
@@ -152,10 +157,29 @@ class StopSignals:
                           f"checkpoint stays")
                 raise AbandonStep(signum, why)
             self._say(f"received {name}: finishing the current step ({why}); send it again to abandon the step")
+            self._arm(self.deadline() if self.deadline is not None else None)
             return
         self._say(f"received {name}: stopping after the current step (send it again to abandon the step)")
 
+    def _arm(self, budget: float | None) -> None:
+        """Abandon the step being finished ``budget`` seconds from now (None: no deadline)."""
+        if budget is None or threading.current_thread() is not threading.main_thread():
+            return
+        self._budget = max(budget, 0.01)
+        self._old.setdefault(signal.SIGALRM, signal.signal(signal.SIGALRM, self._overrun))
+        signal.setitimer(signal.ITIMER_REAL, self._budget)
+
+    def _overrun(self, _signum: int, _frame) -> None:
+        why = (f"the step and its save ran past the {self._budget:.1f} s trainer.stop_grace_s leaves them: "
+               "slower than the last step")
+        self._say(f"received SIGTERM earlier: abandoning the current step now ({why}); the last complete "
+                  "checkpoint stays")
+        raise AbandonStep(signal.SIGTERM, why)
+
     def __exit__(self, *exc) -> None:
+        if self._budget is not None:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            self._budget = None
         for sig, old in self._old.items():
             signal.signal(sig, old)
         self._old.clear()
