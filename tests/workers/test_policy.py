@@ -1,9 +1,12 @@
 """Worker-side policy helpers without Ray: identical policies per config, weight export/import."""
 
+import dataclasses
+
 import pytest
 import torch
 from workers_helpers import tiny_cfg
 
+from verl_digen.workers import fsdp
 from verl_digen.workers import policy as P
 
 
@@ -58,3 +61,28 @@ def test_vllm_backend_without_vllm_names_the_extra():
     cfg = tiny_cfg(rollout_backend="vllm")
     with pytest.raises(ImportError, match=r"pip install verl-digen\[vllm\]"):
         build_rollout_backend(cfg)
+
+
+@pytest.mark.slow
+def test_bf16_wan_generator_generation_copy_and_synced_weights_sample_alike():
+    """issue 44: a bf16 Wan generator as built, TAG's generation copy gathered from the float32 master, and a
+    generator after a weight sync from that master hold the same weights (``_keep_in_fp32_modules`` keep their
+    float32 values, unrounded) and so sample the same trajectories, bit for bit."""
+    torch.set_num_threads(1)
+    cfg = dataclasses.replace(tiny_cfg(dtype="bfloat16"), policy=dataclasses.replace(
+        tiny_cfg().policy, arch="wan", dtype="bfloat16", latent_size=4, num_frames=2))
+    master = P.build_policy(cfg, dtype="float32")
+    generator = P.freeze(P.build_policy(cfg))
+    copy = P.freeze(P.build_policy(cfg))
+    fsdp.copy_full_state(master.transformer, copy.transformer)
+    synced = P.freeze(P.build_policy(cfg))
+    P.load_policy_weights(synced, P.policy_weights(master, lora=False), lora=False)
+    kept = [n for n, t in generator.transformer.state_dict().items() if t.dtype == torch.float32]
+    assert "condition_embedder.time_embedder.linear_1.weight" in kept and "scale_shift_table" in kept
+    ref = P.weights_checksum(P.policy_weights(generator, lora=False))
+    for other in (copy, synced):
+        assert P.weights_checksum(P.policy_weights(other, lora=False)) == ref
+    rows, prompts = [(0, 0), (0, 1), (1, 0)], ["a red cube", "a red cube", "a blue sphere"]
+    a = P.generate_rows(generator, cfg, 1, 0, rows, prompts)
+    for other in (copy, synced):
+        assert torch.equal(P.generate_rows(other, cfg, 1, 0, rows, prompts).final_latents, a.final_latents)

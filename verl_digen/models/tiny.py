@@ -30,13 +30,19 @@ from verl_digen.models.spec import (  # noqa: F401  (re-exported: config/memory.
 def cast_module(module: nn.Module, dtype: torch.dtype, device: torch.device | str = "cpu") -> nn.Module:
     """Cast like ``from_pretrained(torch_dtype=...)`` does: everything to ``dtype``, except that in
     half precision a diffusers model's ``_keep_in_fp32_modules`` (Wan's norms/time embedder) stay float32.
+    The kept tensors keep their float32 values, never rounded through ``dtype`` on the way (as a checkpoint
+    loaded into them would): the trainer's float32 master hands them over unrounded (weight sync, TAG's
+    generation copy), so a generator built here must hold the same values (issue 44).
     Bypasses ``ModelMixin.to``, which warns on every such cast."""
-    nn.Module.to(module, device=device, dtype=dtype)
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
+    kept: dict[str, torch.Tensor] = {}
     if dtype in (torch.float16, torch.bfloat16) and keep:
-        for name, t in [*module.named_parameters(), *module.named_buffers()]:
-            if t.is_floating_point() and any(k in name.split(".") for k in keep):
-                t.data = t.data.to(torch.float32)
+        kept = {name: t.data for name, t in [*module.named_parameters(), *module.named_buffers()]
+                if t.is_floating_point() and any(k in name.split(".") for k in keep)}
+    nn.Module.to(module, device=device, dtype=dtype)
+    for name, t in [*module.named_parameters(), *module.named_buffers()]:
+        if name in kept:
+            t.data = kept[name].to(device=device, dtype=torch.float32)
     return module
 
 
