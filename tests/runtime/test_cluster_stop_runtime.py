@@ -4,7 +4,8 @@
   one to the driver: exit 143, the step's checkpoint, the trace marked incomplete, the resume line, and no
   Ray process it started alive 5 s later;
 - SIGUSR1 (Slurm's ``--signal`` advance warning) saves after the step and exits ``REQUEUE_EXIT_CODE``;
-- ``trainer.resume_from=auto`` then continues to the end, bit-identical to an unstopped run;
+- ``trainer.resume_from=auto`` then continues to the end, bit-identical to an unstopped run (every tensor
+  of the final checkpoint, every training metric of every step);
 - with ``trainer.stop_grace_s`` shorter than a (slowed) step, the step is abandoned at once and the exit
   comes within the grace, keeping the previous checkpoint.
 
@@ -114,10 +115,24 @@ def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical
     assert third.finish() == 0, third.text()[-3000:]
     _assert_nothing_left(third, time.monotonic())
     resumed, _ = ckpt.read(tmp_path / "ckpt" / "global_step_10", 0)
-    _, straight = train(compose_run(*common, "trainer.save_freq=0", tmp_path=tmp_path / "straight"))
-    assert straight.keys() == resumed["params"].keys()
-    for name, value in straight.items():
-        assert torch.equal(value, resumed["params"][name]), name
+    result, _ = train(compose_run(*common, tmp_path=tmp_path / "straight"))
+    straight, _ = ckpt.read(tmp_path / "straight" / "ckpt" / "global_step_10", 0)
+    assert _tensors(straight) and _tensors(straight).keys() == _tensors(resumed).keys()
+    for name, value in _tensors(straight).items():  # weights, AdamW state, counters: every tensor
+        assert torch.equal(value, _tensors(resumed)[name]), name
+    rows = [json.loads(line) for line in (tmp_path / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == list(range(1, 11))  # the stopped runs' steps, then the resumed ones
+    for row, report in zip(rows, result.reports, strict=True):  # every training number, step by step
+        trained = {k: v for k, v in report.metrics.items() if k.startswith(("reward/", "actor/"))}
+        assert trained and {k: row[k] for k in trained} == trained, row["step"]
+
+
+def _tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
+    """Every tensor in a checkpoint payload, by its path."""
+    if isinstance(tree, torch.Tensor):
+        return {prefix: tree}
+    items = tree.items() if isinstance(tree, dict) else enumerate(tree) if isinstance(tree, list | tuple) else ()
+    return {k: v for key, sub in items for k, v in _tensors(sub, f"{prefix}/{key}").items()}
 
 
 def test_a_step_longer_than_the_grace_is_abandoned_at_once_keeping_the_last_checkpoint(tmp_path):
