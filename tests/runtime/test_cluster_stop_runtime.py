@@ -83,19 +83,19 @@ def _assert_nothing_left(run: Run, exited_at: float) -> None:
 
 def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical(ray_session, tmp_path):
     # tiny steps (~0.1 s): a signal after step k lands in step k + 1 or k + 2, well before the last
-    common = ["trainer.total_steps=10", "trainer.save_freq=7"]
+    common = ["trainer.total_steps=12", "trainer.save_freq=7"]
     # 1: the advance warning after step 1: saved after its step (save_freq=7 would not), exit 75, resume line
     first = Run(tmp_path, "usr1", *common)
-    first.wait_for(r"^step 1/10")
+    first.wait_for(r"^step 1/12")
     first.proc.send_signal(signal.SIGUSR1)
     assert first.finish() == REQUEUE_EXIT_CODE, first.text()[-3000:]
     saved = [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")]
     assert saved and saved[-1] < 7, first.text()[-3000:]
     assert "stopped by SIGUSR1 after step" in first.text() and "resume with:" in first.text()
 
-    # 2: resumed with auto; a SIGTERM to the whole process group after its first step
+    # 2: resumed with auto; a SIGTERM to the whole process group after step 5 (the issue's 12-step run)
     second = Run(tmp_path, "group", *common, "trainer.resume_from=auto")
-    second.wait_for(rf"^step {saved[-1] + 1}/10")
+    second.wait_for(r"^step 5/12")
     os.killpg(second.proc.pid, signal.SIGTERM)
     signalled = time.monotonic()
     assert second.finish() == 128 + signal.SIGTERM, second.text()[-3000:]
@@ -114,14 +114,14 @@ def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical
     third = Run(tmp_path, "rest", *common, "trainer.resume_from=auto")
     assert third.finish() == 0, third.text()[-3000:]
     _assert_nothing_left(third, time.monotonic())
-    resumed, _ = ckpt.read(tmp_path / "ckpt" / "global_step_10", 0)
+    resumed, _ = ckpt.read(tmp_path / "ckpt" / "global_step_12", 0)
     result, _ = train(compose_run(*common, tmp_path=tmp_path / "straight"))
-    straight, _ = ckpt.read(tmp_path / "straight" / "ckpt" / "global_step_10", 0)
+    straight, _ = ckpt.read(tmp_path / "straight" / "ckpt" / "global_step_12", 0)
     assert _tensors(straight) and _tensors(straight).keys() == _tensors(resumed).keys()
     for name, value in _tensors(straight).items():  # weights, AdamW state, counters: every tensor
         assert torch.equal(value, _tensors(resumed)[name]), name
     rows = [json.loads(line) for line in (tmp_path / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 11))  # the stopped runs' steps, then the resumed ones
+    assert [r["step"] for r in rows] == list(range(1, 13))  # the stopped runs' steps, then the resumed ones
     for row, report in zip(rows, result.reports, strict=True):  # every training number, step by step
         trained = {k: v for k, v in report.metrics.items() if k.startswith(("reward/", "actor/"))}
         assert trained and {k: row[k] for k in trained} == trained, row["step"]
