@@ -162,13 +162,16 @@ def test_a_step_longer_than_the_grace_is_abandoned_at_once_keeping_the_last_chec
     _assert_nothing_left(run, time.monotonic())
 
 
-def test_an_own_head_is_not_what_a_plain_ray_init_on_the_machine_joins():
+def test_an_own_head_is_not_what_a_plain_ray_init_on_the_machine_joins(monkeypatch):
     """``ray start`` writes its address where every later ``ray.init()`` on the machine looks first (the default
     temp dir's ``ray_current_cluster``): another job would join this run's head, or fail on its dead address once
-    it is gone. The run's head keeps that file in a temp dir of its own, removed with it."""
+    it is gone. The run's head keeps that file in a temp dir of its own, removed with it. (A mode chosen here
+    keeps this process's Ray settings as the suite's; the token is the next test's, in processes of its own.)"""
     from ray._private.utils import read_ray_address
 
     from verl_digen.driver.cluster import OwnHead
+
+    monkeypatch.setenv("RAY_AUTH_MODE", "disabled")
 
     before = read_ray_address()
     head = OwnHead.start(1)
@@ -178,3 +181,40 @@ def test_an_own_head_is_not_what_a_plain_ray_init_on_the_machine_joins():
     finally:
         head.stop()
     assert not Path(head.temp_dir).exists() and read_ray_address() == before
+
+
+STRANGER = """
+import sys, ray
+try:
+    ray.init(address=sys.argv[1], include_dashboard=False, log_to_driver=False)
+    print("joined", len(ray.nodes()))
+except Exception as err:
+    print("refused", type(err).__name__)
+"""
+
+OWN_HEAD_AND_A_STRANGER = """
+import os, subprocess, sys, ray
+from verl_digen.driver.cluster import OwnHead
+head = OwnHead.start(1)
+try:
+    ray.init(address=head.address, include_dashboard=False, log_to_driver=False)
+    print("driver", os.environ["RAY_AUTH_MODE"], len(ray.nodes()))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    out = subprocess.run([sys.executable, "-c", sys.argv[1], head.address], env=env, capture_output=True,
+                         text=True, timeout=120)
+    print("stranger", out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "no output")
+finally:
+    ray.shutdown()
+    head.stop()
+"""
+
+
+def test_an_own_head_takes_only_the_runs_token():
+    """The run's own head turns Ray's token authentication on with a secret of the run's own (unless the user
+    chose RAY_AUTH_MODE): the driver joins it, a process on the machine without the token is refused."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
+    out = subprocess.run([sys.executable, "-c", OWN_HEAD_AND_A_STRANGER, STRANGER], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
+    lines = out.stdout.splitlines()
+    assert "driver token 1" in lines, out.stdout + out.stderr[-3000:]
+    assert any(line.startswith("stranger refused") for line in lines), out.stdout + out.stderr[-3000:]

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import atexit
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -34,12 +35,19 @@ HEAD_START_ATTEMPTS = 3
 WATCH_S = 0.5
 
 
-def auth_env() -> None:
-    """One token-authentication mode for the head, the driver and the workers. Ray 2.60's ``ray start`` turns
-    it on by itself when a token file exists and ``RAY_AUTH_MODE`` is unset, while a driver that imported
-    Ray with the variable unset connects without one and is refused: unset means ``disabled`` for all
-    (``RAY_AUTH_MODE=token`` in the run's environment turns it on for all)."""
-    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+def own_head_auth() -> None:
+    """Token authentication for the run's own head, with a secret of the run's own, unless the user chose a
+    mode (``RAY_AUTH_MODE``): the head, its workers and the driver read it from the environment they inherit
+    (``RAY_AUTH_TOKEN``), so nobody else reaches the head's ports. A cluster the run joins keeps whatever
+    its owner set up: the run changes nothing there."""
+    if "RAY_AUTH_MODE" in os.environ:
+        return
+    from ray._raylet import AuthenticationTokenLoader, Config
+
+    os.environ["RAY_AUTH_MODE"] = "token"
+    os.environ.setdefault("RAY_AUTH_TOKEN", secrets.token_hex(32))
+    Config.initialize("")  # this process cached Ray's settings when it imported Ray: read them again
+    AuthenticationTokenLoader.instance().reset_cache()
 
 
 def _free_port() -> int:
@@ -90,6 +98,7 @@ class OwnHead:
 
     @classmethod
     def _start_once(cls, num_cpus: int | None, timeout_s: float) -> OwnHead:
+        own_head_auth()
         port = _free_port()
         # a temp dir of its own: ``ray start`` records its address in <temp dir>/ray_current_cluster, and a plain
         # ``ray.init()`` anywhere on the machine connects to the address in /tmp/ray's (another user's job would

@@ -20,7 +20,7 @@ from verl.single_controller.ray.base import RayResourcePool, sort_placement_grou
 
 from verl_digen.config.schema import RunConfig
 from verl_digen.driver import native_memory
-from verl_digen.driver.cluster import OwnHead, auth_env
+from verl_digen.driver.cluster import OwnHead
 
 #: the share of a node resource one bundle claims (nodes advertise e.g. {"H100": 8})
 NODE_RESOURCE_PER_WORKER = 1.0
@@ -97,7 +97,6 @@ def ensure_ray(cfg: RunConfig) -> None:
     if cfg.trainer.device == "cpu":
         os.environ.setdefault("VERL_PLATFORM", "cpu")
     os.environ.setdefault("RAY_COLOR_PREFIX", "0")  # the workers' lines Ray prints here: no colour codes
-    auth_env()
     given, source = cfg.ray_address()
     native_memory.limit_arenas()  # before Ray's threads start: they share the capped arenas
     if given:
