@@ -255,13 +255,10 @@ def main() -> None:
     if args.vllm:
         if args.device == "cuda" and not torch.cuda.is_available():
             raise SystemExit("--vllm --device cuda: torch sees no CUDA device (--device cpu: the tier's CPU hooks)")
-        from vllm_check import check_vllm
+        import vllm_check
 
-        if args.device == "cpu":
-            torch.set_num_threads(1)
-        result = check_vllm(args.device)
-        print(json.dumps(result))
-        raise SystemExit(0 if result["ok"] else 1)
+        sys.argv = [vllm_check.__file__, "--device", args.device]
+        vllm_check.main()  # one JSON object, the last line
     if args.device == "cuda" and not torch.cuda.is_available():
         raise SystemExit("--device cuda: torch sees no CUDA device (run with --device cpu --quick on a CPU)")
     if args.device == "cpu":

@@ -3,7 +3,8 @@ a run of the real engine on the device can tell. Needs vllm and vllm-omni (``scr
 wheel set ``scripts/vllm_tier.sh wheels`` builds for a lent machine). On a CPU (``--device cpu``) it runs on the
 vLLM tier's CPU hooks (tests/workers/vllm_cpu_platform.py), so the check itself is exercised without a GPU.
 
-One JSON object: the attention backends the engine's layers run on, engine start-up s, one full weight update's s
+``python bench/vllm_check.py [--device cpu] [--json]`` (or ``bench/gpu_check.py --vllm``) prints one JSON object,
+the last line: the attention backends the engine's layers run on, engine start-up s, one full weight update's s
 and bytes (bucketed into the engine, ``VllmOmniRollout.load_weights``), peak device memory against the memory plan's
 engine terms for this model (weights, text encoders, VAE, requests in flight; the plan's fixed engine runtime
 reported apart), and the log-prob difference between the engine and the trainer's recompute after the update.
@@ -109,3 +110,26 @@ def check_vllm(device: str) -> dict[str, Any]:
             "plan_engine_runtime_bytes": int(ENGINE_RUNTIME_GIB * GIB),
             "peak_memory": "torch.cuda.max_memory_allocated" if device == "cuda" else "process max RSS growth (host)",
             "logprob_max_abs_diff_vs_recompute": diff, "pid": os.getpid()}
+
+
+def main() -> None:
+    import argparse
+    import importlib.util
+    import json
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--device", choices=["cuda", "cpu"], default="cuda" if torch.cuda.is_available() else "cpu")
+    ap.add_argument("--json", action="store_true", help="accepted for the benches' interface: the figures are "
+                    "always one JSON object, the last line")
+    args = ap.parse_args()
+    if importlib.util.find_spec("vllm_omni") is None:
+        raise SystemExit("vllm-omni is not installed here: scripts/vllm_tier.sh install (its venv) runs this check")
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    result = check_vllm(args.device)
+    print(json.dumps(result))
+    raise SystemExit(0 if result["ok"] else 1)
+
+
+if __name__ == "__main__":
+    main()

@@ -137,3 +137,18 @@ def test_tag_policy_scaling_holds_the_shipped_policies():
         assert r["shipped_vs_best"] == pytest.approx(r[f"step_{r['policy']}"] / best)
         if r["policy"] != "never":
             assert r["shipped_vs_best"] <= 1.05, r
+
+
+def test_the_vllm_check_takes_json_and_says_where_it_runs():
+    """bench/vllm_check.py has the benches' --json; without vllm-omni (this machine) it says where it runs,
+    in one line, instead of failing inside the engine's imports."""
+    import importlib.util
+
+    if importlib.util.find_spec("vllm_omni") is not None:
+        pytest.skip("vllm-omni is installed: the tier's tests run the check itself")
+    out = subprocess.run([sys.executable, "bench/vllm_check.py", "--device", "cpu", "--json"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "scripts/vllm_tier.sh install" in out.stderr and "Traceback" not in out.stderr
+    helped = subprocess.run([sys.executable, "bench/vllm_check.py", "--help"], cwd=ROOT, capture_output=True,
+                            text=True, timeout=120)
+    assert helped.returncode == 0 and "--json" in helped.stdout
