@@ -83,22 +83,23 @@ def _pool(d: Any, where: str) -> Pool:
     return Pool(_hardware(d.get("hardware") or {}, f"{where}.hardware"), d["workers"])
 
 
-def _baselines(d: Any) -> BaselineCosts:
+def _fields_only(cls: type, d: Any, name: str) -> dict:
+    """``d`` (a mapping, or None for ``cls``'s defaults) holding only ``cls``'s fields."""
     if d is None:
-        return BaselineCosts()
-    allowed = {f.name for f in fields(BaselineCosts)}
+        return {}
+    allowed = {f.name for f in fields(cls)}
     if not isinstance(d, dict) or set(d) - allowed:
-        raise ValueError(f"baselines: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
-    return BaselineCosts(**d)
+        raise ValueError(f"{name}: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
+    return d
+
+
+def _baselines(d: Any) -> BaselineCosts:
+    return BaselineCosts(**_fields_only(BaselineCosts, d, "baselines"))
 
 
 def _sharded(d: Any) -> Sharded:
-    if d is None:
-        return Sharded()
-    allowed = {f.name for f in fields(Sharded)}
-    if not isinstance(d, dict) or set(d) - allowed:
-        raise ValueError(f"sharded: expected a mapping with keys from {sorted(allowed)}, got {d!r}")
-    return Sharded(**{**d, "collective": _affine(d.get("collective"), "sharded.collective")})
+    d = _fields_only(Sharded, d, "sharded")
+    return Sharded(**{**d, "collective": _affine(d.get("collective"), "sharded.collective")}) if d else Sharded()
 
 
 def _contention(d: Any) -> tuple[tuple[str, float], ...]:
