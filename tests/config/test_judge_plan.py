@@ -76,3 +76,25 @@ def test_the_dry_run_counts_the_judges_pool_and_prices_its_images_on_both_sides(
                                  "reward.served.seconds_per_image=0.5"]))
     assert gen.judge_gpus == 0 and "4 replica(s) x 2 GPU(s) = 8 GPU(s) on the generator pool's GPUs" in gen.render()
     assert gen.predicted_step_s > plain.predicted_step_s
+
+
+def test_the_memory_plan_gives_a_judge_on_the_generating_gpus_its_share(tmp_path):
+    """vLLM takes reward.served.gpu_memory_utilization of each GPU it shares with generation (the generator pool,
+    or every colocated GPU); on a pool of its own it takes nothing of theirs."""
+    from verl_digen.config import memory
+
+    model = tmp_path / "judge"
+    model.mkdir()
+    gib = 80.0
+    base = [*QWEN, "model.dtype=bfloat16", f"resources.generator.gpu_memory_gb={gib}",
+            f"resources.trainer.gpu_memory_gb={gib}"]
+    judge = [f"reward.served.model_path={model}", "reward.served.gpu_memory_utilization=0.4"]
+
+    def parts(over, pool):
+        plan = memory.memory_plan(compose([*base, *over]))
+        return next(p for p in plan.pools if p.pool == pool).parts.get("reward model", 0.0)
+
+    assert parts(judge, "generator") - parts([], "generator") == pytest.approx(0.4 * gib * 2**30)
+    assert parts([*judge, "resources.reward.workers=2"], "generator") == parts([], "generator")
+    assert parts([*judge, "trainer=colocated"], "colocated") - parts(["trainer=colocated"], "colocated") == \
+        pytest.approx(0.4 * gib * 2**30)
