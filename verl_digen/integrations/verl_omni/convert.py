@@ -585,8 +585,8 @@ def _named_served_reward(get: Callable[..., Any], put: Callable[..., None], note
     other = sorted(k for k in entry if k not in read) + [f"rollout.{k}" for k in sorted(rollout) if k not in (
         "name", "tensor_model_parallel_size", "gpu_memory_utilization")]
     if other:
-        notes.append(f"{key}.{{{', '.join(other)}}}: not used; the judge is served on the generator pool, one replica "
-                     "per generator worker")
+        notes.append(f"{key}.{{{', '.join(other)}}}: not used; the judge is served with reward.served's settings "
+                     "(on the generator pool unless resources.reward.workers gives it its own)")
 
 
 def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:
