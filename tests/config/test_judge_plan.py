@@ -98,3 +98,27 @@ def test_the_memory_plan_gives_a_judge_on_the_generating_gpus_its_share(tmp_path
     assert parts([*judge, "resources.reward.workers=2"], "generator") == parts([], "generator")
     assert parts([*judge, "trainer=colocated"], "colocated") - parts(["trainer=colocated"], "colocated") == \
         pytest.approx(0.4 * gib * 2**30)
+
+
+def test_digen_plan_names_the_judge_and_prices_it_in_every_row(tmp_path, capsys):
+    """`digen plan` with a config: the judge's line (its GPUs, its price on both sides), and every configuration's
+    predicted step grows with the judge's time per image."""
+    from verl_digen.cli import main
+
+    model = tmp_path / "judge"
+    model.mkdir()
+    common = ["plan", "--top", "1", "--policies", "never", "--stalenesses", "0", *QWEN]
+    assert main(common) == 0
+    plain = capsys.readouterr().out
+    judged = [*common, f"reward.served.model_path={model}", "resources.reward.workers=2",
+              "reward.served.seconds_per_image=2"]
+    assert main(judged) == 0
+    out = capsys.readouterr().out
+    assert "judge: 2 replica(s) x 1 GPU(s) = 2 GPU(s) on a pool of its own" in out and "judge:" not in plain
+    assert "priced at 2 s per image per replica, both sides" in out
+
+    def colocated(text: str) -> float:
+        line = next(x for x in text.splitlines() if x.startswith("colocated, all GPUs: "))
+        return float(line.split("ideal ")[1].split(" s")[0])
+
+    assert colocated(out) > colocated(plain)
