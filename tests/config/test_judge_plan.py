@@ -122,3 +122,19 @@ def test_digen_plan_names_the_judge_and_prices_it_in_every_row(tmp_path, capsys)
         return float(line.split("ideal ")[1].split(" s")[0])
 
     assert colocated(out) > colocated(plain)
+
+
+def test_a_measured_profile_already_holds_the_judge_in_its_scoring(tmp_path):
+    """A profile a run measured prices scoring as the run's score actions took (the judge's time included when
+    it served one): seconds_per_image is not added on top, and the plan says why."""
+    from verl_digen.schedule.profile_io import dump_profile
+
+    profile = tmp_path / "measured.json"
+    dump_profile(_model(8, 8), profile, name="measured")
+    model = tmp_path / "judge"
+    model.mkdir()
+    shape = [f"digen.profile={profile}", *QWEN[1:]]
+    judged = [*shape, f"reward.served.model_path={model}", "reward.served.seconds_per_image=0.5"]
+    plan = resource_plan(compose(judged))
+    assert plan.predicted_step_s == resource_plan(compose(shape)).predicted_step_s
+    assert "priced as the measured profile's scoring" in plan.render()
