@@ -287,6 +287,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
     label, base_t = against_baseline(colos, args.baseline, subsets, separate)
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
           (" (pools fixed by the hardware)" if fixed else ""))
+    if cfg is not None:  # a served judge: its GPUs and price, the same in every row and every baseline
+        from verl_digen.config import judge
+
+        line = judge.plan_line(cfg)
+        if line:
+            print(f"judge: {line}")
     strong, strong_t = against_baseline(colos, STRONGEST, subsets, separate)
     print(f"strongest baseline: {strong}, {strong_t:.2f} s/step (the fastest run a user has without verl-digen)")
     print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))

@@ -117,7 +117,8 @@ def own_reward_args(snaps: Snapshots, tmp: Path, script: str) -> list[str]:
              for f in _digen_flags(tmp)]
     return ["-m", ENTRY_V1, *args, *flags, *[s for s in SHRINK if s != "+reward.name=latent_mean"],
             f"reward.reward_model.model_path={judge}",
-            "reward.reward_model.rollout.tensor_model_parallel_size=1",  # the script's 4: one replica per GPU here
+            # the script's 4 needs the judge on 4 GPUs (refused on this run's 1 generator: a divisor of its GPUs)
+            "reward.reward_model.rollout.tensor_model_parallel_size=1",
             "+model.arch=qwen_image",  # the multi-reward script's model path ($HOME/huggingface/...) names no arch
             f"+reward.served.command=[{sys.executable},{stub},--port,'{{port}}',--log,{tmp / 'judge.jsonl'}]",
             f"+trainer.trace_dir={tmp / 'trace'}"]

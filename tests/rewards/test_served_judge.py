@@ -42,6 +42,7 @@ def test_verl_omnis_reward_model_converts_to_a_served_judge(tmp_path):
         "rollout": {"name": "vllm", "tensor_model_parallel_size": 1, "gpu_memory_utilization": 0.4}}}})
     assert (out["reward.served.model_path"], out["reward.served.tensor_parallel_size"],
             out["reward.served.gpu_memory_utilization"]) == (str(model), 1, 0.4)
+    assert "resources.reward.workers" not in out  # on the generating GPUs, as verl-omni's shares the actor's
     assert "reward.served.model_path" not in vo.from_verl_omni_config(
         {"reward": {**fn, "reward_model": {"enable": False, "model_path": str(model)}}})
     notes: list[str] = []  # a verl-digen reward written in replaces the functions: nothing calls the judge
@@ -53,7 +54,24 @@ def test_verl_omnis_reward_model_converts_to_a_served_judge(tmp_path):
     assert err.value.key == "reward.reward_model.rollout.name"
 
 
-@pytest.mark.parametrize("case", ["not-served", "model-missing", "tp-2", "no-function", "command-without-port"])
+def test_verl_omnis_reward_pool_and_tensor_parallel_are_carried(tmp_path):
+    """enable_resource_pool=True: the judge's own nnodes x n_gpus_per_node GPUs -> resources.reward.workers; the
+    scripts' tensor_model_parallel_size=4 is carried (checked against the judge's GPUs by validate)."""
+    model = tmp_path / "Qwen3-VL-8B-Instruct"
+    model.mkdir()
+    fn = {"custom_reward_function": {"path": str(_judge_file(tmp_path)), "name": "compute_score"}}
+    rm = {"enable": True, "model_path": str(model), "enable_resource_pool": True, "nnodes": 2, "n_gpus_per_node": 4,
+          "rollout": {"name": "vllm", "tensor_model_parallel_size": 4}}
+    out = vo.from_verl_omni_config({"reward": {**fn, "reward_model": rm}})
+    assert (out["resources.reward.workers"], out["reward.served.tensor_parallel_size"]) == (8, 4)
+    with pytest.raises(ConfigError) as err:
+        vo.from_verl_omni_config({"reward": {**fn, "reward_model": {**rm, "n_gpus_per_node": 0}}})
+    assert err.value.key == "reward.reward_model.n_gpus_per_node"
+
+
+@pytest.mark.parametrize("case", ["not-served", "model-missing", "tp-2", "no-function", "command-without-port",
+                                  "pool-not-multiple", "pool-without-judge", "tp-zero", "node-resource-no-pool",
+                                  "seconds-negative", "pool-negative"])
 def test_served_judge_refusals_before_ray(case, tmp_path):
     model = tmp_path / "judge"
     model.mkdir()
@@ -64,7 +82,14 @@ def test_served_judge_refusals_before_ray(case, tmp_path):
         "not-served": ("custom_reward_function.path", "missing a required argument: 'reward_router_address'); "
                        "it calls a served reward model: set reward.served.model_path"),
         "model-missing": ("reward.served.model_path", "a checkpoint on this machine (it does not exist)"),
-        "tp-2": ("reward.served.tensor_parallel_size", "1 (each generator worker serves one replica"),
+        "tp-2": ("reward.served.tensor_parallel_size", "a divisor of the generator pool's 1 GPU(s), where the "
+                 "judge is served (replicas x 2 GPUs), or give the judge a pool of its own: resources.reward.workers"),
+        "pool-not-multiple": ("resources.reward.workers", "a multiple of reward.served.tensor_parallel_size=2"),
+        "pool-without-judge": ("resources.reward.workers", "0 unless reward.served.model_path is set"),
+        "tp-zero": ("reward.served.tensor_parallel_size", "a positive integer (GPUs of one replica)"),
+        "node-resource-no-pool": ("resources.reward.node_resource", "null unless resources.reward.workers > 0"),
+        "seconds-negative": ("reward.served.seconds_per_image", "null or a finite number of seconds > 0"),
+        "pool-negative": ("resources.reward.workers", "an integer in [0, 4096]"),
         "no-function": ("reward.served.model_path", "null unless a reward function calls it"),
         "command-without-port": ("reward.served.command", "one of them holding {port}"),
     }[case]
@@ -78,9 +103,45 @@ def test_served_judge_refusals_before_ray(case, tmp_path):
         args.pop(1)
     elif case == "command-without-port":
         args[3] = "reward.served.command=[python,stub.py]"
+    elif case == "pool-not-multiple":
+        args += ["reward.served.tensor_parallel_size=2", "resources.reward.workers=3"]
+    elif case == "pool-without-judge":
+        args = args[:1] + ["resources.reward.workers=2"]
+    elif case == "tp-zero":
+        args.append("reward.served.tensor_parallel_size=0")
+    elif case == "node-resource-no-pool":
+        args.append("resources.reward.node_resource=L4")
+    elif case == "seconds-negative":
+        args.append("reward.served.seconds_per_image=-1")
+    elif case == "pool-negative":
+        args.append("resources.reward.workers=-1")
     with pytest.raises(ConfigError) as err:
         validate(compose(args))
     assert err.value.key == key and part in str(err.value), str(err.value)
+
+
+@pytest.mark.parametrize("mode,over,want", [
+    ("digen", ["resources.generator.workers=4", "reward.served.tensor_parallel_size=2"], (4, 2, 2, False)),
+    ("digen", ["resources.generator.workers=1", "reward.served.tensor_parallel_size=4", "resources.reward.workers=8"],
+     (8, 4, 2, True)),
+    ("colocated", ["resources.generator.workers=2", "resources.trainer.workers=2",
+                   "reward.served.tensor_parallel_size=4", "data.train_batch_size=4"], (4, 4, 1, False)),
+    ("digen", [], (1, 1, 1, False)),
+])
+def test_the_judge_is_replicas_times_tensor_parallel_gpus(mode, over, want, tmp_path):
+    """Accepted before Ray: judge GPUs = replicas x TP, on the generator pool (colocated: every worker) or on
+    resources.reward.workers GPUs of its own; only TP > 1 or a pool of its own starts replicas apart."""
+    from verl_digen.config import judge
+
+    model = tmp_path / "judge"
+    model.mkdir()
+    cfg = compose([f"trainer.trace_dir={tmp_path}/t", f"custom_reward_function.path={_judge_file(tmp_path)}",
+                   f"reward.served.model_path={model}", "reward.served.command=[python,stub.py,--port,'{port}']",
+                   f"trainer={mode}", *over])
+    validate(cfg)
+    place = judge.placement(cfg)
+    assert (place.gpus, place.tensor_parallel_size, place.replicas, place.own_pool) == want
+    assert place.pooled == (want[1] > 1 or want[3])
 
 
 def test_a_missing_judge_package_names_the_extra(tmp_path, monkeypatch):

@@ -172,6 +172,23 @@ def reward_memory(cfg: RunConfig) -> tuple[float, list[str]]:
     return total, notes
 
 
+def served_judge_bytes(cfg: RunConfig, gib: float | None, notes: list[str]) -> float:
+    """What a served judge (``reward.served``) holds on each GPU it shares with generation: vLLM takes its
+    ``gpu_memory_utilization`` share of the GPU (``gib``); nothing there when it has a pool of its own. Unknown
+    GPU memory: a note instead."""
+    from verl_digen.config import judge
+
+    place = judge.placement(cfg)
+    if place is None or place.own_pool:
+        return 0.0
+    share = float(cfg.reward.served.gpu_memory_utilization)
+    if gib is None:
+        notes.append(f"the served judge: reward.served.gpu_memory_utilization={share:g} of each generating GPU, not "
+                     "counted (GPU memory not known)")
+        return 0.0
+    return share * gib * GIB
+
+
 def gpu_memory(cfg: RunConfig) -> dict[str, tuple[float | None, str]]:
     """Pool -> (GiB of one GPU, where the figure comes from): ``resources.<pool>.gpu_memory_gb`` when
     declared, else the preset's hardware (``digen.profile``); ``(None, "")`` when neither. The
@@ -399,9 +416,10 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         gpu["VAE"] = vae
         gpu["generation activations"] = gen_rows * gen_block
     reward, notes = reward_memory(cfg)
+    caps = gpu_memory(cfg)
+    reward += served_judge_bytes(cfg, caps["colocated" if colocated else "generator"][0], notes)
     if colocated:
         gpu["reward model"] = reward
-    caps = gpu_memory(cfg)
     trainer_pool = "colocated" if colocated else "trainer"
     trainer = PoolMemory(trainer_pool, ranks, gpu, host, *caps[trainer_pool])
     pools = [trainer]

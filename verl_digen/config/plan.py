@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from verl_digen.config.schema import ConfigError, RunConfig, recompute_log_prob
 from verl_digen.schedule import presets
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts
+from verl_digen.schedule.costs import BASELINES, IDEAL, CostModel, StageCosts, with_judge
 from verl_digen.schedule.profile_io import Workload
 from verl_digen.schedule.simulator import simulate
 from verl_digen.schedule.split_search import (
@@ -47,6 +47,11 @@ def cluster_spec(cfg: RunConfig) -> tuple[CostModel, bool, presets.PresetSpec | 
                            sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
         model, spec = built.model, built.spec
     model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
+    from verl_digen.config import judge
+
+    priced = judge.cost(cfg)  # the served judge's time per image, on both sides of every comparison
+    if priced is not None:
+        model = with_judge(model, priced)
     return model, bool(spec is not None and spec.heterogeneous), spec
 
 
@@ -89,6 +94,10 @@ def prior_stage_costs(cfg: RunConfig) -> StageCosts:
     return cfg.schedule_config().stage_costs(model, cfg.resources.generator.workers)
 
 
+#: the resource plan's name for the served judge's own pool (``resources.reward``)
+JUDGE_POOL = "judge"
+
+
 @dataclass
 class ResourcePlan:
     pools: list[tuple[str, int, str]]  # (pool, workers, placement)
@@ -107,6 +116,7 @@ class ResourcePlan:
     best_subset: dict[str, Subset] = field(default_factory=dict)
     subset_notes: list[str] = field(default_factory=list)
     separate_s: float | None = None  # mixed pools: verl-omni's synchronous separate mode (separate_baseline)
+    judge: str | None = None  # the served judge's placement and price (config/judge.py), both sides
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -115,7 +125,12 @@ class ResourcePlan:
 
     @property
     def total_workers(self) -> int:
-        return sum(n for _, n, _ in self.pools)
+        """The workers that generate and train (a judge's own pool is counted apart: ``judge_gpus``)."""
+        return sum(n for name, n, _ in self.pools if name != JUDGE_POOL)
+
+    @property
+    def judge_gpus(self) -> int:
+        return sum(n for name, n, _ in self.pools if name == JUDGE_POOL)
 
     def render(self) -> str:
         lines = ["resource plan:"]
@@ -130,6 +145,9 @@ class ResourcePlan:
         ]
         if self.old_log_probs:
             lines.append(f"  log-probs  old: {self.old_log_probs}")
+        if self.judge:
+            lines.append(f"  judge      {self.judge}")
+        judged = f" (+ the judge's {self.judge_gpus} GPU(s))" if self.judge_gpus else ""
         if self.predicted_step_s is None:
             lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
         else:
@@ -138,8 +156,8 @@ class ResourcePlan:
             lines.append(f"  vs best    {t / self.predicted_step_s:.2f}x the strongest baseline, {label} "
                          f"({t:.2f} s/step): the fastest run a user has without verl-digen")
             for b, colo in self.predicted_colocated.items():
-                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers "
-                             f"(this run: {colo / self.predicted_step_s:.2f}x its throughput)")
+                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers"
+                             f"{judged} (this run: {colo / self.predicted_step_s:.2f}x its throughput)")
             if self.heterogeneous:
                 lines += self._subset_lines()
                 if self.separate_s is not None:
@@ -195,6 +213,8 @@ class ResourcePlan:
 
 def resource_plan(cfg: RunConfig) -> ResourcePlan:
     """Pools, batch layout and predicted step time of a validated config."""
+    from verl_digen.config import judge
+
     res, dev = cfg.resources, cfg.trainer.device
 
     def where(node_resource: str | None) -> str:
@@ -207,6 +227,8 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     else:
         pools = [("generator", res.generator.workers, where(res.generator.node_resource)),
                  ("trainer", res.trainer.workers, where(res.trainer.node_resource) + groups)]
+    if res.reward.workers and cfg.reward.served.model_path:
+        pools.append((JUDGE_POOL, res.reward.workers, where(res.reward.node_resource)))
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
@@ -230,7 +252,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
         pools=pools, batch=cfg.batch, micro_batches=part.count, release_unit=part.unit_size, trained_steps=k,
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
         heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg), mini_batches=cfg.mini_batches(),
-        best_subset=subsets, subset_notes=notes, separate_s=separate,
+        best_subset=subsets, subset_notes=notes, separate_s=separate, judge=judge.plan_line(cfg),
     )
 
 

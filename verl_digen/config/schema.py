@@ -131,10 +131,11 @@ class AlgorithmConfig:
 @dataclass
 class ServedRewardConfig:
     model_path: str | None = None  # a reward model served over OpenAI's chat API (verl-omni's reward_model); null: none
-    tensor_parallel_size: int = 1  # GPUs of one replica (vLLM's --tensor-parallel-size)
+    tensor_parallel_size: int = 1  # GPUs of one replica (vLLM's --tensor-parallel-size); replicas = judge GPUs / this
     gpu_memory_utilization: float = 0.5  # the share of a generator GPU vLLM may take
     command: list[str] | None = None  # replaces vLLM's server: argv with {port}, {model_path}
     startup_timeout_s: float = 600.0  # how long the server may take to answer /v1/models
+    seconds_per_image: float | None = None  # one replica's time per image scored (measured): the plans price it
 
 
 @dataclass
@@ -161,9 +162,16 @@ class PoolConfig:
 
 
 @dataclass
+class RewardPoolConfig:
+    workers: int = 0  # GPUs of the served judge's own pool; 0: served on the generator pool (DigenRL's placement)
+    node_resource: str | None = None  # a Ray custom resource the judge pool's nodes advertise
+
+
+@dataclass
 class ResourcesConfig:
     generator: PoolConfig = field(default_factory=PoolConfig)
     trainer: PoolConfig = field(default_factory=PoolConfig)
+    reward: RewardPoolConfig = field(default_factory=RewardPoolConfig)  # the served judge (reward.served)
 
 
 @dataclass
@@ -330,7 +338,10 @@ class RunConfig:
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
         if self.reward.functions:
             reward = functions_spec(dict(self.reward.functions), files, self.data.prompt_key)
-        reward = with_served(reward, self.reward.served)
+        from verl_digen.config.judge import placement
+
+        judge = placement(self)
+        reward = with_served(reward, self.reward.served, judge.replicas if judge and judge.pooled else 0)
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,

@@ -130,9 +130,11 @@ def _at(functions: Any, key: str) -> Any:
 def served_reward(cfg: Any) -> None:
     """``reward.served``: a model on this machine, settings in range, a function that calls it, and what
     serving it needs installed (vLLM unless ``command`` replaces it)."""
+    from verl_digen.config import judge
     from verl_digen.rewards.custom import checkpoint_missing
 
     s = cfg.reward.served
+    judge.check(cfg)  # resources.reward and the judge's replicas x tensor parallel size
     if not s.model_path:
         return
     if not (cfg.custom_reward_function.path or cfg.reward.functions):
@@ -141,10 +143,6 @@ def served_reward(cfg: Any) -> None:
     why = checkpoint_missing(str(s.model_path))
     if why is not None:
         raise ConfigError("reward.served.model_path", s.model_path, f"a checkpoint on this machine (it {why})")
-    if not (isinstance(s.tensor_parallel_size, int) and s.tensor_parallel_size == 1):
-        raise ConfigError("reward.served.tensor_parallel_size", s.tensor_parallel_size,
-                          "1 (each generator worker serves one replica on its own GPU; a replica across GPUs "
-                          "is not implemented)")
     if not (0 < s.gpu_memory_utilization <= 1):
         raise ConfigError("reward.served.gpu_memory_utilization", s.gpu_memory_utilization, "a fraction in (0, 1]")
     if not s.startup_timeout_s > 0:

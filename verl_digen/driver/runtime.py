@@ -33,6 +33,7 @@ from ray.util.placement_group import remove_placement_group
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.config import RunConfig, checks, validate
+from verl_digen.config.judge import placement as judge_placement
 from verl_digen.config.memory import generation_copy_resident
 from verl_digen.config.plan import prior_stage_costs
 from verl_digen.config.schema import log_format
@@ -41,7 +42,13 @@ from verl_digen.data import PromptDataset
 from verl_digen.driver import native_memory, validation
 from verl_digen.driver.accumulator import StepAccumulator, StepResults
 from verl_digen.driver.faults import fault_policy, note_dead_workers, plain_log
-from verl_digen.driver.pools import PlacedResourcePool, check_cluster_fits, ensure_ray, stop_own_ray
+from verl_digen.driver.pools import (
+    NODE_RESOURCE_PER_WORKER,
+    PlacedResourcePool,
+    check_cluster_fits,
+    ensure_ray,
+    stop_own_ray,
+)
 from verl_digen.driver.probe import probe_costs
 from verl_digen.driver.ray_backend import WORKER_METHODS
 from verl_digen.driver.stopping import (
@@ -61,6 +68,7 @@ from verl_digen.reporting.metrics import measured_profile, schedule_metrics, win
 from verl_digen.reporting.progress import Progress, Recent, forget_read
 from verl_digen.reporting.step_reports import StepReport, StepReports
 from verl_digen.reporting.trace_stream import RecordStream, restore_segments
+from verl_digen.rewards.custom import served_specs, with_pool
 from verl_digen.schedule import ScheduleConfig, StepScheduler
 from verl_digen.schedule.actions import SWITCH_TO_GEN, SWITCH_TO_TRAIN
 from verl_digen.schedule.colocated import ColocatedScheduler
@@ -142,6 +150,11 @@ class DigenRuntime:
         self._console = run_log.ConsoleLogger(log, total=cfg.trainer.total_steps, fmt=log_format(cfg))
         self._history: run_log.MetricsLog | None = None
         self._pools: list[PlacedResourcePool] = []
+        self.judge = judge_placement(cfg)  # the served judge: apart (replicas the driver starts) or in-process
+        self._judges: list[Any] = []
+        if self.judge is not None and self.judge.pooled:
+            self.worker_cfg = replace(self.worker_cfg, reward=with_pool(self.worker_cfg.reward,
+                                                                        f"digen_judge_{self.run_id}_"))
 
     # ---------------------------------------------------------------------------------- setup
     def _group(self, cls, workers: int, prefix: str, node_resource: str | None,
@@ -183,6 +196,8 @@ class DigenRuntime:
         else:
             need = {"resources.generator.workers": (res.generator.workers, res.generator.node_resource),
                     "resources.trainer.workers": (res.trainer.workers, res.trainer.node_resource)}
+        if self.judge is not None and self.judge.own_pool and (self.use_gpu or res.reward.node_resource):
+            need["resources.reward.workers"] = (res.reward.workers, res.reward.node_resource)
         check_cluster_fits(need, self.use_gpu)
         warning = checks.model_source(self.cfg, single_node=len(ray.nodes()) == 1)
         if warning:
@@ -201,11 +216,36 @@ class DigenRuntime:
                                       res.trainer.node_resource, backend.trainer_threads)
             self.sync = WeightSync(self.cfg.digen.sync.backend)
             self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
+        if self.judge is not None and self.judge.pooled:
+            self._start_judge()
         if self.resume_path:
             self._resume(self.resume_path)
         elif self.cfg.trainer.resume_from == "auto":
             self.log(f"trainer.resume_from=auto: no complete checkpoint in {self.cfg.trainer.default_local_dir}, "
                      "starting from step 0")
+
+    def _start_judge(self) -> None:
+        """The served judge's replicas apart (rewards/served.py): on GPUs of their own (``resources.reward``), or on
+        ``tensor_parallel_size`` consecutive generator ranks' GPUs each, in the first rank's placement bundle."""
+        from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
+
+        from verl_digen.rewards import served
+
+        spec = served.spec_from(next(iter(served_specs(self.worker_cfg.reward))))
+        tp, res = spec.tensor_parallel_size, self.cfg.resources.reward
+        if self.judge.own_pool:
+            opts: dict[str, Any] = {"num_gpus": tp} if self.use_gpu else {}
+            if res.node_resource:
+                opts["resources"] = {res.node_resource: tp * NODE_RESOURCE_PER_WORKER}
+            placements = [(opts, None)] * self.judge.replicas
+        else:
+            wg = self.gen_wg if self.gen_wg is not None else self.trn_wg
+            visible = ray.get([w.get_cuda_visible_devices.remote() for w in wg.workers])
+            pg = wg.resource_pool.get_placement_groups()[0]  # one placement group per pool: rank r is bundle r
+            placements = [({"num_gpus": 0, "scheduling_strategy": PlacementGroupSchedulingStrategy(pg, rank)}, devices)
+                          for rank, devices in served.replica_devices(visible, tp)]
+        self._judges = served.start_replicas(spec, placements)
+        self.log(f"reward model served: {self.judge.describe()}")
 
     def _resume(self, path: str) -> None:
         extras = ray.get([w.load_checkpoint.remote(path) for w in self.trn_wg.workers])
@@ -222,6 +262,11 @@ class DigenRuntime:
     def shutdown(self) -> None:
         """Kill the workers and release their placement groups; stop the Ray head the run started for
         itself (a cluster it joined, or one started before the run, stays up)."""
+        if self._judges:
+            from verl_digen.rewards.served import stop_replicas
+
+            stop_replicas(self._judges)
+            self._judges = []
         for wg in (self.gen_wg, self.trn_wg):
             if wg is not None:
                 for w in wg.workers:

@@ -241,31 +241,31 @@ class CustomReward(Reward):
         if self.tables is None:
             return self.fn(images, list(prompts), **self.reward_kwargs)
         pixels = (images.detach().float().clamp(0, 1) * 255).round().to(torch.uint8).cpu()
-        extra = {**self._served_kwargs(), **self.reward_kwargs}
+        served = self._served_kwargs(len(prompts))
         calls = []
         for i, (pixel, prompt) in enumerate(zip(pixels, prompts)):
             row = self._row(rows, i, prompt)
             kwargs = {"data_source": row.get("data_source"), "solution_image": pixel,
                       "ground_truth": row.get("ground_truth"), "extra_info": dict(row.get("extra_info") or {}),
-                      **extra}
+                      **served[i], **self.reward_kwargs}
             calls.append(declared(self.fn, kwargs) if self.filter_kwargs else kwargs)
         if inspect.iscoroutinefunction(self.fn):  # the micro-batch's requests in flight together, as verl-omni's
             return asyncio.run(self._gather(calls))  # reward loop sends them
         return [self._one(kwargs) for kwargs in calls]
 
-    def _served_kwargs(self) -> dict[str, Any]:
-        """What verl-omni's reward loop adds when a reward model is served: its address (the server starts
-        on first use), its tokenizer and its name."""
+    def _served_kwargs(self, n: int) -> list[dict[str, Any]]:
+        """What verl-omni's reward loop adds per sample when a reward model is served: the address of the
+        replica that scores it (the router's turn; this process's own server starts on first use), the
+        judge's tokenizer and its name."""
         if not self.served:
-            return {}
+            return [{}] * n
         from . import served
 
-        command = self.served.get("command")
-        spec = served.ServedSpec(**{**self.served, "command": tuple(command) if command else None})
+        spec = served.spec_from(self.served)
         if self._tokenizer is None:
             self._tokenizer = (served.tokenizer(spec.model_path),)
-        return {"reward_router_address": served.server(spec).address, "reward_model_tokenizer": self._tokenizer[0],
-                "model_name": spec.model_path}
+        return [{"reward_router_address": address, "reward_model_tokenizer": self._tokenizer[0],
+                 "model_name": spec.model_path} for address in served.router(spec).take(n)]
 
     async def _gather(self, calls: list[dict[str, Any]]) -> list[float]:
         async def one(kwargs: dict[str, Any]) -> float:
@@ -328,12 +328,13 @@ def spec_of(cfg: Any, files: dict[str, str | None] | None = None, prompt_key: st
     return spec
 
 
-def with_served(reward: Any, cfg: Any) -> Any:
+def with_served(reward: Any, cfg: Any, replicas: int = 0) -> Any:
     """The worker's reward spec with ``reward.served`` given to every custom function in it (they share the
-    one server, as verl-omni's functions share its reward model's address)."""
+    one server, as verl-omni's functions share its reward model's address); ``replicas`` > 0: the judge runs
+    apart as that many replicas (``served.spec_of``)."""
     from .served import spec_of
 
-    spec = spec_of(cfg)
+    spec = spec_of(cfg, replicas)
     if spec is None:
         return reward
     served = {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.__dict__.items()}
@@ -342,6 +343,25 @@ def with_served(reward: Any, cfg: Any) -> Any:
     if isinstance(reward, dict) and "name" not in reward:
         return {k: ({**v, "served": served} if isinstance(v, dict) and v.get("name") == CUSTOM else v)
                 for k, v in reward.items()}
+    return reward
+
+
+def served_specs(reward: Any) -> list[dict[str, Any]]:
+    """The ``served`` entries of a worker's reward spec (one judge: they are equal)."""
+    if isinstance(reward, dict) and isinstance(reward.get("served"), dict):
+        return [reward["served"]]
+    if isinstance(reward, dict) and "name" not in reward:
+        return [s for v in reward.values() for s in served_specs(v)]
+    return []
+
+
+def with_pool(reward: Any, pool: str) -> Any:
+    """The worker's reward spec with the run's judge replicas' name prefix in every ``served`` entry (the
+    driver's, once per run: ``served.start_replicas`` names them so)."""
+    if isinstance(reward, dict) and isinstance(reward.get("served"), dict):
+        return {**reward, "served": {**reward["served"], "pool": pool}}
+    if isinstance(reward, dict) and "name" not in reward:
+        return {k: with_pool(v, pool) for k, v in reward.items()}
     return reward
 
 

@@ -376,3 +376,58 @@ def uniform_stage_costs(generate: float, update: float, **kw: float) -> StageCos
     kw.setdefault("tag_generate", generate)
     kw.setdefault("score", 0.0)
     return StageCosts(generate=generate, update=update, **kw)
+
+
+@dataclass(frozen=True)
+class JudgeCost:
+    """A served judge (``reward.served``) priced per image: ``seconds_per_image`` is one replica's time for one
+    image; ``tensor_parallel_size`` GPUs per replica; ``gpus``: the judge's own pool (None: it is served on the GPUs
+    that generate, the generator pool here and every GPU in a colocated baseline, as verl-omni's judge shares the
+    actor's GPUs). Both sides of every comparison get the same judge: its own pool's replicas serve the colocated
+    baselines too (verl-omni's ``enable_resource_pool``), so the ratio is like for like."""
+
+    seconds_per_image: float
+    tensor_parallel_size: int = 1
+    gpus: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_cost("judge.seconds_per_image", self.seconds_per_image)
+        if not isinstance(self.tensor_parallel_size, int) or self.tensor_parallel_size < 1:
+            raise ValueError(f"judge tensor_parallel_size must be a positive integer, "
+                             f"got {self.tensor_parallel_size!r}")
+        if self.gpus is not None and (not isinstance(self.gpus, int) or self.gpus < self.tensor_parallel_size):
+            raise ValueError(f"judge gpus must hold one replica of {self.tensor_parallel_size}, got {self.gpus!r}")
+
+    def per_image(self, scorers: int) -> float:
+        """Seconds an image adds to a scoring call when ``scorers`` GPUs score at once and share the replicas
+        (each replica works through its share of their images): on the scorers' own GPUs the replicas are
+        scorers / TP, so TP x the replica's time; on a pool of its own, scorers / replicas x it."""
+        if self.gpus is None:
+            return self.seconds_per_image * self.tensor_parallel_size
+        return self.seconds_per_image * scorers / (self.gpus // self.tensor_parallel_size)
+
+
+def with_judge(model: CostModel, judge: JudgeCost) -> CostModel:
+    """``model`` with the judge's time per image added to scoring: a generator's score action pays it as one
+    of the generator pool's scorers, a colocated phase as one of all the GPUs (the trainer hardware's score is
+    what only the colocated phases read). Resizing (``with_workers``, the planner's splits) re-prices it for
+    the new pool sizes."""
+    base = model
+
+    def resize(generators: int, trainers: int, fsdp_ranks: int | None) -> CostModel:
+        if base.resize is not None:
+            sized = base.resize(generators, trainers, fsdp_ranks)
+        else:
+            sized = replace(base, generator=Pool(base.generator.hardware, generators),
+                            trainer=Pool(base.trainer.hardware, trainers))
+        return with_judge(sized, judge)
+
+    def plus(hw: Hardware, seconds: float) -> Hardware:
+        s = hw.score
+        return replace(hw, score=Affine(s.fixed, s.per_unit + seconds, s.floor))
+
+    return replace(model, resize=resize,
+                   generator=Pool(plus(model.generator.hardware, judge.per_image(model.generator.workers)),
+                                  model.generator.workers),
+                   trainer=Pool(plus(model.trainer.hardware, judge.per_image(model.total_workers)),
+                                model.trainer.workers))

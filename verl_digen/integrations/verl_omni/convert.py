@@ -525,9 +525,21 @@ def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: lis
         src=f"{rm}.rollout.tensor_model_parallel_size")
     put("reward.served.gpu_memory_utilization", get(f"{rm}.rollout.gpu_memory_utilization"), float,
         src=f"{rm}.rollout.gpu_memory_utilization")
-    if get(f"{rm}.enable_resource_pool"):
-        notes.append(f"{rm}.enable_resource_pool=True: the reward model is served on the generator pool, one "
-                     "replica per generator worker (its own pool is not implemented)")
+    _reward_pool(get, put, rm)
+
+
+def _reward_pool(get: Callable[..., Any], put: Callable[..., None], rm: str) -> None:
+    """``reward.reward_model.enable_resource_pool=True`` (the judge on ``nnodes`` x ``n_gpus_per_node`` GPUs of its
+    own) as ``resources.reward.workers``; without it the judge shares the generating GPUs, as verl-omni's shares
+    the actor's (verl-omni then sets nnodes / n_gpus_per_node to the trainer's, so they are read and dropped)."""
+    nodes, per_node = get(f"{rm}.nnodes"), get(f"{rm}.n_gpus_per_node")
+    if not get(f"{rm}.enable_resource_pool"):
+        return
+    for key, value in ((f"{rm}.nnodes", nodes), (f"{rm}.n_gpus_per_node", per_node)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise _refuse(key, value, f"a positive integer ({rm}.enable_resource_pool=True sizes the judge's own pool "
+                          "with it)")
+    put("resources.reward.workers", nodes * per_node, src=f"{rm}.n_gpus_per_node")
 
 
 def _named_served_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str],
@@ -573,8 +585,8 @@ def _named_served_reward(get: Callable[..., Any], put: Callable[..., None], note
     other = sorted(k for k in entry if k not in read) + [f"rollout.{k}" for k in sorted(rollout) if k not in (
         "name", "tensor_model_parallel_size", "gpu_memory_utilization")]
     if other:
-        notes.append(f"{key}.{{{', '.join(other)}}}: not used; the judge is served on the generator pool, one replica "
-                     "per generator worker")
+        notes.append(f"{key}.{{{', '.join(other)}}}: not used; the judge is served with reward.served's settings "
+                     "(on the generator pool unless resources.reward.workers gives it its own)")
 
 
 def _multi_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str], own: list[str]) -> bool:
