@@ -583,7 +583,10 @@ def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, ag
         lines.append(f"recommendation: stay colocated: {label} is {r.step_time / base_t:.2f}x faster than digen's "
                      "best split")
     ideal = colocated[IDEAL].step_time
-    if base_t > r.step_time > ideal:
+    if IDEAL in unfit and base_t > r.step_time > ideal:
+        lines.append(f"  (an idealized colocated run, {ideal:.1f} s/step, would beat digen if it fit, but it does not "
+                     "fit these GPUs' memory, nor does any engine-based colocated run)")
+    elif base_t > r.step_time > ideal:
         lines.append(f"  (an idealized colocated run, {ideal:.1f} s/step, would beat digen: the gain comes from "
                      "what colocated runs pay beyond the ideal, not from more compute)")
     # why: training communication over the whole cluster vs inside the trainer pool, and the bottleneck
