@@ -45,7 +45,7 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
                        ("ideal", "vs_colocated_ideal"), ("native", "speedup_vs_colocated_native")):
             fits = r["baseline_memory"][b]["fits"] is not False
             assert (b not in r["unfit_baselines"]) == fits and (r[key] is None) == (not fits), (name, b)
-            assert fits or b not in r["strongest_baseline"], name
+            assert fits or r["strongest_baseline"] != f"colocated:{b}", name  # a subset run may be it
         assert r["vs_verl_omni"] == r["speedup_vs_colocated"]
         if r["vs_verl_omni"] is not None:
             assert r["vs_verl_omni_bypass"] < r["vs_verl_omni"]
@@ -65,7 +65,9 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     assert (shipped["flux-12b-32"]["mode"], shipped["hunyuanvideo-13b-hetero"]["mode"]) == ("colocated", "digen")
     assert shipped["hunyuanvideo-13b-hetero"]["best_subset_pool"] == "trainer"
     assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_separate_verl_omni_bypass"]
-    assert 1 < shipped["hunyuanvideo-13b-hetero"]["vs_best_subset"] < shipped["hunyuanvideo-13b-hetero"]["vs_verl_omni"]
+    hetero = shipped["hunyuanvideo-13b-hetero"]  # verl-omni on all 16 does not fit the 48 GB cards
+    assert hetero["vs_verl_omni"] is None and 1 < hetero["vs_best_subset"] < hetero["baseline_step_s"]["verl-omni"] / \
+        hetero["step_s"]
 
 
 def test_calibration_bench_emits_its_rows():
