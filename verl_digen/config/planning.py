@@ -83,7 +83,8 @@ def baseline_memory(cfg: RunConfig, total: int | None = None) -> dict[str, Basel
     generating and the sharded training state (switched out while generating) when training (its engine's own
     runtime buffers, ``memory.ENGINE_RUNTIME_GIB``, are not charged: in its favour); the native loop
     (flow_grpo / DanceGRPO scripts) keeps the training state resident and samples one sample at a time through
-    the FSDP shards, so no generation copy. Empty when the model size or the GPUs' memory is unknown."""
+    the FSDP shards, so no generation copy. Empty when the model size is unknown; where the GPUs' memory is
+    unknown each entry's ``fits`` is None and nothing is ruled out."""
     size = memory.model_size(cfg)
     if size is None:
         return {}
