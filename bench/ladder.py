@@ -16,6 +16,11 @@ without verl-digen (config/plan.py ``ResourcePlan.strongest``), and also carry `
 verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
 ``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits) and
 ``vs_separate_verl_omni_bypass`` (verl-omni's synchronous separate mode on the same pools, without its recompute).
+A baseline that does not fit every GPU by the memory plan (config/planning.py ``baseline_memory``: the same plan
+and the same 90 % headroom that refuse this project's own colocated layout) has a null ratio, is listed in
+``unfit_baselines`` and is never the strongest; ``baseline_memory`` gives each baseline's GiB per GPU against its
+GPU and ``baseline_step_s`` its priced step (as if it fit). The baselines are priced with as many rows per pass as
+that plan holds.
 Usage: python bench/ladder.py [--json] [--steps N]
 """
 
@@ -35,10 +40,15 @@ from verl_digen.schedule.costs import BASELINES, IDEAL, VERL_OMNI, VERL_OMNI_BYP
 from verl_digen.schedule.simulator import ablation_configs, simulate
 
 
-def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel) -> list[dict]:
+def ladder(source: str, name: str, base: ScheduleConfig, model: CostModel,
+           colocated: dict[str, float] | None = None) -> list[dict]:
+    """The rungs; ``colocated`` (baseline -> s/step) replaces the colocated rungs' own pricing: a recipe's
+    baselines as its dry run prices them, with the rows per pass their memory holds."""
     staleness = base.staleness or 0.25
     rungs = ablation_configs(base, base.mb_size, base.tsp_degree, "bts", staleness, model.generator.workers)
-    times = {r.label: simulate(r.config, model, label=r.label, baseline=r.baseline).step_time for r in rungs}
+    given = {f"colocated:{b}": t for b, t in (colocated or {}).items()}
+    times = {r.label: given.get(r.label) or simulate(r.config, model, label=r.label, baseline=r.baseline).step_time
+             for r in rungs}
     naive = times["naive (separate)"]
     colo = {b: times[f"colocated:{b}"] for b in BASELINES}
     return [{"source": source, "preset": name, "rung": label, "step_s": t, "speedup_vs_naive": naive / t,
@@ -72,20 +82,28 @@ def recipe_rows(steps: int) -> list[dict]:
         cfg = _compose(name)
         digen = cfg if cfg.trainer.mode == "digen" else _compose(recipes.variant(name))
         model = cluster_costs(digen)
-        part = ladder("recipe", name, digen.schedule_config(steps=steps), model)
-        t = simulate(cfg.schedule_config(steps=steps), cluster_costs(cfg)).step_time
-        colo = {b: next(r["step_s"] for r in part if r["rung"] == f"colocated:{b}") for b in BASELINES}
-        naive = next(r["step_s"] for r in part if r["rung"] == "naive (separate)")
         plan = resource_plan(cfg)
+        part = ladder("recipe", name, digen.schedule_config(steps=steps), model, plan.predicted_colocated)
+        for r in part:  # whether a colocated rung fits the recipe's GPUs by the memory plan
+            if r["rung"].startswith("colocated:"):
+                r["fits"] = r["rung"].split(":", 1)[1] not in plan.unfit
+        t = simulate(cfg.schedule_config(steps=steps), cluster_costs(cfg)).step_time
+        naive = next(r["step_s"] for r in part if r["rung"] == "naive (separate)")
+        # the baselines as the dry run prices them: every GPU, as many rows per pass as their memory holds; one
+        # that does not fit by the memory plan is no ratio (null) and no candidate for the strongest
+        colo, unfit = plan.predicted_colocated, plan.unfit
+        vs = {b: None if b in unfit else colo[b] / t for b in BASELINES}.get
         label, strong = plan.strongest
         top = None if plan.heterogeneous else plan.ceiling_s  # mixed GPUs: colocated:ideal bounds nothing
         part.append({"source": "recipe", "preset": name, "rung": "as shipped", "mode": cfg.trainer.mode,
                      "step_s": t, "strongest_baseline": label, "vs_strongest": strong / t,
-                     "speedup_vs_naive": naive / t, "speedup_vs_colocated": colo[VERL_OMNI] / t,
-                     **{f"speedup_vs_colocated_{b.replace('-', '_')}": c / t for b, c in colo.items()},
+                     "speedup_vs_naive": naive / t, "speedup_vs_colocated": vs(VERL_OMNI),
+                     **{f"speedup_vs_colocated_{b.replace('-', '_')}": vs(b) for b in BASELINES},
                      "ceiling_s": top, "of_ceiling": None if top is None else top / t,
-                     "vs_verl_omni": colo[VERL_OMNI] / t, "vs_verl_omni_bypass": colo[VERL_OMNI_BYPASS] / t,
-                     "vs_colocated_ideal": colo[IDEAL] / t,
+                     "vs_verl_omni": vs(VERL_OMNI), "vs_verl_omni_bypass": vs(VERL_OMNI_BYPASS),
+                     "vs_colocated_ideal": vs(IDEAL),
+                     "baseline_step_s": dict(colo), "unfit_baselines": sorted(unfit),
+                     "baseline_memory": {b: m.as_dict() for b, m in plan.baseline_memory.items()},
                      **({**subset_fields(plan.best_subset, t), "vs_separate_verl_omni_bypass": plan.separate_s / t}
                         if plan.heterogeneous else {})})
         rows += part
@@ -102,6 +120,11 @@ def subset_fields(subsets: dict, t: float) -> dict:
             "vs_best_subset_ideal": ratio(IDEAL), "best_subset_pool": None if head is None else head.pool}
 
 
+def _ratio(x: float | None, unit: str = "") -> str:
+    """A ratio, or "no fit" where the baseline does not fit its GPUs' memory (a null ratio)."""
+    return "no fit" if x is None else f"{x:.2f}{unit}"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--json", action="store_true")
@@ -112,7 +135,8 @@ def main() -> None:
           f"{'vs nat':>6s}")
     for r in rows:
         print(f"{r['source']:>6s} {r['preset']:<28s} {r['rung']:<20s} {r['step_s']:9.1f} "
-              f"{r['speedup_vs_naive']:8.2f} {r['speedup_vs_colocated']:6.2f} {r['speedup_vs_colocated_native']:6.2f}")
+              f"{r['speedup_vs_naive']:8.2f} {_ratio(r['speedup_vs_colocated']):>6s} "
+              f"{_ratio(r['speedup_vs_colocated_native']):>6s}")
     by = {}
     for r in rows:
         by.setdefault((r["source"], r["preset"]), {})[r["rung"].split(" (")[0]] = r["step_s"]
@@ -127,9 +151,14 @@ def main() -> None:
             subset = ("" if r.get("vs_best_subset") is None else
                       f", {r['vs_best_subset']:.2f}x best-subset (verl-omni on the {r['best_subset_pool']} pool alone)")
             print(f"recipe {r['preset']} as shipped ({r['mode']}): {r['step_s']:.1f} s/step, {r['vs_strongest']:.2f}x "
-                  f"the strongest baseline ({r['strongest_baseline']}), {r['vs_verl_omni']:.2f}x "
-                  f"colocated:verl-omni, {r['vs_verl_omni_bypass']:.2f}x colocated:verl-omni-bypass, "
-                  f"{r['vs_colocated_ideal']:.2f}x colocated:ideal{subset}, {top}")
+                  f"the strongest baseline ({r['strongest_baseline']}), {_ratio(r['vs_verl_omni'], 'x')} "
+                  f"colocated:verl-omni, {_ratio(r['vs_verl_omni_bypass'], 'x')} colocated:verl-omni-bypass, "
+                  f"{_ratio(r['vs_colocated_ideal'], 'x')} colocated:ideal{subset}, {top}")
+            for b in r["unfit_baselines"]:
+                m = r["baseline_memory"][b]
+                print(f"  colocated:{b} does not fit: {m['gib']:.1f} GiB per GPU against {m['usable_gib']:.1f} GiB "
+                      f"(90% of {m['capacity_gib']:g} GiB, the planner's headroom for every layout); "
+                      f"{r['baseline_step_s'][b]:.1f} s/step if it did")
     if args.json:
         print(json.dumps(rows))
 

@@ -279,8 +279,9 @@ def test_readme_table_is_what_the_dry_run_says():
 
     text = (recipes.RECIPES_DIR / "README.md").read_text()
     sec = r" ([\d.]+) s/step \|"
+    unfit = r" ([\d.]+) s/step(?: \(does not fit\))? \|"  # colocated:verl-omni, marked where it does not fit
     row = re.compile(r"^\| [^|]+ \| (\d+) \| `([^`]+)` \| ([^|]+) \| `recipes/launch/(\S+)\.sh` \|" + sec +
-                     r" ([\d.]+)x \| ([^|,]+), ([\d.]+) s/step \|" + sec * 2 + r" ([^|:]+): ([\d.]+) s/step \|"
+                     r" ([\d.]+)x \| ([^|,]+), ([\d.]+) s/step \|" + unfit + sec + r" ([^|:]+): ([\d.]+) s/step \|"
                      r" ([^|]+) \| ([\d /]+) of ([\d /]+) GiB \|$", re.M)
     rows = {m.group(4): m for m in row.finditer(text)}
     assert sorted(rows) == sorted(SETTINGS)
@@ -300,6 +301,7 @@ def test_readme_table_is_what_the_dry_run_says():
         assert label.split()[-1 if label.startswith("colocated:") else 1] == f"colocated:{baseline}", (name, label)
         assert (" on the " in m.group(7)) == label.startswith("best-subset"), name
         assert float(m.group(9)) == pytest.approx(plan.predicted_colocated["verl-omni"], abs=0.051), name
+        assert (f"{m.group(9)} s/step (does not fit)" in m.group(0)) == ("verl-omni" in plan.unfit), name
         assert float(m.group(10)) == pytest.approx(plan.predicted_colocated["native"], abs=0.051), name
         assert m.group(11).strip() == _layout(other), name
         assert float(m.group(12)) == pytest.approx(other_plan.predicted_step_s, abs=0.051), name

@@ -257,7 +257,7 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
             rp = resource_plan(cfg)
             mixed = (rp.best_subset, rp.separate_s)
         return (args.recipe or "config", cp.model, planning.workload(cfg), cp.fixed_split, cp.plan, cp.colocated,
-                cp.ceiling, cfg, mixed)
+                cp.ceiling, cfg, mixed, cp.unfit)
     name, model, wl, fixed = _load_source(args)
     _check_prices(prices, model)
     total = args.gpus or model.total_workers
@@ -267,7 +267,7 @@ def _plan_source(args: argparse.Namespace, prices: dict[str, float], progress: S
                       "or Hydra overrides to bound the rows per pass by its memory plan)")
     cluster = on_budget(model, total)
     mixed = (best_subsets(cluster, baseline_config(wl))[0], separate_baseline(cluster, wl).step_time) if fixed else None
-    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None, mixed
+    return name, cluster, wl, fixed, plan, colocated_baselines(cluster, wl), ceiling(cluster, wl), None, mixed, ()
 
 
 def _recipes_dir() -> str:
@@ -281,10 +281,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     prices = _prices(args.gpu_price)
     with StatusLine(sys.stderr) as progress:  # the search's progress, ended before the table
-        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg, mixed = _plan_source(args, prices, progress)
+        name, cluster, wl, fixed, plan, colos, ceiling_s, cfg, mixed, unfit = _plan_source(args, prices, progress)
     total = cluster.total_workers
     subsets, separate = mixed or (None, None)
-    label, base_t = against_baseline(colos, args.baseline, subsets, separate)
+    label, base_t = against_baseline(colos, args.baseline, subsets, separate, unfit)
     print(f"{name}: {total} GPUs, batch {wl.prompts} x {wl.group_size}" +
           (" (pools fixed by the hardware)" if fixed else ""))
     if cfg is not None:  # a served judge: its GPUs and price, the same in every row and every baseline
@@ -293,9 +293,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
         line = judge.plan_line(cfg)
         if line:
             print(f"judge: {line}")
-    strong, strong_t = against_baseline(colos, STRONGEST, subsets, separate)
+    strong, strong_t = against_baseline(colos, STRONGEST, subsets, separate, unfit)
     print(f"strongest baseline: {strong}, {strong_t:.2f} s/step (the fastest run a user has without verl-digen)")
-    print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" for b, c in colos.items()))
+    print("colocated, all GPUs: " + ", ".join(f"{b} {c.step_time:.2f} s" + (" (does not fit)" if b in unfit else "")
+                                              for b, c in colos.items()))
     print(f"searched {plan.candidates} configurations, simulated {plan.simulated} (the others' lower bounds "
           f"cannot beat the best {args.top})")
     for note in plan.notes:
@@ -340,7 +341,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
         where = "on the same GPUs" if sub is None else f"on its {sub.gpus} GPUs at {base_price:g}/hour"
         print(f"cost: {best.result.step_time / 3600 * price:.3f} per step at {price:g}/hour for these "
               f"{total} GPUs, {label} {base_t / 3600 * base_price:.3f} {where}")
-    for line in verdict(best, colos, cluster, args.baseline, subsets, separate):
+    for line in verdict(best, colos, cluster, args.baseline, subsets, separate, unfit):
         print(line)
     if cfg is not None:
         from verl_digen.config import planning
@@ -350,8 +351,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([{**row.as_dict(), "strongest_baseline": strong,
                            "vs_strongest": strong_t / row.result.step_time,
-                           **{f"speedup_vs_colocated_{b.replace('-', '_')}":
-                              c.step_time / row.result.step_time for b, c in colos.items()},
+                           **{f"speedup_vs_colocated_{b.replace('-', '_')}":  # null: it does not fit
+                              None if b in unfit else c.step_time / row.result.step_time for b, c in colos.items()},
                            **({"samples_per_cost": wl.prompts * wl.group_size /
                                (row.result.step_time / 3600 * per_hour(row))} if per_hour else {})}
                           for row in plan.rows]))

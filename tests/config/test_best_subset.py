@@ -36,3 +36,11 @@ def test_homogeneous_dry_run_has_bypass_and_no_subset():
     plan = resource_plan(_recipe("wan2.1-14b-32"))
     assert plan.best_subset == {} and "best-subset" not in plan.render()
     assert "s/step colocated:verl-omni-bypass on the same 32 workers" in plan.render()
+
+
+def test_a_subset_is_held_to_the_planners_headroom():
+    """Colocated on the 8 generator cards alone needs 49.0 GiB per GPU: it fits a 52 GiB card by the plan alone but
+    not 90 % of it, the share the planner lets any layout fill: the same rule for the baselines as for verl-digen's
+    own layouts."""
+    assert subset_fits(_recipe("hunyuanvideo-13b-hetero", "resources.generator.gpu_memory_gb=52"))("generator") is False
+    assert subset_fits(_recipe("hunyuanvideo-13b-hetero", "resources.generator.gpu_memory_gb=56"))("generator") is True

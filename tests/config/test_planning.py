@@ -62,6 +62,19 @@ def test_rows_per_pass_are_the_most_the_memory_plan_holds(video_plan):
     assert bound, "the memory plan bounds none of the best rows: this test checks nothing"
 
 
+def test_the_plan_is_stated_against_the_strongest_baseline_that_fits(video_plan):
+    """HunyuanVideo on 48 GB cards: verl-omni's colocated run holds what trainer=colocated holds, over the 90 %
+    the planner fills, so the plan is stated against the native loop and says why (config/planning.py)."""
+    from verl_digen.schedule.split_search import verdict
+
+    cfg, planned = video_plan
+    assert planned.unfit == {"ideal", "verl-omni", "verl-omni-bypass"}
+    assert any(n.startswith("colocated:verl-omni-bypass DOES NOT FIT: 46.0 GiB per GPU") for n in planned.plan.notes)
+    assert "x colocated:native, " in planning.describe(planned.best, planned)
+    said = verdict(planned.best, planned.colocated, planned.model, unfit=planned.unfit)
+    assert said[0].endswith("x colocated:native") and "would beat digen if it fit, but it does not fit" in said[1]
+
+
 @pytest.mark.slow
 def test_plan_auto_runs_the_planners_choice(video_plan, weights_on_this_machine):
     cfg, planned = video_plan

@@ -93,3 +93,26 @@ def test_separate_baseline_is_verl_omnis_synchronous_mode_on_the_two_pools():
     assert separate_baseline(three, WL).config.mb_size < WL.prompts * WL.group_size // 3
     # the strongest baseline counts it on a mixed cluster
     assert strongest_baseline({"verl-omni": 1e9}, None, res.step_time) == (SEPARATE_BASELINE, res.step_time)
+
+
+def test_a_baseline_that_does_not_fit_is_never_the_strongest():
+    from verl_digen.schedule.split_search import STRONGEST, against_baseline, strongest_baseline
+
+    times = {"ideal": 1.0, "native": 9.0, "verl-omni": 5.0, "verl-omni-bypass": 4.0}
+    assert strongest_baseline(times, unfit={"verl-omni-bypass"}) == ("colocated:verl-omni", 5.0)
+    assert strongest_baseline(times, unfit={"verl-omni", "verl-omni-bypass"}) == ("colocated:native", 9.0)
+    with pytest.raises(ValueError, match="no user baseline that fits"):
+        strongest_baseline(times, unfit={"native", "verl-omni", "verl-omni-bypass"})
+    colos = colocated_baselines(MIXED, WL)
+    assert against_baseline(colos, "verl-omni", unfit={"verl-omni"})[0] == \
+        "colocated:verl-omni (does not fit its GPUs' memory)"
+    assert against_baseline(colos, STRONGEST, unfit={"verl-omni", "verl-omni-bypass"})[0] == "colocated:native"
+
+
+def test_a_memory_cap_splits_verl_omnis_per_timestep_passes_and_never_packs_more():
+    colos = colocated_baselines(MIXED, WL)  # 16 samples on 8 GPUs: 2 rows per rank per timestep
+    one = colocated_baselines(MIXED, WL, rows={b: 1 for b in colos})
+    roomy = colocated_baselines(MIXED, WL, rows={b: 64 for b in colos})
+    for b in ("ideal", "verl-omni", "verl-omni-bypass"):
+        assert one[b].step_time > colos[b].step_time == roomy[b].step_time, b
+    assert one["native"].step_time == colos["native"].step_time  # one row per pass already

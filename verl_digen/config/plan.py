@@ -19,6 +19,7 @@ from verl_digen.schedule.split_search import (
     VERL_OMNI_BYPASS,
     Subset,
     SubsetFits,
+    baseline_caps,
     best_subsets,
     ceiling,
     separate_baseline,
@@ -59,8 +60,11 @@ def subset_fits(cfg: RunConfig) -> SubsetFits:
     """Whether a colocated run of ``cfg``'s job on one pool's GPUs alone fits their memory, by the memory plan
     (``config.memory``): ``trainer=colocated`` on that pool's GPU count, every GPU of that pool's memory, one
     (sample x step) row per rank per pass (the least a colocated run can train with, so a False is certain;
-    the baseline is priced with its own passes, not capped). None when the model size or the memory is unknown."""
+    the baseline is priced with its own passes, not capped), within the share of a GPU the planner lets any
+    layout fill (``planning.MEMORY_USABLE``, the rule every layout and baseline is held to). None when the model
+    size or the memory is unknown."""
     from verl_digen.config import memory
+    from verl_digen.config.planning import MEMORY_USABLE
 
     caps = memory.gpu_memory(cfg)
 
@@ -75,7 +79,7 @@ def subset_fits(cfg: RunConfig) -> SubsetFits:
         variant.resources.generator.gpu_memory_gb = variant.resources.trainer.gpu_memory_gb = gib
         variant.digen.tag.policy, variant.digen.tcss.staleness = "never", 0.0
         need = memory.memory_need(variant, rows_per_rank=1)
-        return None if need is None else need[COLOCATED].fits
+        return None if need is None else need[COLOCATED].gib <= MEMORY_USABLE * gib + 1e-9
 
     return fits
 
@@ -117,6 +121,13 @@ class ResourcePlan:
     subset_notes: list[str] = field(default_factory=list)
     separate_s: float | None = None  # mixed pools: verl-omni's synchronous separate mode (separate_baseline)
     judge: str | None = None  # the served judge's placement and price (config/judge.py), both sides
+    # per colocated baseline on every GPU: its memory by the same plan (planning.baseline_memory); empty: unknown
+    baseline_memory: dict = field(default_factory=dict)
+
+    @property
+    def unfit(self) -> frozenset[str]:
+        """The colocated baselines that do not fit every GPU's memory: reported so, never as a ratio."""
+        return frozenset(b for b, m in self.baseline_memory.items() if m.fits is False)
 
     @property
     def predicted_colocated_step_s(self) -> float | None:
@@ -156,6 +167,13 @@ class ResourcePlan:
             lines.append(f"  vs best    {t / self.predicted_step_s:.2f}x the strongest baseline, {label} "
                          f"({t:.2f} s/step): the fastest run a user has without verl-digen")
             for b, colo in self.predicted_colocated.items():
+                if b in self.unfit:
+                    m = self.baseline_memory[b]
+                    lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} "
+                                 f"workers{judged} if it fit: it DOES NOT FIT ({m.gib:.1f} GiB per GPU against "
+                                 f"{m.usable_gib:.1f} GiB, the planner's headroom on {m.capacity_gib:g} GiB), so it is "
+                                 "no baseline here")
+                    continue
                 lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers"
                              f"{judged} (this run: {colo / self.predicted_step_s:.2f}x its throughput)")
             if self.heterogeneous:
@@ -170,7 +188,7 @@ class ResourcePlan:
                 lines.append(f"  ceiling    {self.ceiling_s:.2f} s/step: the step's work over all {self.total_workers} "
                              f"workers (colocated:ideal, best TSP degree); this run reaches "
                              f"{self.ceiling_s / self.predicted_step_s:.0%} of it")
-            real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL}
+            real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL and b not in self.unfit}
             if real and min(real.values()) < self.predicted_step_s:
                 best = min(real, key=real.get)
                 lines.append(f"  note       colocated:{best} would be faster on this cluster; "
@@ -201,8 +219,8 @@ class ResourcePlan:
     def strongest(self) -> tuple[str, float]:
         """(label, s/step) of the strongest baseline (``split_search.strongest_baseline``); needs a prediction."""
         if not self.heterogeneous:
-            return strongest_baseline(self.predicted_colocated)
-        return strongest_baseline(self.predicted_colocated, self.best_subset, self.separate_s)
+            return strongest_baseline(self.predicted_colocated, unfit=self.unfit)
+        return strongest_baseline(self.predicted_colocated, self.best_subset, self.separate_s, self.unfit)
 
     @property
     def strongest_subset(self) -> float | None:
@@ -232,15 +250,21 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     sched = cfg.schedule_config(steps=3)
     part = sched.make_partition(res.generator.workers)
     k = cfg.trained_steps()
-    predicted, colocated, hetero, top, subsets, notes, separate = None, {}, False, None, {}, [], None
+    predicted, colocated, hetero, top, subsets, notes, separate, fits = None, {}, False, None, {}, [], None, {}
     found = cluster_spec(cfg)
     if found is not None:
+        from verl_digen.config.planning import baseline_memory, baseline_rows
+
         model, hetero, spec = found
         predicted = simulate(sched, model).step_time
-        # what users run colocated, whatever this run's mode: per-timestep training (TSP is verl-digen's)
+        # what users run colocated, whatever this run's mode: per-timestep training (TSP is verl-digen's), as many
+        # rows per pass as the same memory plan holds
         colo = replace(sched, mode=COLOCATED, partition="batch", mb_size=cfg.rollout.n, staleness=0.0,
                        policy="never", tsp_degree=1, update_units=1, rows_per_pass=None)
-        colocated = {b: simulate(colo, model, baseline=b).step_time for b in BASELINES}
+        fits = baseline_memory(cfg)
+        caps = baseline_caps(model, colo.batch, baseline_rows(fits))
+        colocated = {b: simulate(replace(colo, rows_per_pass=caps.get(b)), model, baseline=b).step_time
+                     for b in BASELINES}
         if hetero:
             subsets, notes = best_subsets(model, colo, spec, subset_fits(cfg))
             separate = separate_baseline(model, Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n,
@@ -253,6 +277,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
         tsp_passes=math.ceil(k / sched.tsp_degree), predicted_step_s=predicted, predicted_colocated=colocated,
         heterogeneous=hetero, ceiling_s=top, old_log_probs=_old_log_probs(cfg), mini_batches=cfg.mini_batches(),
         best_subset=subsets, subset_notes=notes, separate_s=separate, judge=judge.plan_line(cfg),
+        baseline_memory=fits,
     )
 
 

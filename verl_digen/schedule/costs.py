@@ -315,8 +315,10 @@ class CostModel:
         The batch is split evenly over all GPUs (data parallel); with two hardware types the slower
         one sets each phase's time (each phase ends with a collective). ``baseline`` picks what users
         actually run (:data:`BASELINES`; module constants document each). ``rows_per_pass`` caps the rows
-        per rank per pass of this runtime's colocated mode (``IDEAL``; what memory lets a rank hold), so a
-        colocated run the planner proposes is priced with the passes it will run.
+        per rank per pass (what memory lets a rank hold): this runtime's colocated mode (``IDEAL``) packs up to
+        that many, so a colocated run the planner proposes is priced with the passes it will run; verl-omni's
+        per-timestep passes (one timestep of a rank's samples) are split into micro-batches of at most that
+        many, the same memory rule (the native loop trains one row per pass already).
         """
         if baseline not in BASELINES:
             raise ValueError(f"unknown colocated baseline {baseline!r}; expected one of {BASELINES}")
@@ -345,17 +347,21 @@ class CostModel:
                 UPDATE: max(m.train_time(batch, 1, w, hw, per_sample=True) for hw in hws),
             })
         elif baseline in (VERL_OMNI, VERL_OMNI_BYPASS):
+            cap = None  # one timestep of a rank's samples per pass, split where memory holds fewer rows
+            if rows_per_pass is not None:
+                cap = min(rows_per_pass, max(self._pass_rows(batch, 1, w), default=1))
+
             def recompute(hw: Hardware) -> float:  # forward only: a share of the compute, one all-gather
                 if baseline == VERL_OMNI_BYPASS:  # bypass_mode: the rollout's log-probs are the old ones
                     return 0.0
                 tp = hw.train_pass
                 return sum(max(b.recompute_share * (tp.fixed + tp.per_unit * r), tp.floor / 3)
-                           for r in self._pass_rows(batch, 1, w))
+                           for r in self._pass_rows(batch, 1, w, cap))
 
             phases.update({
                 SWITCH_TO_GEN: to_gen + b.rollout_wake,
                 SWITCH_TO_TRAIN: m.switch_to_train + b.rollout_sleep,
-                UPDATE: max(m.train_time(batch, 1, w, hw) + recompute(hw) for hw in hws),
+                UPDATE: max(m.train_time(batch, 1, w, hw, rows_per_pass=cap) + recompute(hw) for hw in hws),
             })
         return phases
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Collection, Iterable
 from dataclasses import dataclass, field, replace
 
 from .bounds import step_bounds, tag_wave_area
@@ -388,10 +388,21 @@ def baseline_config(workload: Workload) -> ScheduleConfig:
                           mini_batches=workload.mini_batches)
 
 
-def colocated_baselines(model: CostModel, workload: Workload) -> dict[str, SimResult]:
-    """Every colocated baseline (costs.BASELINES) on all the cluster's GPUs, per-timestep training."""
+def colocated_baselines(model: CostModel, workload: Workload,
+                        rows: dict[str, int | None] | None = None) -> dict[str, SimResult]:
+    """Every colocated baseline (costs.BASELINES) on all the cluster's GPUs, per-timestep training; ``rows``:
+    per baseline, the most rows per rank per pass its memory holds (the memory plan's; none or 0: not capped)."""
     cfg = baseline_config(workload)
-    return {b: simulate(cfg, model, label=f"colocated:{b}", baseline=b) for b in BASELINES}
+    caps = baseline_caps(model, cfg.batch, rows)
+    return {b: simulate(replace(cfg, rows_per_pass=caps.get(b)), model, label=f"colocated:{b}", baseline=b)
+            for b in BASELINES}
+
+
+def baseline_caps(model: CostModel, batch: int, rows: dict[str, int | None] | None) -> dict[str, int | None]:
+    """The baselines' memory caps (baseline -> rows per rank per pass; None or 0: none) as ``rows_per_pass`` of
+    their per-timestep runs: a cap splits a timestep's pass where memory holds fewer rows, never packs more."""
+    per_step = max(model._pass_rows(batch, 1, model.total_workers), default=1)
+    return {b: min(c, per_step) if c else None for b, c in (rows or {}).items()}
 
 
 # -- verl-omni's synchronous separate mode ----------------------------------------------------------------
@@ -495,19 +506,22 @@ USER_BASELINES = (NATIVE, VERL_OMNI, VERL_OMNI_BYPASS)
 
 
 def strongest_baseline(colocated: dict[str, float], subsets: dict[str, Subset] | None = None,
-                       separate: float | None = None) -> tuple[str, float]:
+                       separate: float | None = None, unfit: Collection[str] = ()) -> tuple[str, float]:
     """The fastest run a user would make instead of verl-digen, the one every ratio is stated against first:
-    the upstream colocated runs on every GPU (``colocated``: baseline -> s/step) and, on mixed pools, the same
-    runs on the best single-type subset (``subsets``, :func:`best_subsets`) and verl-omni's synchronous separate
-    mode on the two pools (``separate``, s/step of :func:`separate_baseline`). Returns (its label, s/step)."""
-    runs = {f"colocated:{b}": colocated[b] for b in USER_BASELINES if b in colocated}
+    the upstream colocated runs on every GPU (``colocated``: baseline -> s/step) that fit their memory (``unfit``:
+    the baselines the memory plan rules out on every GPU, by the rule the planner applies to its own layouts)
+    and, on mixed pools, the same runs on the best single-type subset (``subsets``, :func:`best_subsets`,
+    memory-checked) and verl-omni's synchronous separate mode on the two pools (``separate``, s/step of
+    :func:`separate_baseline`). Returns (its label, s/step)."""
+    runs = {f"colocated:{b}": colocated[b] for b in USER_BASELINES if b in colocated and b not in unfit}
     for b, s in (subsets or {}).items():
         if b in USER_BASELINES:
             runs[f"best-subset colocated:{b} on {s.describe()}"] = s.result.step_time
     if separate is not None:
         runs[SEPARATE_BASELINE] = separate
     if not runs:
-        raise ValueError(f"no user baseline among {sorted(colocated)}: expected one of {USER_BASELINES}")
+        raise ValueError(f"no user baseline that fits among {sorted(colocated)} (unfit: {sorted(unfit)}): "
+                         f"expected one of {USER_BASELINES}")
     label = min(runs, key=runs.get)
     return label, runs[label]
 
@@ -538,20 +552,24 @@ def ceiling_line(step_time: float, ceiling_s: float, colocated: dict[str, SimRes
 
 
 def against_baseline(colocated: dict[str, SimResult], against: str = STRONGEST,
-                     subsets: dict[str, Subset] | None = None, separate: float | None = None) -> tuple[str, float]:
+                     subsets: dict[str, Subset] | None = None, separate: float | None = None,
+                     unfit: Collection[str] = ()) -> tuple[str, float]:
     """(label, s/step) of the run a plan is compared with: ``against`` names a colocated baseline
-    (costs.BASELINES) or :data:`STRONGEST`, the fastest run a user has without verl-digen."""
+    (costs.BASELINES; one in ``unfit`` is labelled so: it does not fit its GPUs' memory) or :data:`STRONGEST`,
+    the fastest run a user has without verl-digen that fits."""
     if against == STRONGEST:
-        return strongest_baseline({b: r.step_time for b, r in colocated.items()}, subsets, separate)
-    return f"colocated:{against}", colocated[against].step_time
+        return strongest_baseline({b: r.step_time for b, r in colocated.items()}, subsets, separate, unfit)
+    note = " (does not fit its GPUs' memory)" if against in unfit else ""
+    return f"colocated:{against}{note}", colocated[against].step_time
 
 
 def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, against: str = STRONGEST,
-            subsets: dict[str, Subset] | None = None, separate: float | None = None) -> list[str]:
+            subsets: dict[str, Subset] | None = None, separate: float | None = None,
+            unfit: Collection[str] = ()) -> list[str]:
     """Plain-language recommendation: digen's best split or colocated, and the reason in numbers, against
     ``against`` (:func:`against_baseline`)."""
     r = best.result
-    label, base_t = against_baseline(colocated, against, subsets, separate)
+    label, base_t = against_baseline(colocated, against, subsets, separate, unfit)
     lines = []
     if best.mode == COLOCATED:
         lines.append(f"recommendation: trainer=colocated on all {best.trainers} GPUs, TSP {best.tsp_degree}: "
@@ -565,7 +583,10 @@ def verdict(best: PlanRow, colocated: dict[str, SimResult], model: CostModel, ag
         lines.append(f"recommendation: stay colocated: {label} is {r.step_time / base_t:.2f}x faster than digen's "
                      "best split")
     ideal = colocated[IDEAL].step_time
-    if base_t > r.step_time > ideal:
+    if IDEAL in unfit and base_t > r.step_time > ideal:
+        lines.append(f"  (an idealized colocated run, {ideal:.1f} s/step, would beat digen if it fit, but it does not "
+                     "fit these GPUs' memory, nor does any engine-based colocated run)")
+    elif base_t > r.step_time > ideal:
         lines.append(f"  (an idealized colocated run, {ideal:.1f} s/step, would beat digen: the gain comes from "
                      "what colocated runs pay beyond the ideal, not from more compute)")
     # why: training communication over the whole cluster vs inside the trainer pool, and the bottleneck
