@@ -122,7 +122,18 @@ def plan_line(cfg: Any) -> str | None:
         return None
     both = ("; the baselines serve it on the same GPUs" if place.own_pool else
             "; the colocated baselines serve it on all their GPUs, as verl-omni shares the actor's")
+    profile = getattr(cfg.digen, "profile", None)
+    if profile and place.seconds_per_image is not None and not _is_preset(profile):
+        return (f"{place.describe()}{both}; priced as the measured profile's scoring (its score actions held the "
+                "judge; reward.served.seconds_per_image prices presets only)")
     if place.seconds_per_image is None:
         return (f"{place.describe()}{both}; not priced (set reward.served.seconds_per_image, one replica's "
                 "measured time per image, to count it in the predictions)")
     return f"{place.describe()}{both}; priced at {place.seconds_per_image:g} s per image per replica, both sides"
+
+
+def _is_preset(profile: str) -> bool:
+    """Whether ``digen.profile`` names a preset (priced from its sizes) rather than a measured profile file."""
+    from verl_digen.schedule.presets import PRESETS
+
+    return profile in PRESETS
