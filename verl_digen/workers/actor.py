@@ -19,6 +19,7 @@ import torch
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from verl_digen.algo.diffusion_nft import noised_rows
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, ulysses
@@ -100,6 +101,9 @@ class TSPActorWorker(Worker):
         self.version = 0
         # the EMA of the trained parameters (LoRA: the adapters), sharded like them, in their dtype
         self.ema = ({n: p.detach().clone() for n, p in self.named_params} if o.ema_decay is not None else None)
+        # DiffusionNFT's old policy: a copy of the trained parameters (sharded like them) that
+        # ``optimizer_step`` moves towards them on its schedule (algo/diffusion_nft.py); v_old in the loss
+        self.old = ({n: p.detach().clone() for n, p in self.named_params} if cfg.loss.nft is not None else None)
         self._ema_swapped: dict[str, torch.Tensor] | None = None
 
     def _require(self, mode: str = "train") -> None:
@@ -145,6 +149,8 @@ class TSPActorWorker(Worker):
         if int(traj.versions.max()) > self.version:
             raise ValueError(f"trajectories of version {int(traj.versions.max())} are newer than the "
                              f"trainer's policy version {self.version}")
+        if self.old is not None:  # DiffusionNFT: the rollout kept clean samples; the rows are built here
+            traj = noised_rows(traj, self.cfg.seed)
         if self._nonfinite is None and advantages is not None and not all(map(math.isfinite, advantages.values())):
             self._nonfinite = "reward"  # advantages are finite unless a reward of the groups was not
         # this rank trains its share of the (sample x step) rows (``schedule.rows``: any number of ranks
@@ -152,11 +158,24 @@ class TSPActorWorker(Worker):
         metrics = tsp_backward(self.model, traj, self.train_cfg, scale, degree=self.cfg.tsp_degree,
                                reference=self._reference(), version=self.version, rank=self.dp_rank,
                                world=self.dp_world, cap=self.cfg.rows_per_pass, device=self.device,
-                               behaviour=self._behaviour_velocity())
+                               behaviour=self._old_velocity() if self.old is not None else self._behaviour_velocity())
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
         return out if self.sp_rank == 0 else {}  # a Ulysses group's ranks trained the same rows: counted once
+
+    def _old_velocity(self):
+        """DiffusionNFT's v_old: the old copy's velocity, its values put into the trained parameters for the
+        call (no grad) and taken out again."""
+        g = self.train_cfg.guidance_scale
+
+        def velocity(x, s, c):
+            self._swap(self.old)
+            try:
+                return self.model.velocity(x, s, c, g)
+            finally:
+                self._swap(self.old)
+        return velocity
 
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
@@ -214,9 +233,25 @@ class TSPActorWorker(Worker):
         if ends_step:
             self.version += 1
             self._behaviour = None
+            self._update_old()
         else:
             self._weights_replaced()
         return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
+
+    @torch.no_grad()
+    def _update_old(self) -> None:
+        """DiffusionNFT: old <- d old + (1 - d) theta after a global step (the version just reached, counted
+        from 1 as verl-omni's trainer counts), when its schedule moves the old copy there; d = 0 copies."""
+        if self.old is None:
+            return
+        decay = self.cfg.loss.nft.old_decay(self.version)
+        if decay is None:
+            return
+        for name, p in self.named_params:
+            if decay == 0:
+                self.old[name].copy_(p.detach())
+            else:
+                self.old[name].lerp_(p.detach(), 1.0 - decay)
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -395,9 +430,11 @@ class TSPActorWorker(Worker):
             state = self.optimizer.state.get(p, {})
             optim[name] = {k: fsdp.full_tensor(v) if torch.is_tensor(v) else v for k, v in sorted(state.items())}
         ema = {n: fsdp.full_tensor(e) for n, e in self.ema.items()} if self.ema is not None else None
+        old = {n: fsdp.full_tensor(e) for n, e in self.old.items()} if self.old is not None else None
         if self.dist_rank != 0:
             return None
-        return {"params": params, "grads": grads, "optim": optim, "version": self.version, "ema": ema}
+        return {"params": params, "grads": grads, "optim": optim, "version": self.version, "ema": ema,
+                **({"old": old} if old is not None else {})}
 
     # -- checkpoints -------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -427,6 +464,7 @@ class TSPActorWorker(Worker):
                 "params": state["params"], "optim": state["optim"], "param_groups": groups,
                 "version": self.version, "lora": self.cfg.policy.lora,
                 **({"ema": state["ema"]} if state["ema"] is not None else {}),
+                **({"nft_old": state["old"]} if state.get("old") is not None else {}),
             }
         ckpt.save(path, self.dist_rank, payload, dict(extra or {}), lambda: fsdp.barrier(self.sharded), keep)
         if export and self.dist_rank == 0:
@@ -462,6 +500,10 @@ class TSPActorWorker(Worker):
             saved_ema = payload.get("ema") or {}
             for name, e in self.ema.items():
                 fsdp.copy_full_into(e, saved_ema.get(name, payload["params"][name]))
+        if self.old is not None:  # DiffusionNFT's old copy; a checkpoint without one starts it from the weights
+            saved_old = payload.get("nft_old") or {}
+            for name, e in self.old.items():
+                fsdp.copy_full_into(e, saved_old.get(name, payload["params"][name]))
         self.version = int(payload["version"])
         if rng is not None:
             ckpt.set_rng_state(rng)
