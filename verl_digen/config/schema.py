@@ -412,6 +412,7 @@ class RunConfig:
             update_units=d.update_units,
             mini_batches=self.mini_batches(),
             recompute=behaviour_forward(self),
+            row_forwards=row_forwards(self),
         )
 
 
@@ -441,6 +442,14 @@ def behaviour_forward(cfg: RunConfig) -> bool:
     """Whether mini-batches after the first take a no-grad forward of the step's starting weights: for the
     recomputed old log-probs, or for GRPO-Guard's / Flow-DPPO's old transition mean."""
     return recompute_log_prob(cfg)[0] or loss_mode(cfg.algorithm.name) in ("grpo_guard", "flow_dppo")
+
+
+def row_forwards(cfg: RunConfig) -> int:
+    """No-grad forwards each trained row takes beside its training pass: DiffusionNFT's old copy's, and its
+    reference's when ``actor.kl_coef`` > 0 (``tsp._nft_rows_loss``)."""
+    if cfg.algorithm.name != "diffusion_nft":
+        return 0
+    return 1 + (cfg.actor.kl_coef > 0)
 
 
 def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:
