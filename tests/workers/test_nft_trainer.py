@@ -132,3 +132,20 @@ def test_mini_batches_and_old_copy_equal_the_formulas(env, nft):
 def test_old_policy_decay_schedule(interval, schedule, step, want):
     got = NFTConfig(old_policy_decay_schedule=schedule, old_policy_update_interval=interval).old_decay(step)
     assert got == pytest.approx(want) if want is not None else got is None
+
+
+def test_a_checkpoint_carries_the_old_copy(env, tmp_path):
+    """The old copy lags the weights after a step with a decay; a resumed trainer gets it back, not the weights."""
+    cfg = nft_cfg(NFTConfig(old_policy_decay=0.5))
+    worker = TSPActorWorker(cfg)
+    worker.init_model()
+    traj = local_batch(P.build_policy(cfg), cfg, 0, 0, [0], N)
+    worker.update(traj, 1.0 / (N * K))
+    worker.optimizer_step()
+    assert any(not torch.equal(worker.old[n], p) for n, p in worker.named_params)
+    path = str(tmp_path / "global_step_1")
+    worker.save_checkpoint(path, {"step": 1, "run_id": "r"})
+    resumed = TSPActorWorker(cfg)
+    resumed.init_model()
+    resumed.load_checkpoint(path)
+    assert all(torch.equal(resumed.old[n], worker.old[n]) for n in worker.old)
