@@ -319,13 +319,16 @@ def test_diffusion_nft_carries_its_loss_and_old_policy_options(tmp_path):
     assert (out["rollout.selection"], out["rollout.train_steps"]) == ("random_k", max(1, int(steps * 0.5)))
     assert "actor.clip_ratio" not in out and "rollout.sde_type" not in out and "rollout.noise_level" not in out
     assert any("clip_ratio=1e-05: not used" in n for n in notes)
-    assert any("rollout_adapter=old" in n for n in notes)  # the old copy lags: verl-omni samples from it
     cfg = vo.to_run_config(raw, log=lambda _: None)
     assert cfg.worker_config().loss.nft.mix_beta == 0.1 and cfg.sampler().clean_only
     raw["actor_rollout_ref"]["model"]["policy_state_adapters"] = ["default"]
     with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.model.policy_state_adapters'")):
         vo.from_verl_omni_config(raw)
     raw["actor_rollout_ref"]["model"]["policy_state_adapters"] = ["default", "old"]
+    raw["actor_rollout_ref"]["rollout"]["rollout_adapter"] = "default"
+    with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.rollout.rollout_adapter' = 'default'")):
+        vo.from_verl_omni_config(raw)
+    raw["actor_rollout_ref"]["rollout"]["rollout_adapter"] = "old"
     raw["algorithm"]["paired_preference"] = True
     with pytest.raises(ConfigError, match=re.escape("'algorithm.paired_preference' = True")):
         vo.from_verl_omni_config(raw)

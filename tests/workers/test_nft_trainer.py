@@ -3,8 +3,9 @@ against a reference written here from the formulas (algo/diffusion_nft.py's docs
 
 The reference shares no training code with the trainer: it noises each clean sample itself (the documented
 stream: K draws from the sample's ``nft`` generator, in the order of its trained steps), takes one forward per
-row (no TSP stacking), writes the loss out, keeps the old policy as a second model moved by hand, and steps
-torch's AdamW after torch's clipping. The rollout is the ODE sampler of the runtime (``clean_only``)."""
+row (no TSP stacking), writes the loss out, keeps the old policy as a second model moved by hand (it samples
+the rollouts too, as verl-omni's ``rollout_adapter=old``), and steps torch's AdamW after torch's clipping. The
+rollout is the ODE sampler of the runtime (``clean_only``)."""
 
 from __future__ import annotations
 
@@ -71,7 +72,7 @@ def _reference(cfg: WorkerConfig, nft: NFTConfig, steps: int):
     opt = torch.optim.AdamW(params, lr=cfg.optim.lr, betas=tuple(cfg.optim.betas), weight_decay=cfg.optim.weight_decay)
     batches = []
     for step in range(steps):
-        traj = local_batch(model, cfg, step, step, list(range(PROMPTS)), N)
+        traj = local_batch(old, cfg, step, step, list(range(PROMPTS)), N)  # the old policy samples
         batches.append(traj)
         for half in range(2):  # one prompt (its N samples) per mini-batch
             rows = range(half * N, (half + 1) * N)
@@ -149,3 +150,7 @@ def test_a_checkpoint_carries_the_old_copy(env, tmp_path):
     resumed.init_model()
     resumed.load_checkpoint(path)
     assert all(torch.equal(resumed.old[n], worker.old[n]) for n in worker.old)
+    # the rollout's weights are the old copy (verl-omni's rollout_adapter=old); the trained ones stay in place
+    exported = worker.export_weights()
+    assert exported.keys() == worker.old.keys() and all(torch.equal(exported[n], worker.old[n]) for n in exported)
+    assert any(not torch.equal(exported[n], p) for n, p in worker.named_params)

@@ -177,6 +177,21 @@ class TSPActorWorker(Worker):
                 self._swap(self.old)
         return velocity
 
+    @contextlib.contextmanager
+    def _rollout_weights(self):
+        """The weights a rollout samples with: DiffusionNFT's old copy (verl-omni's ``rollout_adapter=old``), put
+        into the trained tensors for the block and taken out after it; the trained weights otherwise. Every path
+        that hands weights to a rollout (weight sync, TAG's generation copy, a colocated rank's own rollout)
+        goes through it, so every mode samples from the same policy."""
+        if self.old is None or self._ema_swapped is not None:
+            yield
+            return
+        self._swap(self.old)
+        try:
+            yield
+        finally:
+            self._swap(self.old)
+
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
         step has moved the trained ones; None before that, or without recompute or a loss that reads the old
@@ -324,8 +339,12 @@ class TSPActorWorker(Worker):
         CPU rank hands out its own tensors, no copy: Ray copies a return value into its object store before
         the actor runs anything else, so nothing can change them first (a GPU rank copies to the host)."""
         if not self.sharded:
-            return {k: v.detach().to("cpu") for k, v in P.live_weights(self.model, self.cfg.policy.lora).items()}
-        full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
+            with self._rollout_weights():  # the old copy's values leave as copies: the tensors are swapped back
+                copy = (lambda v: v.detach().to("cpu").clone()) if self.old is not None else \
+                    (lambda v: v.detach().to("cpu"))
+                return {k: copy(v) for k, v in P.live_weights(self.model, self.cfg.policy.lora).items()}
+        with self._rollout_weights():
+            full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
         if self.dist_rank != 0:
             return None
         return P.lora_from_full_state(self.model, full) if self.cfg.policy.lora else full
@@ -375,6 +394,10 @@ class TSPActorWorker(Worker):
         sharded tensor) and keeps, on its device, only the buckets it owns; returns the version and the ledger."""
         self._require(mode="any")
         check_version(self.version, version, "trainer (stage_weights)")
+        with self._rollout_weights():
+            return self._stage(version)
+
+    def _stage(self, version: int) -> dict[str, Any]:
         state = self._export_state()
         plan = plan_for(layout_of(state), self.cfg.sync_bucket_mb << 20, self.dist_world)
         moved: dict[str, int] = {}
@@ -555,7 +578,8 @@ class HybridWorker(TSPActorWorker):
             if name in self._gen_freed:
                 t.data = torch.empty(self._gen_freed[name], dtype=t.dtype, device=self.device)
         self._gen_freed = {}
-        fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
+        with self._rollout_weights():
+            fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
         ledger.add(moved, ledger.GATHERED, fsdp.gathered_bytes(self.model.transformer))
         self._gen_version = self.version
 
@@ -625,7 +649,13 @@ class HybridWorker(TSPActorWorker):
         placement-invariant, so the rows equal what a generator produces for them."""
         self._require(mode="any")
         check_version(self.version, version, f"trainer rank {self.dist_rank} (TAG)")
-        return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
+        with self._own_rollout_weights():
+            return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
+
+    def _own_rollout_weights(self):
+        """An unsharded rank samples with its own model (``_rollout_weights``); a sharded one's generation copy
+        was gathered with them already."""
+        return self._rollout_weights() if not self.sharded else contextlib.nullcontext()
 
     def _reward(self):
         if self.reward is None:  # the trainer's reward model is built on first use
@@ -642,8 +672,9 @@ class HybridWorker(TSPActorWorker):
         ``switch_to_gen``), like ``GeneratorWorker.validate``."""
         self._require(mode="any")
         check_version(self.version, version, f"trainer rank {self.dist_rank} (validation)")
-        return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
-                                 list(prompts), keep_images)
+        with self._own_rollout_weights():
+            return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
+                                     list(prompts), keep_images)
 
     # Copied from verl_digen.workers.generator.GeneratorWorker.score_rows (a colocated rank scores its share)
     def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:

@@ -553,8 +553,9 @@ def _diffusion_nft(get: Callable[..., Any], put: Callable[..., None], out: dict[
         raise _refuse(f"{ARR}.model.policy_state_adapters", list(adapters), "['default', 'old'] (DiffusionNFT's "
                       "old policy; verl-digen keeps it as a copy of the trained parameters on the trainer)")
     rollout_adapter = get(f"{ARR}.rollout.rollout_adapter")
-    if rollout_adapter not in (None, "old", "default"):
-        raise _refuse(f"{ARR}.rollout.rollout_adapter", rollout_adapter, "old")
+    if rollout_adapter not in (None, "old"):  # verl-omni refuses the same: its rollout samples with the old policy
+        raise _refuse(f"{ARR}.rollout.rollout_adapter", rollout_adapter, "old (DiffusionNFT samples with its old "
+                      "policy; verl-digen's rollouts take the trainer's old copy)")
     get(f"{ARR}.model.model_type")  # diffusion_nft_model: verl-omni's engine for these rows, which is TSP's here
     if get(f"{ARR}.rollout.calculate_log_probs"):
         notes.append(f"{ARR}.rollout.calculate_log_probs=True: not used (DiffusionNFT's rollout is an ODE with no "
@@ -566,13 +567,6 @@ def _diffusion_nft(get: Callable[..., Any], put: Callable[..., None], out: dict[
         if value is not None:
             put(key, str(value) if isinstance(value, str) else (int(value) if name.endswith("interval") else
                                                                 float(value)), src=f"{prefix[section]}.{name}")
-    schedule = get("algorithm.old_policy_decay_schedule") or "copy"
-    interval = int(get("algorithm.old_policy_update_interval") or 1)
-    fixed = get("algorithm.old_policy_decay")
-    if rollout_adapter == "old" and (schedule != "copy" or interval != 1 or fixed not in (None, 0, 0.0)):
-        notes.append(f"{ARR}.rollout.rollout_adapter=old: verl-digen's generators sample with the trained weights; "
-                     f"with old_policy_decay_schedule={schedule}, old_policy_update_interval={interval} the old copy "
-                     "(v_old in the loss) lags them, so verl-omni samples from the older policy")
 
 
 def _nft_steps(get: Callable[..., Any], out: dict[str, Any], notes: list[str], steps: Any) -> None:
