@@ -411,6 +411,8 @@ BAD_INPUT = {
                      "there is no SDE"),
     "nft-recompute": (lambda t: ["algorithm.name=diffusion_nft", "actor.recompute_log_prob=true"],
                       "actor.recompute_log_prob", "with no log-prob"),
+    "nft-shared-noise": (lambda t: ["algorithm.name=diffusion_nft", "rollout.shared_group_noise=true"],
+                         "rollout.shared_group_noise", "identical samples"),
     "nft-window": (lambda t: ["algorithm.name=diffusion_nft", "rollout.selection=window"], "rollout.selection",
                    "no SDE window"),
     "mix-window-too-large": (lambda t: ["algorithm.name=mix_grpo", "rollout.train_steps=7"], "rollout.train_steps",

@@ -175,6 +175,9 @@ def _check_nft(cfg: RunConfig) -> None:
     if cfg.rollout.selection not in ("first_k", "random_k"):
         raise ConfigError("rollout.selection", cfg.rollout.selection, "random_k (or the default, which means it) or "
                           f"first_k with algorithm.name=diffusion_nft: {why}, with no SDE window")
+    if cfg.rollout.shared_group_noise:
+        raise ConfigError("rollout.shared_group_noise", True, "false with algorithm.name=diffusion_nft: an ODE "
+                          "rollout from one initial noise gives a group identical samples (zero advantages)")
     if cfg.rollout.backend != "diffusers":
         raise ConfigError("rollout.backend", cfg.rollout.backend, "diffusers with algorithm.name=diffusion_nft "
                           "(verl-digen's vLLM-Omni pipelines record SDE transitions, not clean-only samples)")
