@@ -65,3 +65,13 @@ def test_the_planner_prices_the_old_and_reference_forwards_of_every_row():
     assert costs["nft"].generate == costs["grpo"].generate  # T forwards, ODE or SDE
     assert costs["nft"].update == pytest.approx(costs["grpo"].update * (1 + share))
     assert costs["nft_ref"].update == pytest.approx(costs["grpo"].update * (1 + 2 * share))
+
+
+def test_the_memory_plan_counts_the_old_copy_on_the_trainer():
+    from verl_digen.config.memory import memory_plan
+
+    def trainer(*extra):
+        return next(p for p in memory_plan(compose(list(extra))).pools if p.pool == "trainer").parts
+
+    nft, grpo = trainer("algorithm.name=diffusion_nft"), trainer()
+    assert "old policy" not in grpo and nft["old policy"] == nft["grads"] > 0  # one copy of the trained tensors
