@@ -11,7 +11,9 @@ generators pick it up on their own). ``tag_generate`` is the exception: one rank
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import threading
 import time
 from typing import Any
 
@@ -33,6 +35,18 @@ from verl_digen.workers.collective_probe import time_all_gather
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
+
+
+def _holding_weights(method):
+    """Run a method that reads or writes the trained tensors under the worker's ``_weights_lock`` (DiffusionNFT
+    only: no other algorithm swaps values into them)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if getattr(self, "old", None) is None:
+            return method(self, *args, **kwargs)
+        with self._weights_lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 def contiguous_share(n: int, rank: int, world: int, what: str) -> slice:
@@ -105,6 +119,9 @@ class TSPActorWorker(Worker):
         # ``optimizer_step`` moves towards them on its schedule (algo/diffusion_nft.py); v_old in the loss
         self.old = ({n: p.detach().clone() for n, p in self.named_params} if cfg.loss.nft is not None else None)
         self._ema_swapped: dict[str, torch.Tensor] | None = None
+        # DiffusionNFT swaps the old copy into the trained tensors for a rollout's weights: an actor with a second
+        # thread (weight pickups) must not do that while the first one trains or steps them
+        self._weights_lock = threading.RLock()
 
     def _require(self, mode: str = "train") -> None:
         if self.model is None:
@@ -126,6 +143,7 @@ class TSPActorWorker(Worker):
 
     # -- training ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @_holding_weights
     def update(self, traj: Trajectories | list | tuple, scale: float,
                advantages: dict[tuple[int, int], float] | None = None, subset: bool = False) -> dict[str, float]:
         """Accumulate this rank's share of ``traj``'s (sample x step) rows' gradient with TSP (no optimizer step).
@@ -186,11 +204,12 @@ class TSPActorWorker(Worker):
         if self.old is None or self._ema_swapped is not None:
             yield
             return
-        self._swap(self.old)
-        try:
-            yield
-        finally:
+        with self._weights_lock:  # never while the other thread trains or steps the tensors
             self._swap(self.old)
+            try:
+                yield
+            finally:
+                self._swap(self.old)
 
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
@@ -218,6 +237,7 @@ class TSPActorWorker(Worker):
             values[n].copy_(held)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @_holding_weights
     def optimizer_step(self, ends_step: bool = True) -> dict[str, Any]:
         """Clip the global gradient norm, step AdamW, zero gradients, bump the policy version.
 
