@@ -21,12 +21,17 @@ and the same 90 % headroom that refuse this project's own colocated layout) has 
 ``unfit_baselines`` and is never the strongest; ``baseline_memory`` gives each baseline's GiB per GPU against its
 GPU and ``baseline_step_s`` its priced step (as if it fit). The baselines are priced with as many rows per pass as
 that plan holds.
+The ``DiffusionNFT`` rows (one per image recipe, ``rung`` "DiffusionNFT"): the recipe's disaggregated run and
+colocated:verl-omni on the same GPUs running ``algorithm.name=diffusion_nft`` instead, priced from the work NFT
+does (T ODE forwards per sample; K rows per sample, each a forward and backward plus the old copy's and the
+reference's no-grad forwards): ``step_s`` (digen), ``colocated_verl_omni_s``, ``vs_verl_omni``.
 Usage: python bench/ladder.py [--json] [--steps N]
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 
 from hydra import compose, initialize_config_dir
@@ -110,6 +115,45 @@ def recipe_rows(steps: int) -> list[dict]:
     return rows
 
 
+IMAGE_ARCHS = ("flux", "sd3", "qwen_image")  # the recipes DiffusionNFT's rows are priced for
+
+
+def as_nft(cfg):
+    """``cfg`` running DiffusionNFT: its SDE and ratio keys back at their defaults (an ODE rollout, no ratio) and
+    verl-omni's recipe's reference term (ref_kl_coef > 0: the reference forward is priced)."""
+    from verl_digen.config.schema import ActorConfig, RolloutConfig
+
+    out = copy.deepcopy(cfg)
+    out.algorithm.name = "diffusion_nft"
+    for key in ("sde_type", "noise_level", "selection"):
+        setattr(out.rollout, key, getattr(RolloutConfig(), key))
+    out.actor.clip_ratio, out.actor.kl_dt_weighted = ActorConfig().clip_ratio, False
+    out.actor.recompute_log_prob = "false"
+    out.actor.kl_coef = out.actor.kl_coef or 1e-4
+    return out
+
+
+def nft_rows(steps: int) -> list[dict]:
+    """Per image recipe: its disaggregated recipe and colocated:verl-omni running DiffusionNFT."""
+    rows = []
+    for name in recipes.settings():
+        cfg = _compose(name)
+        if cfg.model.arch not in IMAGE_ARCHS:
+            continue
+        digen = as_nft(cfg if cfg.trainer.mode == "digen" else _compose(recipes.variant(name)))
+        model = cluster_costs(digen)
+        sched = digen.schedule_config(steps=steps)
+        t = simulate(sched, model).step_time
+        base = ScheduleConfig(prompts=sched.prompts, group_size=sched.group_size, mb_size=sched.group_size,
+                              steps=steps, mode="colocated", partition="batch", mini_batches=sched.mini_batches,
+                              row_forwards=sched.row_forwards)
+        colo = simulate(base, model, label=f"colocated:{VERL_OMNI}", baseline=VERL_OMNI).step_time
+        rows.append({"source": "recipe", "preset": name, "rung": "DiffusionNFT", "algorithm": "diffusion_nft",
+                     "mode": digen.trainer.mode, "step_s": t, "colocated_verl_omni_s": colo, "vs_verl_omni": colo / t,
+                     "trained_rows_per_sample": digen.trained_steps(), "row_forwards": sched.row_forwards})
+    return rows
+
+
 def subset_fields(subsets: dict, t: float) -> dict:
     """A mixed cluster's "as shipped" ratios against its best single-type subset (null where no pool fits)."""
     def ratio(b: str) -> float | None:
@@ -159,8 +203,12 @@ def main() -> None:
                 print(f"  colocated:{b} does not fit: {m['gib']:.1f} GiB per GPU against {m['usable_gib']:.1f} GiB "
                       f"(90% of {m['capacity_gib']:g} GiB, the planner's headroom for every layout); "
                       f"{r['baseline_step_s'][b]:.1f} s/step if it did")
+    nft = nft_rows(args.steps)
+    for r in nft:
+        print(f"recipe {r['preset']} DiffusionNFT ({r['mode']}): {r['step_s']:.1f} s/step, {r['vs_verl_omni']:.2f}x "
+              f"colocated:verl-omni running DiffusionNFT ({r['colocated_verl_omni_s']:.1f} s/step)")
     if args.json:
-        print(json.dumps(rows))
+        print(json.dumps(rows + nft))
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     assert {r["trainer_ranks"] for r in sweep} == {1, 4}
     assert all({"speedup_vs_never", "trainer_idle_never", "fraction_of_ideal"} <= r.keys() for r in sweep)
     ladder = _last_json(["bench/ladder.py", "--json", "--steps", "1"])
+    nft = {r["preset"]: r for r in ladder if r["rung"] == "DiffusionNFT"}  # priced apart: its own baseline
+    assert set(nft) == {"flux-12b-32", "qwen-image-20b-32"}  # one per image recipe
+    assert all(r["step_s"] > 0 and r["colocated_verl_omni_s"] > 0 and r["row_forwards"] == 2 for r in nft.values())
+    ladder = [r for r in ladder if r["rung"] != "DiffusionNFT"]
     rungs = [r["rung"] for r in ladder if r["preset"] == "hunyuanvideo-13b-hetero" and r["source"] == "preset"]
     assert rungs == ["colocated:ideal", "colocated:native", "colocated:verl-omni", "colocated:verl-omni-bypass",
                      "naive (separate)", "+GAP", "+TSP", "+TAG (bts)", "+TCSS (0.25)"]

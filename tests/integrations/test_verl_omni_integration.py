@@ -291,9 +291,52 @@ def test_mix_grpo_carries_its_sliding_window(strategy, tmp_path):
     assert any("mix_grpo without rollout.algo.sde_window_size" in n for n in notes)
 
 
+def test_diffusion_nft_carries_its_loss_and_old_policy_options(tmp_path):
+    """verl-omni's examples/diffusionnft_trainer keys: loss_mode=diffusion_nft with the direct_preference trainer
+    becomes algorithm.name=diffusion_nft with its options (ref_kl_coef as actor.kl_coef, K = int(T x
+    timestep_fraction) random steps); SDE keys and clip_ratio are logged; the converted recipe validates; a pair
+    trainer, or an old adapter missing, is refused by name."""
+    from verl_digen.config import ConfigError
+
+    raw = _runnable(tmp_path)
+    arr = raw["actor_rollout_ref"]
+    loss = {**arr["actor"].get("diffusion_loss", {}), "loss_mode": "diffusion_nft", "mix_beta": 0.1,
+            "ref_kl_coef": 1e-4, "adv_clip_max": 4.0, "clip_ratio": 1e-5}
+    raw["actor_rollout_ref"] = {
+        **arr, "model": {**arr["model"], "algorithm": "diffusion_nft", "policy_state_adapters": ["default", "old"]},
+        "actor": {**arr["actor"], "diffusion_loss": loss},
+        "rollout": {**arr["rollout"], "calculate_log_probs": False, "rollout_adapter": "old"}}
+    raw["algorithm"] = {**raw["algorithm"], "trainer_type": "direct_preference", "timestep_fraction": 0.5,
+                        "old_policy_decay_schedule": "delayed_linear_to_0_999", "old_policy_update_interval": 2,
+                        "adv_mode": "continuous"}
+    notes: list[str] = []
+    out = vo.from_verl_omni_config(raw, notes=notes)
+    steps = out["rollout.num_steps"]
+    assert out["algorithm.name"] == "diffusion_nft" and out["algorithm.adv_clip"] is None
+    assert (out["actor.mix_beta"], out["actor.kl_coef"], out["actor.adv_clip_max"]) == (0.1, 1e-4, 4.0)
+    assert (out["algorithm.old_policy_decay_schedule"], out["algorithm.old_policy_update_interval"]) == (
+        "delayed_linear_to_0_999", 2)
+    assert (out["rollout.selection"], out["rollout.train_steps"]) == ("random_k", max(1, int(steps * 0.5)))
+    assert "actor.clip_ratio" not in out and "rollout.sde_type" not in out and "rollout.noise_level" not in out
+    assert any("clip_ratio=1e-05: not used" in n for n in notes)
+    cfg = vo.to_run_config(raw, log=lambda _: None)
+    assert cfg.worker_config().loss.nft.mix_beta == 0.1 and cfg.sampler().clean_only
+    raw["actor_rollout_ref"]["model"]["policy_state_adapters"] = ["default"]
+    with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.model.policy_state_adapters'")):
+        vo.from_verl_omni_config(raw)
+    raw["actor_rollout_ref"]["model"]["policy_state_adapters"] = ["default", "old"]
+    raw["actor_rollout_ref"]["rollout"]["rollout_adapter"] = "default"
+    with pytest.raises(ConfigError, match=re.escape("'actor_rollout_ref.rollout.rollout_adapter' = 'default'")):
+        vo.from_verl_omni_config(raw)
+    raw["actor_rollout_ref"]["rollout"]["rollout_adapter"] = "old"
+    raw["algorithm"]["paired_preference"] = True
+    with pytest.raises(ConfigError, match=re.escape("'algorithm.paired_preference' = True")):
+        vo.from_verl_omni_config(raw)
+
+
 @pytest.mark.parametrize("key,value", [
-    ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "diffusion_nft"),
-    ("actor_rollout_ref.model.algorithm", "diffusion_nft"),
+    ("actor_rollout_ref.actor.diffusion_loss.loss_mode", "dpo"),
+    ("actor_rollout_ref.model.algorithm", "awm"),
     ("algorithm.trainer_type", "direct_preference"),
     ("actor_rollout_ref.actor.fsdp_config.model_dtype", "fp8"),
     ("trainer.device", "npu"),

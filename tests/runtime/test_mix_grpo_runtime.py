@@ -1,5 +1,6 @@
-"""MixGRPO through the Ray runtime: digen (TAG, TSP, GAP) equals colocated in float64 over two steps whose SDE
-windows differ (progressive: the window moves on between the steps)."""
+"""MixGRPO and DiffusionNFT through the Ray runtime (one module: one Ray session): digen (TAG, TSP, GAP) equals
+colocated in float64 over two steps. MixGRPO's SDE windows differ between the steps (progressive); DiffusionNFT's
+old copy lags the weights (a fixed decay), so step 2's v_old is neither the initial nor the trained weights."""
 
 import pytest
 from runtime_helpers import compose_run, train
@@ -26,3 +27,24 @@ def test_mix_grpo_digen_with_tag_and_tsp_equals_colocated_over_two_steps(ray_ses
     assert worst <= 1e-10, f"parameters differ by {worst:.3e}"
     moved = [abs(a.metrics["reward/mean"] - b.metrics["reward/mean"]) for a, b in zip(res_d.reports, res_c.reports)]
     assert max(moved) <= 1e-10, moved
+
+
+NFT = ["algorithm.name=diffusion_nft", "algorithm.old_policy_decay=0.5", "actor.mix_beta=0.3", "actor.kl_coef=0.05",
+       "actor.lr=0.02", "trainer.total_steps=2"]
+
+
+def test_diffusion_nft_digen_with_tag_and_tsp_equals_colocated_over_two_steps(ray_session, tmp_path):
+    digen = compose_run(*NFT, "trainer=digen", "digen.tag.policy=static:2", "digen.tsp.degree=1",
+                        "digen.tsp.rows_per_pass=3", "digen.gap.enable=true", "rollout.micro_batch_size=1",
+                        tmp_path=tmp_path / "d")
+    colocated = compose_run(*NFT, "trainer=colocated", tmp_path=tmp_path / "c")
+    assert digen.sampler().clean_only and digen.sampler().selection.kind == "random_k"
+    res_d, params_d = train(digen)
+    res_c, params_c = train(colocated)
+    assert [r for r in res_d.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
+    assert len(res_d.reports) == len(res_c.reports) == 2
+    worst = max(float((params_d[k].double() - params_c[k].double()).abs().max()) for k in params_c)
+    assert worst <= 1e-10, f"parameters differ by {worst:.3e}"
+    for a, b in zip(res_d.reports, res_c.reports):
+        for key in ("reward/mean", "actor/loss"):
+            assert abs(a.metrics[key] - b.metrics[key]) <= 1e-10, (key, a.metrics[key], b.metrics[key])

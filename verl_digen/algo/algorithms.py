@@ -5,6 +5,8 @@ the trainer takes (``loss.LOSS_MODES``). Names are verl-omni's (``model.algorith
 ``rollout.sde_type``); ``grpo_guard`` and ``flow_dppo`` change the loss and keep ``rollout.sde_type``'s SDE.
 ``mix_grpo`` is FlowGRPO's loss and ``rollout.sde_type``'s SDE inside MixGRPO's sliding window
 (``mix_grpo.py``): the window's steps are SDE steps and trained, the rest ODE steps.
+``diffusion_nft`` is DiffusionNFT (``diffusion_nft.py``): an ODE rollout that keeps only clean samples and
+the forward-process loss on K noised rows per sample; ``rollout.sde_type`` is not read.
 ``null`` is today's behaviour: FlowGRPO's loss with ``rollout.sde_type``.
 """
 
@@ -26,13 +28,11 @@ ALGORITHMS: dict[str, Algorithm] = {
     "grpo_guard": Algorithm(None, "grpo_guard"),
     "flow_dppo": Algorithm(None, "flow_dppo"),
     "mix_grpo": Algorithm(None, "flow_grpo"),
+    "diffusion_nft": Algorithm(None, "diffusion_nft"),
 }
 
 #: verl-omni algorithms verl-digen names but does not run yet (issue 46), with what is missing
-NOT_IMPLEMENTED: dict[str, str] = {
-    "diffusion_nft": "DiffusionNFT needs an ODE rollout without log-probs, k noised forward+backward rows per "
-                     "clean sample, an 'old' adapter updated on a decay schedule, and their cost in the planner",
-}
+NOT_IMPLEMENTED: dict[str, str] = {}
 
 
 def loss_mode(name: str | None) -> str:

@@ -8,6 +8,7 @@ and over timestep chunks in any order and grouping: the property GAP, TSP and TA
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -16,7 +17,8 @@ from verl_digen.defaults import CLIP_RANGE
 #: the per-row surrogate (verl-omni's ``diffusion_loss.loss_mode`` names): the PPO clip (``flow_grpo``, also
 #: DanceGRPO's and CPS's), GRPO-Guard's normalized-ratio clip (algo/grpo_guard.py), Flow-DPPO's KL mask
 #: (algo/flow_dppo.py). The last two also read the old policy's transition mean (``needs_old_mean``).
-LOSS_MODES = ("flow_grpo", "grpo_guard", "flow_dppo")
+#: ``diffusion_nft``: DiffusionNFT's forward-process loss (algo/diffusion_nft.py; its settings in ``nft``).
+LOSS_MODES = ("flow_grpo", "grpo_guard", "flow_dppo", "diffusion_nft")
 
 
 @dataclass(frozen=True)
@@ -41,11 +43,14 @@ class LossConfig:
     #: flow_dppo: the KL divides the squared mean gap by 2 std^2 (the Gaussian KL); off: by 2 (verl-omni's
     #: ``add_kl_coefficient``)
     add_kl_coefficient: bool = True
+    #: diffusion_nft: mix_beta, adv_clip_max, adv_mode and the old copy's schedule (``kl_coef`` is its
+    #: ``ref_kl_coef``: the weight of the per-row velocity MSE to the reference policy)
+    nft: Any = None  # diffusion_nft.NFTConfig (typed loosely: that module imports this one)
 
     @property
     def needs_old_mean(self) -> bool:
         """Whether the loss reads the old policy's transition mean (the step's starting weights')."""
-        return self.mode != "flow_grpo"
+        return self.mode in ("grpo_guard", "flow_dppo")
 
     def __post_init__(self) -> None:
         if self.mode not in LOSS_MODES:
@@ -56,6 +61,8 @@ class LossConfig:
             raise ValueError(f"clip_range must be > 0, got {self.clip_range}")
         if self.kl_coef < 0:
             raise ValueError(f"kl_coef must be >= 0, got {self.kl_coef}")
+        if (self.mode == "diffusion_nft") != (self.nft is not None):
+            raise ValueError("the diffusion_nft loss mode takes its settings in nft (and only it does)")
 
 
 @dataclass

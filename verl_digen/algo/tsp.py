@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_digen.algo.diffusion_nft import nft_loss
 from verl_digen.algo.flow_dppo import flow_dppo_loss
 from verl_digen.algo.grpo_guard import grpo_guard_loss
 from verl_digen.algo.loss import LossConfig, LossTerms, policy_loss
@@ -141,7 +142,11 @@ def _rows_loss(
 ) -> LossTerms:
     """Loss of a flat set of rows, each at its own timestep (``cfg.loss.mode``'s surrogate). ``behaviour``: the
     velocity of the weights the step started with, when an optimizer step has moved the trained ones since
-    (the recomputed old log-prob, and GRPO-Guard's / Flow-DPPO's old mean, are taken with it)."""
+    (the recomputed old log-prob, and GRPO-Guard's / Flow-DPPO's old mean, are taken with it). DiffusionNFT's rows
+    (``diffusion_nft.noised_rows``: x = x_t, x_next = x0, sigma = t) take ``behaviour`` as its old policy's
+    velocity (None: the trained weights', detached)."""
+    if cfg.loss.mode == "diffusion_nft":
+        return _nft_rows_loss(model, x, x_next, sigma, advantages, cond, cfg, scale, reference, behaviour)
     old = None
     if behaviour is not None:
         with torch.no_grad():
@@ -168,6 +173,23 @@ def _rows_loss(
                                sigma - sigma_next, cfg.loss, scale, kl, recomputed)
     return flow_dppo_loss(step.log_prob, old_log_prob, advantages, step.mean, old_mean, step.std, cfg.loss, scale,
                           kl, recomputed)
+
+
+def _nft_rows_loss(
+    model: DiffusionModel, xt: torch.Tensor, x0: torch.Tensor, t: torch.Tensor, advantages: torch.Tensor,
+    cond: Conditioning, cfg: TrainStepConfig, scale: float, reference: ReferenceFn | None, old: ReferenceFn | None,
+) -> LossTerms:
+    """DiffusionNFT's loss of a flat set of rows: the trained velocity's forward, the old copy's and the
+    reference's no-grad forwards (the last only with ``ref_kl_coef`` > 0). The old copy's forward goes first:
+    it puts the old values into the trained parameters for the call, which must not happen between the
+    trained forward and its backward."""
+    with torch.no_grad():
+        v_old = None if old is None else old(xt, t, cond)
+        v_ref = reference(xt, t, cond) if reference is not None and cfg.loss.kl_coef > 0 else None
+    v = model.velocity(xt, t, cond, cfg.guidance_scale)
+    if v_old is None:
+        v_old = v.detach()
+    return nft_loss(v, v_old, v_ref, x0, xt, t, advantages, cfg.loss.nft, cfg.loss.kl_coef, scale)
 
 
 def _check_batch(traj: Trajectories, degree: int | None = None) -> None:

@@ -396,6 +396,8 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         2 * trainable * master_b / (1 if lora else ranks)
     if a.ema_decay is not None:  # the EMA of the trained tensors, sharded like them, kept through TAG switches
         (host if a.param_offload else gpu)["EMA"] = trainable * master_b / (1 if lora else ranks)
+    if cfg.algorithm.name == "diffusion_nft":  # DiffusionNFT's old copy of the trained tensors, sharded like them
+        (host if a.param_offload else gpu)["old policy"] = trainable * master_b / (1 if lora else ranks)
     if cfg.mini_batches() > 1 and behaviour_forward(cfg):  # the step's weights: later mini-batches' ratios / old means
         (host if a.param_offload else gpu)["step weights"] = trainable * master_b / (1 if lora else ranks)
     gen_block = GEN_VALUES_PER_TOKEN * t * h * model_b

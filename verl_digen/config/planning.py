@@ -14,7 +14,15 @@ from dataclasses import dataclass, field
 
 from verl_digen.config import memory
 from verl_digen.config.plan import cluster
-from verl_digen.config.schema import MODE_DEFAULTS, ConfigError, RunConfig, behaviour_forward, defaults, get_key
+from verl_digen.config.schema import (
+    MODE_DEFAULTS,
+    ConfigError,
+    RunConfig,
+    behaviour_forward,
+    defaults,
+    get_key,
+    row_forwards,
+)
 from verl_digen.schedule.config import COLOCATED, DIGEN
 from verl_digen.schedule.costs import BASELINES, NATIVE, CostModel
 from verl_digen.schedule.profile_io import Workload
@@ -140,7 +148,7 @@ def workload(cfg: RunConfig) -> Workload:
     return Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n,
                     mb_size=cfg.rollout.micro_batch_size, tsp_degree=cfg.digen.tsp.degree or cfg.trained_steps(),
                     staleness=cfg.digen.tcss.staleness, steps=PLAN_STEPS, policy=cfg.digen.tag.policy,
-                    mini_batches=cfg.mini_batches(), recompute=behaviour_forward(cfg))
+                    mini_batches=cfg.mini_batches(), recompute=behaviour_forward(cfg), row_forwards=row_forwards(cfg))
 
 
 def with_pools(cfg: RunConfig, generators: int, trainers: int, mb_size: int | None = None) -> RunConfig:

@@ -115,17 +115,29 @@ class ActorConfig:
     # Ulysses sequence parallelism (verl's name): each group of this many trainer ranks trains the same rows,
     # each rank holding 1/size of every row's video tokens (Wan2.1, HunyuanVideo); 1 = off (docs/config.md)
     ulysses_sequence_parallel_size: int = 1
+    # algorithm.name=diffusion_nft (verl-omni's diffusion_loss names; actor.kl_coef is its ref_kl_coef): beta of
+    # the implicit policies, the advantage clamp of the optimality probability, the adaptive weight's floor
+    mix_beta: float = 0.5
+    adv_clip_max: float = 5.0
+    adaptive_weight_min: float = 1.0e-5
 
 
 @dataclass
 class AlgorithmConfig:
-    name: str | None = None  # flow_grpo|dance_grpo|cps|grpo_guard|flow_dppo|mix_grpo; null: FlowGRPO, rollout.sde_type
+    name: str | None = None  # flow_grpo|dance_grpo|cps|grpo_guard|flow_dppo|mix_grpo|diffusion_nft; null: FlowGRPO
     adv_std: str = "group"
     std_estimator: str = "population"  # the std's divisor: n (population) or n - 1 (unbiased, verl-omni's)
     adv_eps: float = 1e-4
     adv_clip: float | None = 5.0
     drop_zero_groups: bool = False
     keep_extremes: int | None = None
+    # algorithm.name=diffusion_nft (verl-omni's names): the advantage -> optimality probability map, and the old
+    # policy copy: old <- d old + (1 - d) theta every old_policy_update_interval global steps, d from the
+    # schedule (copy | linear_to_0_5 | delayed_linear_to_0_999) unless old_policy_decay fixes it
+    adv_mode: str = "continuous"
+    old_policy_decay_schedule: str = "copy"
+    old_policy_decay: float | None = None
+    old_policy_update_interval: int = 1
 
 
 @dataclass
@@ -292,7 +304,10 @@ class RunConfig:
         mix = None
         if self.algorithm.name == "mix_grpo":
             mix = MixWindow(r.sample_strategy, r.iters_per_group, r.sde_window_seed)
-        return StepSelection("window" if mix is not None else r.selection,
+        kind = "window" if mix is not None else r.selection
+        if self.algorithm.name == "diffusion_nft" and kind == "first_k":
+            kind = "random_k"  # verl-omni trains a random subset of each sample's rollout timesteps
+        return StepSelection(kind,
                              k=None if r.timestep_fraction is not None else r.train_steps,
                              timestep_fraction=r.timestep_fraction, window_start=r.window_start,
                              window_range=tuple(r.window_range) if r.window_range is not None else None, mix=mix)
@@ -311,7 +326,19 @@ class RunConfig:
         return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=sde, eta=r.noise_level,
                              guidance_scale=r.guidance_scale, selection=self.step_selection(),
                              shared_group_noise=r.shared_group_noise, decode=True,
-                             log_prob=r.cps_log_prob if sde == "cps" else "gaussian")
+                             log_prob=r.cps_log_prob if sde == "cps" else "gaussian",
+                             clean_only=self.algorithm.name == "diffusion_nft")
+
+    def nft(self):
+        """DiffusionNFT's settings (``algo.diffusion_nft.NFTConfig``), None under another algorithm."""
+        if self.algorithm.name != "diffusion_nft":
+            return None
+        from verl_digen.algo.diffusion_nft import NFTConfig
+
+        a, g = self.actor, self.algorithm
+        return NFTConfig(mix_beta=a.mix_beta, adv_clip_max=a.adv_clip_max, adaptive_weight_min=a.adaptive_weight_min,
+                         adv_mode=g.adv_mode, old_policy_decay_schedule=g.old_policy_decay_schedule,
+                         old_policy_decay=g.old_policy_decay, old_policy_update_interval=g.old_policy_update_interval)
 
     def trained_steps(self) -> int:
         return self.sampler().validate()
@@ -350,7 +377,8 @@ class RunConfig:
             sampler=self.sampler(),
             loss=LossConfig(clip_range=a.clip_ratio, kl_coef=a.kl_coef, kl_dt_weighted=a.kl_dt_weighted,
                             recompute_old_log_prob=recompute_log_prob(self)[0], mode=loss_mode(self.algorithm.name),
-                            kl_mask_threshold=a.kl_mask_threshold, add_kl_coefficient=a.add_kl_coefficient),
+                            kl_mask_threshold=a.kl_mask_threshold, add_kl_coefficient=a.add_kl_coefficient,
+                            nft=self.nft()),
             optim=OptimConfig(lr=a.lr, weight_decay=a.weight_decay, grad_clip=a.grad_clip, ema_decay=a.ema_decay),
             memory=ActorMemoryConfig(param_dtype=a.param_dtype, reduce_dtype=a.reduce_dtype,
                                      master_dtype=master_dtype(self),
@@ -395,6 +423,7 @@ class RunConfig:
             update_units=d.update_units,
             mini_batches=self.mini_batches(),
             recompute=behaviour_forward(self),
+            row_forwards=row_forwards(self),
         )
 
 
@@ -423,7 +452,15 @@ def master_dtype(cfg: RunConfig) -> str:
 def behaviour_forward(cfg: RunConfig) -> bool:
     """Whether mini-batches after the first take a no-grad forward of the step's starting weights: for the
     recomputed old log-probs, or for GRPO-Guard's / Flow-DPPO's old transition mean."""
-    return recompute_log_prob(cfg)[0] or loss_mode(cfg.algorithm.name) != "flow_grpo"
+    return recompute_log_prob(cfg)[0] or loss_mode(cfg.algorithm.name) in ("grpo_guard", "flow_dppo")
+
+
+def row_forwards(cfg: RunConfig) -> int:
+    """No-grad forwards each trained row takes beside its training pass: DiffusionNFT's old copy's, and its
+    reference's when ``actor.kl_coef`` > 0 (``tsp._nft_rows_loss``)."""
+    if cfg.algorithm.name != "diffusion_nft":
+        return 0
+    return 1 + (cfg.actor.kl_coef > 0)
 
 
 def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:
@@ -436,6 +473,8 @@ def recompute_log_prob(cfg: RunConfig) -> tuple[bool, str]:
     choice = str(cfg.actor.recompute_log_prob).lower()
     if choice != "auto":
         return choice == "true", f"actor.recompute_log_prob={choice}"
+    if cfg.algorithm.name == "diffusion_nft":
+        return False, "auto: DiffusionNFT's rollout has no log-probs"
     if cfg.digen.tcss.staleness > 0:
         return False, "auto: off under TCSS (stale rows keep their rollout log-probs)"
     if cfg.rollout.backend != "diffusers":

@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
+from verl_digen.algo.diffusion_nft import ADV_MODES, OLD_POLICY_SCHEDULES
 from verl_digen.algo.mix_grpo import STRATEGIES
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
@@ -21,6 +22,8 @@ from verl_digen.config.schema import (
     LOGGERS,
     RECOMPUTE_CHOICES,
     ROLLOUT_BACKENDS,
+    ActorConfig,
+    AlgorithmConfig,
     ModelConfig,
     RolloutConfig,
     RunConfig,
@@ -117,7 +120,7 @@ def _check_algorithm(cfg: RunConfig) -> None:
         raise ConfigError("rollout.sde_type", cfg.rollout.sde_type,
                           f"{fixed} (the SDE of algorithm.name={name}) or the default; or set algorithm.name to null "
                           f"or to {cfg.rollout.sde_type}")
-    if loss_mode(name) == "flow_grpo":
+    if loss_mode(name) in ("flow_grpo", "diffusion_nft"):  # DiffusionNFT's keys: _check_nft
         return
     if cfg.sde_type() == "cps" and cfg.rollout.cps_log_prob != "gaussian":
         raise ConfigError("rollout.cps_log_prob", cfg.rollout.cps_log_prob,
@@ -125,6 +128,59 @@ def _check_algorithm(cfg: RunConfig) -> None:
     t = cfg.actor.kl_mask_threshold
     if isinstance(t, bool) or not isinstance(t, (int, float)) or not 0 <= t < float("inf"):
         raise ConfigError("actor.kl_mask_threshold", t, "a finite number >= 0 (the per-element KL(new || old))")
+
+
+#: DiffusionNFT's own keys, read only with algorithm.name=diffusion_nft
+NFT_KEYS = ("actor.mix_beta", "actor.adv_clip_max", "actor.adaptive_weight_min", "algorithm.adv_mode",
+            "algorithm.old_policy_decay_schedule", "algorithm.old_policy_decay", "algorithm.old_policy_update_interval")
+
+
+def _check_nft(cfg: RunConfig) -> None:
+    """DiffusionNFT: its keys only with ``algorithm.name=diffusion_nft``; with it, their ranges, and the keys of
+    an SDE rollout or a ratio loss that would mean nothing (an ODE rollout, no log-prob, no ratio) refused."""
+    defaults = {"actor": ActorConfig(), "algorithm": AlgorithmConfig(), "rollout": RolloutConfig()}
+
+    def value(key: str) -> Any:
+        section, name = key.split(".")
+        return getattr(getattr(cfg, section), name), getattr(defaults[section], name)
+
+    if cfg.algorithm.name != "diffusion_nft":
+        for key in NFT_KEYS:
+            got, default = value(key)
+            if got != default:
+                raise ConfigError(key, got, f"{default} (the default) unless algorithm.name=diffusion_nft: only "
+                                  "DiffusionNFT reads it")
+        return
+    a, g = cfg.actor, cfg.algorithm
+    checks._finite("actor.mix_beta", a.mix_beta, 0, True, " (beta of DiffusionNFT's implicit policies)")
+    checks._finite("actor.adv_clip_max", a.adv_clip_max, 0, True,
+                   " (the advantage clamp of the optimality probability)")
+    checks._finite("actor.adaptive_weight_min", a.adaptive_weight_min, 0, False)
+    _choice("algorithm.adv_mode", g.adv_mode, ADV_MODES)
+    _choice("algorithm.old_policy_decay_schedule", g.old_policy_decay_schedule, tuple(OLD_POLICY_SCHEDULES))
+    d = g.old_policy_decay
+    if d is not None and not (checks._real(d) and 0 <= d <= 1):
+        raise ConfigError("algorithm.old_policy_decay", d, "null (the schedule's) or a number in [0, 1]")
+    _positive("algorithm.old_policy_update_interval", g.old_policy_update_interval)
+    why = "DiffusionNFT's rollout is a plain ODE that keeps only clean samples"
+    for key, meaning in (("rollout.sde_type", "there is no SDE"), ("rollout.noise_level", "there is no noise"),
+                         ("actor.clip_ratio", "its loss has no ratio to clip"),
+                         ("actor.kl_dt_weighted", "its reference term is a velocity MSE (actor.kl_coef)")):
+        got, default = value(key)
+        if got != default:
+            raise ConfigError(key, got, f"{default} (the default) with algorithm.name=diffusion_nft: {meaning}")
+    if str(a.recompute_log_prob).lower() == "true":
+        raise ConfigError("actor.recompute_log_prob", a.recompute_log_prob,
+                          f"auto or false with algorithm.name=diffusion_nft: {why}, with no log-prob")
+    if cfg.rollout.selection not in ("first_k", "random_k"):
+        raise ConfigError("rollout.selection", cfg.rollout.selection, "random_k (or the default, which means it) or "
+                          f"first_k with algorithm.name=diffusion_nft: {why}, with no SDE window")
+    if cfg.rollout.shared_group_noise:
+        raise ConfigError("rollout.shared_group_noise", True, "false with algorithm.name=diffusion_nft: an ODE "
+                          "rollout from one initial noise gives a group identical samples (zero advantages)")
+    if cfg.rollout.backend != "diffusers":
+        raise ConfigError("rollout.backend", cfg.rollout.backend, "diffusers with algorithm.name=diffusion_nft "
+                          "(verl-digen's vLLM-Omni pipelines record SDE transitions, not clean-only samples)")
 
 
 def _check_mix_grpo(cfg: RunConfig) -> None:
@@ -224,6 +280,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("rollout.window_range", list(wr), f"null or [lo, hi] with 0 <= lo < hi <= {r.num_steps} "
                           "(rollout.num_steps): the SDE window lies in steps [lo, hi)")
     _check_mix_grpo(cfg)
+    _check_nft(cfg)
     try:
         k = cfg.trained_steps()
     except ValueError as err:

@@ -36,11 +36,17 @@ class SamplerConfig:
     shared_group_noise: bool = False  # DanceGRPO: one initial noise per prompt group
     decode: bool = True
     log_prob: str = "gaussian"  # or "squared_error": flow_grpo / verl-omni's CPS log-prob (sde="cps" only)
+    #: DiffusionNFT: a plain ODE rollout (no noise, no log-prob) that keeps only the clean samples; the
+    #: trained steps give the trainer's rows their t (``algo.diffusion_nft.noised_rows``)
+    clean_only: bool = False
 
     def validate(self) -> int:
         """Check the settings; return the number of trained steps K."""
         check_sde(self.sde, self.eta, self.log_prob)
-        if self.sde == "ode" or self.eta == 0:
+        if self.clean_only:
+            if self.selection.kind == "window":
+                raise ValueError("a clean-only (DiffusionNFT) rollout has no SDE window: select first_k or random_k")
+        elif self.sde == "ode" or self.eta == 0:
             raise ValueError(
                 f"sde={self.sde!r} with eta={self.eta} samples deterministically: there is no log-prob "
                 "to train on; use an SDE kind (flow_grpo, dance_grpo, cps) with eta > 0"
@@ -62,7 +68,9 @@ class SamplerConfig:
     def sde_mask(self, seed: int, step: int) -> torch.Tensor:
         """(T,) bool: which steps inject noise (all, or only the window for ``window`` selection)."""
         mask = torch.ones(self.num_steps, dtype=torch.bool)
-        if self.selection.kind == "window":
+        if self.clean_only:
+            mask[:] = False
+        elif self.selection.kind == "window":
             start, end = self.selection.window(self.num_steps, seed, step)
             mask[:] = False
             mask[start:end] = True
@@ -113,7 +121,11 @@ def sample_trajectories(
     out = denoise(lambda z, s: model.velocity(z, s, cond, cfg.guidance_scale), x, sigmas, noise_gens, cfg.sde,
                   cfg.eta, sde_on, cfg.log_prob)
     sel = selected.to(device)
-    states, next_states, log_probs = out.select(sel)
+    if cfg.clean_only:  # nothing per step leaves the rollout: the trainer builds the rows from final_latents
+        states = next_states = out.final.new_zeros((b, 0, *shape))
+        log_probs = out.final.new_zeros((b, 0))
+    else:
+        states, next_states, log_probs = out.select(sel)
     return Trajectories(
         prompts=list(prompts),
         prompt_ids=torch.as_tensor(prompt_ids, dtype=torch.long),

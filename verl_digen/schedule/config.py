@@ -57,6 +57,8 @@ class ScheduleConfig:
     ``recompute``: the ratio's old log-probs are the trainer's (``actor.recompute_log_prob``); with several
     mini-batches the later ones' rows take a no-grad forward of the step's starting weights, which the
     update's cost includes (``stage_costs``).
+    ``row_forwards``: no-grad forwards every trained row takes beside its training pass (DiffusionNFT: the
+    old copy's, and the reference's with ``actor.kl_coef`` > 0), each priced like recompute's forward.
     """
 
     prompts: int
@@ -74,6 +76,7 @@ class ScheduleConfig:
     update_units: int = 1
     mini_batches: int = 1
     recompute: bool = False
+    row_forwards: int = 0
 
     def __post_init__(self) -> None:
         bad = ScheduleConfigError
@@ -199,10 +202,11 @@ class ScheduleConfig:
         """``costs`` with the mean update priced for the old-log-prob forward of the step's weights that
         recompute takes for mini-batches after the first (a forward is the model's ``recompute_share`` of
         a training pass)."""
-        if not self.recompute or self.mini_batches == 1:
-            return costs
-        later = (self.mini_batches - 1) / self.mini_batches
-        return replace(costs, update=costs.update * (1 + later * model.baselines.recompute_share))
+        share = model.baselines.recompute_share
+        factor = 1.0 + self.row_forwards * share  # DiffusionNFT's old (and reference) forward on every row
+        if self.recompute and self.mini_batches > 1:
+            factor += (self.mini_batches - 1) / self.mini_batches * share
+        return costs if factor == 1.0 else replace(costs, update=costs.update * factor)
 
 
 def stale_budget(staleness: float, micro_batches: int) -> int:

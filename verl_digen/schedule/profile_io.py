@@ -54,6 +54,7 @@ class Workload:
     policy: str = "bts"
     mini_batches: int = 1  # optimizer steps per step (actor.ppo_mini_batch_size)
     recompute: bool = False  # the trainer's own old log-probs (actor.recompute_log_prob): priced with mini-batches
+    row_forwards: int = 0  # no-grad forwards per trained row beside its pass (DiffusionNFT's old copy, reference)
 
 
 def _affine(d: Any, where: str) -> Affine:

@@ -286,7 +286,8 @@ def _colocated_rows(model: CostModel, workload: Workload, total: int, cap: int |
         kept = max(1, math.ceil(batch * model.keep_fraction - 1e-9))
         natural = row_plan(kept, K, model.data_parallel(total), d).cap
         rpp = None if cap is None or cap >= natural else cap
-        cfg = replace(baseline_config(workload), tsp_degree=d, rows_per_pass=rpp, recompute=workload.recompute)
+        cfg = replace(baseline_config(workload), tsp_degree=d, rows_per_pass=rpp, recompute=workload.recompute,
+                      row_forwards=workload.row_forwards)
         res = simulate(cfg, model, label="colocated", check=False)
         if round(res.step_time, 9) in seen:
             continue  # a degree that runs the same passes
@@ -329,7 +330,7 @@ class _Space:
                 try:
                     shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
                                            mode=DIGEN, mini_batches=workload.mini_batches,
-                                           recompute=workload.recompute)
+                                           recompute=workload.recompute, row_forwards=workload.row_forwards)
                     shape.check_update_units(g)  # a mini-batch of whole release units
                 except ScheduleConfigError:
                     continue  # a layout this batch cannot have
@@ -385,7 +386,7 @@ def baseline_config(workload: Workload) -> ScheduleConfig:
     """The colocated baselines' schedule for ``workload``: the whole batch, per-timestep training."""
     return ScheduleConfig(prompts=workload.prompts, group_size=workload.group_size, mb_size=workload.group_size,
                           steps=workload.steps, mode=COLOCATED, partition="batch",
-                          mini_batches=workload.mini_batches)
+                          mini_batches=workload.mini_batches, row_forwards=workload.row_forwards)
 
 
 def colocated_baselines(model: CostModel, workload: Workload,

@@ -11,7 +11,9 @@ generators pick it up on their own). ``tag_generate`` is the exception: one rank
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
+import threading
 import time
 from typing import Any
 
@@ -19,6 +21,7 @@ import torch
 from verl.single_controller.base import Worker
 from verl.single_controller.base.decorator import Dispatch, register
 
+from verl_digen.algo.diffusion_nft import noised_rows
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, ulysses
@@ -32,6 +35,18 @@ from verl_digen.workers.collective_probe import time_all_gather
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
+
+
+def _holding_weights(method):
+    """Run a method that reads or writes the trained tensors under the worker's ``_weights_lock`` (DiffusionNFT
+    only: no other algorithm swaps values into them)."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        if getattr(self, "old", None) is None:
+            return method(self, *args, **kwargs)
+        with self._weights_lock:
+            return method(self, *args, **kwargs)
+    return run
 
 
 def contiguous_share(n: int, rank: int, world: int, what: str) -> slice:
@@ -100,7 +115,13 @@ class TSPActorWorker(Worker):
         self.version = 0
         # the EMA of the trained parameters (LoRA: the adapters), sharded like them, in their dtype
         self.ema = ({n: p.detach().clone() for n, p in self.named_params} if o.ema_decay is not None else None)
+        # DiffusionNFT's old policy: a copy of the trained parameters (sharded like them) that
+        # ``optimizer_step`` moves towards them on its schedule (algo/diffusion_nft.py); v_old in the loss
+        self.old = ({n: p.detach().clone() for n, p in self.named_params} if cfg.loss.nft is not None else None)
         self._ema_swapped: dict[str, torch.Tensor] | None = None
+        # DiffusionNFT swaps the old copy into the trained tensors for a rollout's weights: an actor with a second
+        # thread (weight pickups) must not do that while the first one trains or steps them
+        self._weights_lock = threading.RLock()
 
     def _require(self, mode: str = "train") -> None:
         if self.model is None:
@@ -122,6 +143,7 @@ class TSPActorWorker(Worker):
 
     # -- training ----------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @_holding_weights
     def update(self, traj: Trajectories | list | tuple, scale: float,
                advantages: dict[tuple[int, int], float] | None = None, subset: bool = False) -> dict[str, float]:
         """Accumulate this rank's share of ``traj``'s (sample x step) rows' gradient with TSP (no optimizer step).
@@ -145,6 +167,8 @@ class TSPActorWorker(Worker):
         if int(traj.versions.max()) > self.version:
             raise ValueError(f"trajectories of version {int(traj.versions.max())} are newer than the "
                              f"trainer's policy version {self.version}")
+        if self.old is not None:  # DiffusionNFT: the rollout kept clean samples; the rows are built here
+            traj = noised_rows(traj, self.cfg.seed)
         if self._nonfinite is None and advantages is not None and not all(map(math.isfinite, advantages.values())):
             self._nonfinite = "reward"  # advantages are finite unless a reward of the groups was not
         # this rank trains its share of the (sample x step) rows (``schedule.rows``: any number of ranks
@@ -152,11 +176,40 @@ class TSPActorWorker(Worker):
         metrics = tsp_backward(self.model, traj, self.train_cfg, scale, degree=self.cfg.tsp_degree,
                                reference=self._reference(), version=self.version, rank=self.dp_rank,
                                world=self.dp_world, cap=self.cfg.rows_per_pass, device=self.device,
-                               behaviour=self._behaviour_velocity())
+                               behaviour=self._old_velocity() if self.old is not None else self._behaviour_velocity())
         out = P.metrics_dict(metrics)
         if self._nonfinite is None and not math.isfinite(float(out.get("loss", 0.0))):
             self._nonfinite = "loss"
         return out if self.sp_rank == 0 else {}  # a Ulysses group's ranks trained the same rows: counted once
+
+    def _old_velocity(self):
+        """DiffusionNFT's v_old: the old copy's velocity, its values put into the trained parameters for the
+        call (no grad) and taken out again."""
+        g = self.train_cfg.guidance_scale
+
+        def velocity(x, s, c):
+            self._swap(self.old)
+            try:
+                return self.model.velocity(x, s, c, g)
+            finally:
+                self._swap(self.old)
+        return velocity
+
+    @contextlib.contextmanager
+    def _rollout_weights(self):
+        """The weights a rollout samples with: DiffusionNFT's old copy (verl-omni's ``rollout_adapter=old``), put
+        into the trained tensors for the block and taken out after it; the trained weights otherwise. Every path
+        that hands weights to a rollout (weight sync, TAG's generation copy, a colocated rank's own rollout)
+        goes through it, so every mode samples from the same policy."""
+        if self.old is None or self._ema_swapped is not None:
+            yield
+            return
+        with self._weights_lock:  # never while the other thread trains or steps the tensors
+            self._swap(self.old)
+            try:
+                yield
+            finally:
+                self._swap(self.old)
 
     def _behaviour_velocity(self):
         """The velocity of the step's starting weights (put in for each call) once a mini-batch's optimizer
@@ -184,6 +237,7 @@ class TSPActorWorker(Worker):
             values[n].copy_(held)
 
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
+    @_holding_weights
     def optimizer_step(self, ends_step: bool = True) -> dict[str, Any]:
         """Clip the global gradient norm, step AdamW, zero gradients, bump the policy version.
 
@@ -214,9 +268,25 @@ class TSPActorWorker(Worker):
         if ends_step:
             self.version += 1
             self._behaviour = None
+            self._update_old()
         else:
             self._weights_replaced()
         return {"grad_norm": norm, "version": self.version, "skipped": bad is not None, "nonfinite": bad}
+
+    @torch.no_grad()
+    def _update_old(self) -> None:
+        """DiffusionNFT: old <- d old + (1 - d) theta after a global step (the version just reached, counted
+        from 1 as verl-omni's trainer counts), when its schedule moves the old copy there; d = 0 copies."""
+        if self.old is None:
+            return
+        decay = self.cfg.loss.nft.old_decay(self.version)
+        if decay is None:
+            return
+        for name, p in self.named_params:
+            if decay == 0:
+                self.old[name].copy_(p.detach())
+            else:
+                self.old[name].lerp_(p.detach(), 1.0 - decay)
 
     @torch.no_grad()
     def _update_ema(self) -> None:
@@ -289,8 +359,12 @@ class TSPActorWorker(Worker):
         CPU rank hands out its own tensors, no copy: Ray copies a return value into its object store before
         the actor runs anything else, so nothing can change them first (a GPU rank copies to the host)."""
         if not self.sharded:
-            return {k: v.detach().to("cpu") for k, v in P.live_weights(self.model, self.cfg.policy.lora).items()}
-        full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
+            with self._rollout_weights():  # the old copy's values leave as copies: the tensors are swapped back
+                copy = (lambda v: v.detach().to("cpu").clone()) if self.old is not None else \
+                    (lambda v: v.detach().to("cpu"))
+                return {k: copy(v) for k, v in P.live_weights(self.model, self.cfg.policy.lora).items()}
+        with self._rollout_weights():
+            full = fsdp.gather_state_dict(self.model.transformer, sharded=True)
         if self.dist_rank != 0:
             return None
         return P.lora_from_full_state(self.model, full) if self.cfg.policy.lora else full
@@ -340,6 +414,10 @@ class TSPActorWorker(Worker):
         sharded tensor) and keeps, on its device, only the buckets it owns; returns the version and the ledger."""
         self._require(mode="any")
         check_version(self.version, version, "trainer (stage_weights)")
+        with self._rollout_weights():
+            return self._stage(version)
+
+    def _stage(self, version: int) -> dict[str, Any]:
         state = self._export_state()
         plan = plan_for(layout_of(state), self.cfg.sync_bucket_mb << 20, self.dist_world)
         moved: dict[str, int] = {}
@@ -395,9 +473,11 @@ class TSPActorWorker(Worker):
             state = self.optimizer.state.get(p, {})
             optim[name] = {k: fsdp.full_tensor(v) if torch.is_tensor(v) else v for k, v in sorted(state.items())}
         ema = {n: fsdp.full_tensor(e) for n, e in self.ema.items()} if self.ema is not None else None
+        old = {n: fsdp.full_tensor(e) for n, e in self.old.items()} if self.old is not None else None
         if self.dist_rank != 0:
             return None
-        return {"params": params, "grads": grads, "optim": optim, "version": self.version, "ema": ema}
+        return {"params": params, "grads": grads, "optim": optim, "version": self.version, "ema": ema,
+                **({"old": old} if old is not None else {})}
 
     # -- checkpoints -------------------------------------------------------------------------------
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
@@ -427,6 +507,7 @@ class TSPActorWorker(Worker):
                 "params": state["params"], "optim": state["optim"], "param_groups": groups,
                 "version": self.version, "lora": self.cfg.policy.lora,
                 **({"ema": state["ema"]} if state["ema"] is not None else {}),
+                **({"nft_old": state["old"]} if state.get("old") is not None else {}),
             }
         ckpt.save(path, self.dist_rank, payload, dict(extra or {}), lambda: fsdp.barrier(self.sharded), keep)
         if export and self.dist_rank == 0:
@@ -462,6 +543,10 @@ class TSPActorWorker(Worker):
             saved_ema = payload.get("ema") or {}
             for name, e in self.ema.items():
                 fsdp.copy_full_into(e, saved_ema.get(name, payload["params"][name]))
+        if self.old is not None:  # DiffusionNFT's old copy; a checkpoint without one starts it from the weights
+            saved_old = payload.get("nft_old") or {}
+            for name, e in self.old.items():
+                fsdp.copy_full_into(e, saved_old.get(name, payload["params"][name]))
         self.version = int(payload["version"])
         if rng is not None:
             ckpt.set_rng_state(rng)
@@ -513,7 +598,8 @@ class HybridWorker(TSPActorWorker):
             if name in self._gen_freed:
                 t.data = torch.empty(self._gen_freed[name], dtype=t.dtype, device=self.device)
         self._gen_freed = {}
-        fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
+        with self._rollout_weights():
+            fsdp.copy_full_state(self.model.transformer, self._gen_model.transformer)
         ledger.add(moved, ledger.GATHERED, fsdp.gathered_bytes(self.model.transformer))
         self._gen_version = self.version
 
@@ -583,7 +669,13 @@ class HybridWorker(TSPActorWorker):
         placement-invariant, so the rows equal what a generator produces for them."""
         self._require(mode="any")
         check_version(self.version, version, f"trainer rank {self.dist_rank} (TAG)")
-        return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
+        with self._own_rollout_weights():
+            return P.generate_rows(self._generation_model(), self.cfg, step, version, list(rows), list(prompts))
+
+    def _own_rollout_weights(self):
+        """An unsharded rank samples with its own model (``_rollout_weights``); a sharded one's generation copy
+        was gathered with them already."""
+        return self._rollout_weights() if not self.sharded else contextlib.nullcontext()
 
     def _reward(self):
         if self.reward is None:  # the trainer's reward model is built on first use
@@ -600,8 +692,9 @@ class HybridWorker(TSPActorWorker):
         ``switch_to_gen``), like ``GeneratorWorker.validate``."""
         self._require(mode="any")
         check_version(self.version, version, f"trainer rank {self.dist_rank} (validation)")
-        return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
-                                 list(prompts), keep_images)
+        with self._own_rollout_weights():
+            return P.validation_rows(self._generation_model(), self._reward(), self.cfg, version, list(rows),
+                                     list(prompts), keep_images)
 
     # Copied from verl_digen.workers.generator.GeneratorWorker.score_rows (a colocated rank scores its share)
     def score_rows(self, traj: Trajectories) -> tuple[Trajectories, dict[str, list]]:

@@ -173,18 +173,23 @@ def read_meta(path: str | Path) -> dict[str, Any]:
 
 
 # -- write ----------------------------------------------------------------------------------------
+#: copies of the trained tensors a checkpoint keeps beside them: the EMA, DiffusionNFT's old policy
+TENSOR_COPIES = ("ema", "nft_old")
+
+
 def _split(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tensors for trainer.pt, the JSON rest) of the trainer's payload."""
     tensors: dict[str, Any] = {"params": dict(payload["params"]), "optim": {}}
-    if payload.get("ema") is not None:  # actor.ema_decay: the EMA of the trained tensors, by name
-        tensors["ema"] = dict(payload["ema"])
+    for key in TENSOR_COPIES:  # the EMA (actor.ema_decay), DiffusionNFT's old copy: by parameter name
+        if payload.get(key) is not None:
+            tensors[key] = dict(payload[key])
     optim_scalars: dict[str, dict[str, Any]] = {}
     for name, state in payload["optim"].items():
         tensors["optim"][name] = {k: v for k, v in state.items() if torch.is_tensor(v)}
         scalars = {k: v for k, v in state.items() if not torch.is_tensor(v)}
         if scalars:
             optim_scalars[name] = scalars
-    rest = {k: v for k, v in payload.items() if k not in ("params", "optim", "ema")}
+    rest = {k: v for k, v in payload.items() if k not in ("params", "optim", *TENSOR_COPIES)}
     rest["optim_scalars"] = optim_scalars
     return tensors, rest
 
@@ -400,7 +405,8 @@ def read(path: str | Path, rank: int) -> tuple[dict[str, Any], dict[str, Any] | 
             g["betas"] = tuple(g["betas"])
         groups.append(g)
     payload = {**{k: v for k, v in meta.items() if k not in ("optim_scalars", "param_groups")},
-               "params": tensors["params"], "optim": optim, "param_groups": groups, "ema": tensors.get("ema")}
+               "params": tensors["params"], "optim": optim, "param_groups": groups,
+               **{key: tensors.get(key) for key in TENSOR_COPIES}}
     rng_path = Path(path) / rng_file(rank)
     return payload, (safe_load(rng_path) if rng_path.is_file() else None)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 import logging
+import math
 import os
 from collections.abc import Callable, Mapping
 from typing import Any
@@ -36,6 +37,14 @@ ADV_ESTIMATORS = ("flow_grpo", "dance_grpo")  # verl-omni's GRPO group advantage
 OLD_MEAN_LOSSES = ("grpo_guard", "flow_dppo")  # carried to algorithm.name (the loss reads the old policy's mean)
 MIX_GRPO = "mix_grpo"  # model.algorithm only: FlowGRPO's loss in MixGRPO's sliding window (algorithm.name)
 MIX_KEYS = ("sample_strategy", "iters_per_group", "sde_window_seed")  # its window schedule, same names
+NFT = "diffusion_nft"  # model.algorithm and loss_mode: DiffusionNFT (algorithm.name), verl-omni's direct_preference
+#: DiffusionNFT's options: verl-omni's key under ARR.actor.diffusion_loss or algorithm -> verl-digen's key
+NFT_KEYS = {"diffusion_loss.mix_beta": "actor.mix_beta", "diffusion_loss.adv_clip_max": "actor.adv_clip_max",
+            "diffusion_loss.adaptive_weight_min": "actor.adaptive_weight_min",
+            "diffusion_loss.ref_kl_coef": "actor.kl_coef", "adv_mode": "algorithm.adv_mode",
+            "old_policy_decay_schedule": "algorithm.old_policy_decay_schedule",
+            "old_policy_decay": "algorithm.old_policy_decay",
+            "old_policy_update_interval": "algorithm.old_policy_update_interval"}
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
 # CFG: which verl-omni pipeline key is the real classifier-free guidance scale for an architecture
 # (diffusers' Qwen-Image pipelines take true_cfg_scale; SD3, Wan, HunyuanVideo take guidance_scale; FLUX.1-dev
@@ -244,16 +253,22 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         return value
 
     # -- what is trained: refuse what verl-digen does not implement, before anything else ---------------
-    trainer_type = get("algorithm.trainer_type")
-    if trainer_type not in (None, "policy_gradient"):
-        raise _refuse("algorithm.trainer_type", trainer_type, "policy_gradient (verl-digen trains GRPO policy "
-                      "gradients; the direct-preference trainer has no counterpart)")
-    if get("algorithm.sample_source") not in (None, "online"):
-        raise _refuse("algorithm.sample_source", _get(cfg, "algorithm.sample_source"), "online")
     algorithm = get(f"{ARR}.model.algorithm")
     loss_mode = get(f"{ARR}.actor.diffusion_loss.loss_mode")  # verl-omni's default: model.algorithm
+    nft = NFT in (algorithm, loss_mode)
+    trainer_type = get("algorithm.trainer_type")
+    if trainer_type not in (None, "direct_preference" if nft else "policy_gradient"):
+        raise _refuse("algorithm.trainer_type", trainer_type, "direct_preference with loss_mode=diffusion_nft, else "
+                      "policy_gradient (verl-digen trains GRPO policy gradients and DiffusionNFT; the direct-"
+                      "preference trainer's other losses have no counterpart)")
+    if get("algorithm.sample_source") not in (None, "online"):
+        raise _refuse("algorithm.sample_source", _get(cfg, "algorithm.sample_source"), "online")
+    if nft:
+        _diffusion_nft(get, put, out, notes, algorithm, loss_mode)
     for key, value in ((f"{ARR}.model.algorithm", algorithm), (f"{ARR}.actor.diffusion_loss.loss_mode", loss_mode)):
-        if value is not None and value not in LOSS_MODES and not (key.endswith(".algorithm") and value == MIX_GRPO):
+        if nft or value is None:
+            continue
+        if value not in LOSS_MODES and not (key.endswith(".algorithm") and value == MIX_GRPO):
             raise _refuse(key, value, f"one of {', '.join(LOSS_MODES)} (the losses verl-digen implements; "
                           "see docs/migrating-from-verl-omni.md)")
     mix = algorithm == MIX_GRPO
@@ -267,7 +282,7 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     elif mix:
         put("algorithm.name", MIX_GRPO, src=f"{ARR}.model.algorithm")
     adv = get("algorithm.adv_estimator")
-    if adv is not None and adv not in ADV_ESTIMATORS:
+    if adv is not None and adv not in ADV_ESTIMATORS and not (nft and adv == NFT):  # NFT's: its own group map
         raise _refuse("algorithm.adv_estimator", adv, f"one of {', '.join(ADV_ESTIMATORS)} (GRPO group advantages)")
     mode = loss_mode if loss_mode is not None else algorithm
     if mode in OLD_MEAN_LOSSES:
@@ -289,7 +304,14 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     micro_key = f"{ARR}.actor.ppo_micro_batch_size_per_gpu"
     micro = get(micro_key)
     if micro is not None:
-        put("rollout.micro_batch_size", int(micro) * int(trainer_workers), src=micro_key)
+        size, group = int(micro) * int(trainer_workers), out.get("rollout.n")
+        if group and size % group and group % size:  # GAP's units: whole groups, or micro-batches that tile one
+            notes.append(f"{micro_key}={micro}: verl-digen's micro-batch of {size} samples neither divides nor is a "
+                         f"multiple of the group of {group} (GAP trains whole groups); it generates micro-batches "
+                         f"of {math.gcd(size, group)} instead (the same loss and gradient: TSP's passes do not "
+                         "depend on it)")
+            size = math.gcd(size, group)
+        put("rollout.micro_batch_size", size, src=micro_key)
     take("actor.ppo_mini_batch_size", f"{ARR}.actor.ppo_mini_batch_size", int)  # prompts per optimizer step
     epochs = get(f"{ARR}.actor.ppo_epochs")
     if epochs not in (None, 1):
@@ -299,8 +321,11 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
 
     # -- sampling: steps, noise, SDE, trained window ------------------------------------------------
     steps = take("rollout.num_steps", f"{ARR}.rollout.pipeline.num_inference_steps", int)
-    take("rollout.noise_level", f"{ARR}.rollout.algo.noise_level", float)
-    sde = get(f"{ARR}.rollout.algo.sde_type")
+    if nft:  # an ODE rollout: no noise, no SDE, no window; K of the T rollout timesteps trained per sample
+        _nft_steps(get, out, notes, steps)
+    else:
+        take("rollout.noise_level", f"{ARR}.rollout.algo.noise_level", float)
+    sde = None if nft else get(f"{ARR}.rollout.algo.sde_type")
     if sde is not None:
         if sde not in SDE_TYPES:
             raise _refuse(f"{ARR}.rollout.algo.sde_type", sde, f"one of {', '.join(SDE_TYPES)}")
@@ -310,8 +335,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             notes.append(f"{ARR}.rollout.algo.sde_type=cps: kept verl-omni's CPS log-prob, -(x - mean)^2 without "
                          "the Gaussian 1 / (2 std^2) scale (rollout.cps_log_prob=squared_error), so clip_ratio "
                          "clips the same ratio; verl-digen's default is the Gaussian density")
-    window = get(f"{ARR}.rollout.algo.sde_window_size")
-    lo_hi = get(f"{ARR}.rollout.algo.sde_window_range")
+    window = None if nft else get(f"{ARR}.rollout.algo.sde_window_size")
+    lo_hi = None if nft else get(f"{ARR}.rollout.algo.sde_window_range")
     if window is not None:
         window = int(window)
         out.update({"rollout.selection": "window", "rollout.timestep_fraction": None})
@@ -339,12 +364,12 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
         if not mix and get(f"{ARR}.rollout.algo.sample_strategy") not in (None, "random"):
             notes.append(f"{ARR}.rollout.algo.sample_strategy={_get(cfg, f'{ARR}.rollout.algo.sample_strategy')!r}: "
                          "only verl-omni's mix_grpo adapters read it (model.algorithm=mix_grpo); not carried")
-    elif steps is not None:
+    elif steps is not None and not nft:
         # no window: verl-omni runs the SDE on, and trains, steps 0 .. T-2 (the last step is deterministic)
         out.update({"rollout.selection": "first_k", "rollout.train_steps": max(1, int(steps) - 1),
                     "rollout.timestep_fraction": None})
     fraction = get("algorithm.timestep_fraction")
-    if fraction not in (None, 1.0, 1):
+    if fraction not in (None, 1.0, 1) and not nft:
         notes.append(f"algorithm.timestep_fraction={fraction}: not converted; verl-digen trains every stored step "
                      "(set rollout.timestep_fraction with rollout.selection=first_k)")
 
@@ -412,17 +437,25 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
             put("model.target_modules", list(targets), src=f"{ARR}.model.target_modules")
 
     # -- loss, advantages, KL -----------------------------------------------------------------------
-    take("actor.clip_ratio", f"{ARR}.actor.diffusion_loss.clip_ratio", float)
-    take("algorithm.adv_clip", f"{ARR}.actor.diffusion_loss.adv_clip_max", float)
+    if nft:
+        ratio = get(f"{ARR}.actor.diffusion_loss.clip_ratio")
+        if ratio is not None:
+            notes.append(f"{ARR}.actor.diffusion_loss.clip_ratio={ratio}: not used (DiffusionNFT's loss has no ratio)")
+    else:
+        take("actor.clip_ratio", f"{ARR}.actor.diffusion_loss.clip_ratio", float)
+        take("algorithm.adv_clip", f"{ARR}.actor.diffusion_loss.adv_clip_max", float)
     use_kl = get(f"{ARR}.actor.use_kl_loss")
     coef = get(f"{ARR}.actor.kl_loss_coef", 0.0)
-    if use_kl is not None:
+    if nft and use_kl:
+        notes.append(f"{ARR}.actor.use_kl_loss=True: not used; DiffusionNFT's reference term is "
+                     "diffusion_loss.ref_kl_coef (actor.kl_coef)")
+    elif use_kl is not None and not nft:
         put("actor.kl_coef", float(coef) if use_kl else 0.0, src=f"{ARR}.actor.kl_loss_coef")
         if use_kl and coef and out.get("rollout.sde_type", "flow_grpo") == "flow_grpo":
             _weight_kl_by_dt(float(coef), out, notes)
     out["algorithm.std_estimator"] = "unbiased"  # verl-omni's torch.std (n - 1), a convention, not a key
     bypass = get("algorithm.rollout_correction.bypass_mode")  # verl-omni's default False: recompute
-    if bypass is not None:
+    if bypass is not None and not nft:  # DiffusionNFT has no log-prob to recompute
         put("actor.recompute_log_prob", "false" if bypass else "true", src="algorithm.rollout_correction.bypass_mode")
     global_std = get("algorithm.global_std")
     if global_std is not None:
@@ -501,6 +534,52 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     for key in ("trainer.nnodes", "trainer.n_gpus_per_node"):  # the pool split replaces them (resources.*)
         used.add(key)
     return out
+
+
+def _diffusion_nft(get: Callable[..., Any], put: Callable[..., None], out: dict[str, Any], notes: list[str],
+                   algorithm: Any, loss_mode: Any) -> None:
+    """verl-omni's DiffusionNFT recipe keys: the algorithm, its two adapters (the trainer's old copy), its loss and
+    old-policy options. verl-omni's NFT advantages are not clipped before the optimality map (its clamp is
+    ``adv_clip_max``), so ``algorithm.adv_clip`` is turned off."""
+    for key, value in ((f"{ARR}.model.algorithm", algorithm), (f"{ARR}.actor.diffusion_loss.loss_mode", loss_mode)):
+        if value not in (None, NFT):
+            raise _refuse(key, value, f"{NFT} (DiffusionNFT's model.algorithm and loss_mode go together)")
+    put("algorithm.name", NFT, src=f"{ARR}.actor.diffusion_loss.loss_mode")
+    out["algorithm.adv_clip"] = None
+    if get("algorithm.paired_preference"):
+        raise _refuse("algorithm.paired_preference", True, "false (DiffusionNFT trains single samples, not pairs)")
+    adapters = get(f"{ARR}.model.policy_state_adapters")
+    if adapters is not None and "old" not in list(adapters):
+        raise _refuse(f"{ARR}.model.policy_state_adapters", list(adapters), "['default', 'old'] (DiffusionNFT's "
+                      "old policy; verl-digen keeps it as a copy of the trained parameters on the trainer)")
+    rollout_adapter = get(f"{ARR}.rollout.rollout_adapter")
+    if rollout_adapter not in (None, "old"):  # verl-omni refuses the same: its rollout samples with the old policy
+        raise _refuse(f"{ARR}.rollout.rollout_adapter", rollout_adapter, "old (DiffusionNFT samples with its old "
+                      "policy; verl-digen's rollouts take the trainer's old copy)")
+    get(f"{ARR}.model.model_type")  # diffusion_nft_model: verl-omni's engine for these rows, which is TSP's here
+    if get(f"{ARR}.rollout.calculate_log_probs"):
+        notes.append(f"{ARR}.rollout.calculate_log_probs=True: not used (DiffusionNFT's rollout is an ODE with no "
+                     "log-prob)")
+    prefix = {"diffusion_loss": f"{ARR}.actor.diffusion_loss", "": "algorithm"}
+    for src, key in NFT_KEYS.items():
+        section, _, name = src.rpartition(".")
+        value = get(f"{prefix[section]}.{name}")
+        if value is not None:
+            put(key, str(value) if isinstance(value, str) else (int(value) if name.endswith("interval") else
+                                                                float(value)), src=f"{prefix[section]}.{name}")
+
+
+def _nft_steps(get: Callable[..., Any], out: dict[str, Any], notes: list[str], steps: Any) -> None:
+    """DiffusionNFT's trained timesteps: verl-omni trains max(1, int(T x timestep_fraction)) of the T rollout
+    timesteps, a random subset per sample (``random_k``); its SDE keys are not read by its ODE rollout."""
+    fraction = float(get("algorithm.timestep_fraction") or 1.0)
+    if steps is not None:
+        out.update({"rollout.selection": "random_k", "rollout.timestep_fraction": None,
+                    "rollout.train_steps": max(1, int(int(steps) * fraction))})
+    for key in ("noise_level", "sde_type", "sde_window_size", "sde_window_range"):
+        value = get(f"{ARR}.rollout.algo.{key}")
+        if value is not None:
+            notes.append(f"{ARR}.rollout.algo.{key}={value!r}: not used (DiffusionNFT's rollout is a plain ODE)")
 
 
 def _served_reward(get: Callable[..., Any], put: Callable[..., None], notes: list[str]) -> None:
