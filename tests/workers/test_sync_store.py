@@ -59,6 +59,22 @@ def test_a_stranger_reads_no_key_and_the_store_closes_once_every_member_joined(m
     first.set("run/key", b"the run's value")
 
     silent = socket.create_connection(("127.0.0.1", port))  # connects, never answers the challenge
+    trickled = []
+
+    def trickle() -> None:  # answers a byte at a time, each within the deadline, to hold its slot for ever
+        sent = 0
+        with socket.create_connection(("127.0.0.1", port)) as t:
+            while sent < SS._NONCE + 32 - 1:
+                try:
+                    t.sendall(b"x")
+                except OSError:
+                    break
+                sent += 1
+                time.sleep(0.1)
+        trickled.append(sent)
+
+    trickler = threading.Thread(target=trickle, daemon=True)
+    trickler.start()
     wrong = socket.create_connection(("127.0.0.1", port))  # answers with a proof it cannot make
     hello = SS._recv_exact(wrong, 11 + SS._NONCE)
     assert hello.startswith(b"DIGENSTORE1")
@@ -70,6 +86,8 @@ def test_a_stranger_reads_no_key_and_the_store_closes_once_every_member_joined(m
     assert _wait_for(lambda: any("no answer to the challenge" in r for r in server.refused))
     assert silent.recv(64)[:11] == b"DIGENSTORE1" and _closed(silent)  # dropped after the deadline
     assert any("does not hold the run's secret" in r for r in server.refused)
+    trickler.join(10)
+    assert trickled and trickled[0] < 20, f"a stranger trickling its answer held its slot for {trickled} bytes"
     assert server.members == 1 and server.listening
 
     second = SyncStore("127.0.0.1", port, key, timeout_s=10)  # the last member: the store stops listening

@@ -50,9 +50,15 @@ def _mac(key: bytes, label: bytes, *parts: bytes) -> bytes:
     return hmac.new(key, label + b"".join(parts), hashlib.sha256).digest()
 
 
-def _recv_exact(sock: socket.socket, n: int) -> bytes:
+def _recv_exact(sock: socket.socket, n: int, deadline: float | None = None) -> bytes:
+    """``n`` bytes; with ``deadline`` (``time.monotonic()``) all of them by then, however they trickle in."""
     out = bytearray()
     while len(out) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError("no answer in time")
+            sock.settimeout(left)
         chunk = sock.recv(n - len(out))
         if not chunk:
             raise ConnectionError("the weight-sync store connection closed")
@@ -124,10 +130,12 @@ class StoreServer:
 
     def _authenticate(self, conn: socket.socket, addr: tuple) -> bool:
         try:
+            deadline = time.monotonic() + HANDSHAKE_S  # in all: a stranger trickling bytes is dropped too
             conn.settimeout(HANDSHAKE_S)
             nonce_s = secrets.token_bytes(_NONCE)
             conn.sendall(b"DIGENSTORE1" + nonce_s)
-            nonce_c, mac_c = _recv_exact(conn, _NONCE), _recv_exact(conn, 32)
+            answer = _recv_exact(conn, _NONCE + 32, deadline)
+            nonce_c, mac_c = answer[:_NONCE], answer[_NONCE:]
             if not hmac.compare_digest(mac_c, _mac(self._key, b"digen-store-client", nonce_s, nonce_c)):
                 self.refused.append(f"{addr[0]}:{addr[1]} (does not hold the run's secret)")
                 conn.sendall(_REFUSED)  # a member of another run learns why at once, and nothing else
