@@ -67,6 +67,26 @@ def _samples() -> array:
     return array("d")
 
 
+def _status_kb(pid: int | str = "self") -> tuple[float, float]:
+    """The process's private (``RssAnon``) and shared-memory (``RssShmem``: for the driver, the pages of Ray's
+    object store it has touched, bounded by the store's size) resident bytes; (nan, nan) off Linux."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            st = dict(line.split(":", 1) for line in f if line.startswith("Rss"))
+        return float(st["RssAnon"].split()[0]) * 1024, float(st["RssShmem"].split()[0]) * 1024
+    except (OSError, KeyError, ValueError):
+        return float("nan"), float("nan")
+
+
+def _kb_per_step(values, skip: int = 0) -> float:
+    """Growth in KB per step: last tenth's median minus the first's over the steps between them, counted
+    from step ``skip`` on (the warm-up left out)."""
+    values = values[skip:]
+    steps = len(values)
+    first, last = _tenths(values)
+    return (last - first) / max(1, steps - max(1, steps // 10)) / 1024
+
+
 def _tenths(values: list[float]) -> tuple[float, float]:
     """Medians of the first and the last tenth (at least one value each)."""
     k = max(1, len(values) // 10)
@@ -85,22 +105,32 @@ def _late_slope_kb(values: list[float]) -> float:
     return sum((x - mx) * (y - my) for x, y in zip(xs, tail)) / var / 1024
 
 
-def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float) -> dict:
+def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float,
+         warmup: int = 0, split: tuple[list[float], list[float]] | None = None) -> dict:
+    """One run's figures; ``split``: the driver's private and shared resident bytes per step."""
     first, last = _tenths(driver_ms)
     growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
-    span = max(1, steps - max(1, steps // 10))  # steps between the two tenths' middles
-    kb = {name: (lambda f, la: (la - f) / span / 1024)(*_tenths(v)) for name, v in rss.items()}
+    kb = {name: _kb_per_step(v) for name, v in rss.items()}
+    after = {}
+    if warmup and len(driver_ms) - warmup >= 10:
+        after = {"warmup_steps": warmup, "steps_after_warmup": len(driver_ms) - warmup,
+                 "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()}}
+    if split is not None:
+        for label, values in zip(("private", "shared"), split):
+            after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
+            if "warmup_steps" in after:
+                after[f"driver_{label}_kb_per_step_after_warmup"] = _kb_per_step(values, warmup)
     return {
         "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
         "rss_mb": {name: v[-1] / MB for name, v in rss.items()},
         "rss_growth": max(growth.values()), "rss_growth_by_process": growth, "rss_kb_per_step": kb,
         "rss_kb_per_step_second_half": {name: _late_slope_kb(v) for name, v in rss.items()},
-        "wall_s": wall_s,
+        "wall_s": wall_s, **after,
     }
 
 
-def soak_sim(steps: int, out_dir: str) -> dict:
+def soak_sim(steps: int, out_dir: str, warmup: int = 0) -> dict:
     """The scheduler + simulator with the runtime's per-step driver work (see the module docstring)."""
     cfg = compose(["trainer.progress=false", "trainer.logger=[]"])
     costs = SIM_COSTS
@@ -133,10 +163,10 @@ def soak_sim(steps: int, out_dir: str) -> dict:
     t0 = time.perf_counter()
     run(sched, SimBackend(costs, noise=0.1, seed=0), on_complete, check=False)
     stream.close()
-    return _row("sim", steps, driver_ms, {"driver": rss}, time.perf_counter() - t0)
+    return _row("sim", steps, driver_ms, {"driver": rss}, time.perf_counter() - t0, warmup)
 
 
-def soak_real(steps: int, out_dir: str) -> dict:
+def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
     """The tiny Ray run; driver busy time = wall time outside ``ray.wait``, per step."""
     import ray
 
@@ -153,7 +183,7 @@ def soak_real(steps: int, out_dir: str) -> dict:
             blocked[0] += time.perf_counter() - t
 
     trainer = DigenRuntime(cfg, log=lambda _: None)
-    driver_ms = _samples()
+    driver_ms, private, shared = _samples(), _samples(), _samples()
     rss: dict[str, array] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
     report = DigenRuntime._report
@@ -168,6 +198,9 @@ def soak_real(steps: int, out_dir: str) -> dict:
             if name not in rss:
                 rss[name] = _samples()
             rss[name].append(float(p.memory_info().rss))
+        a, sh = _status_kb()
+        private.append(a)
+        shared.append(sh)
 
     DigenRuntime._report = sampled_report
     ray.wait = timed_wait
@@ -183,12 +216,12 @@ def soak_real(steps: int, out_dir: str) -> dict:
         ray.wait = real_wait
         DigenRuntime._report = report
         trainer.shutdown()
-    row = _row("real", steps, driver_ms, rss, wall)
+    row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared))
     row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on
     return row
 
 
-def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
+def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) -> dict:
     """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
     by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
     bookkeeping), the floor under the real run's; the difference is verl-digen's share."""
@@ -206,7 +239,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
     actors = [Echo.remote(), Echo.remote()]
     ray.get([a.call.remote(0) for a in actors])
     proc = psutil.Process()
-    driver_ms, rss = _samples(), _samples()
+    driver_ms, rss, private, shared = _samples(), _samples(), _samples(), _samples()
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
@@ -217,11 +250,14 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float) -> dict:
                 ray.get(done)
             driver_ms.append(1e3 * (time.perf_counter() - start))
             rss.append(float(proc.memory_info().rss))
+            a, sh = _status_kb()
+            private.append(a)
+            shared.append(sh)
             time.sleep(max(0.0, step_s - (time.perf_counter() - start)))
         wall = time.perf_counter() - t0
     finally:
         stop_own_ray()
-    return _row("ray", steps, driver_ms, {"driver": rss}, wall)
+    return _row("ray", steps, driver_ms, {"driver": rss}, wall, warmup, (private, shared))
 
 
 def main() -> None:
@@ -230,19 +266,24 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=1000, help="steps of the real (Ray) run")
     ap.add_argument("--sim-steps", type=int, default=5000, help="steps of the simulated run")
     ap.add_argument("--skip-real", action="store_true", help="only the simulated run (no Ray)")
+    ap.add_argument("--warmup", type=int, default=100,
+                    help="steps left out of the *_after_warmup figures (Ray's and the allocator's first fill); "
+                    "a run needs 10 more for them")
     args = ap.parse_args()
+    if args.warmup < 0:
+        sys.exit(f"--warmup must be >= 0, got {args.warmup}")  # a run shorter than warmup + 10 has no *_after_warmup
     if args.steps < 10 or args.sim_steps < 10:
         sys.exit(f"--steps and --sim-steps must be >= 10 (a tenth of the run is compared), got "
                  f"{args.steps} and {args.sim_steps}")
     rows = []
     with tempfile.TemporaryDirectory(prefix="digen-soak-") as out:
-        rows.append(soak_sim(args.sim_steps, out))
+        rows.append(soak_sim(args.sim_steps, out, args.warmup))
         if not args.skip_real:
-            real = soak_real(args.steps, out)
+            real = soak_real(args.steps, out, args.warmup)
             rows.append(real)
             with multiprocessing.get_context("spawn").Pool(1) as fresh:  # a process of its own, as the real run's
                 ray_only = fresh.apply(soak_ray, (args.steps, round(real["ray_calls_per_step"]),
-                                                  real["wall_s"] / args.steps))
+                                                  real["wall_s"] / args.steps, args.warmup))
             rows.append(ray_only)
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])
@@ -253,6 +294,11 @@ def main() -> None:
               f"{r['driver_ms_growth']:.2f}); RSS MB {rss}; RSS growth {r['rss_growth']:.3f}; driver "
               f"{r['rss_kb_per_step']['driver']:+.2f} KB/step ({r['rss_kb_per_step_second_half']['driver']:+.2f} over "
               f"the second half); {r['wall_s']:.0f} s")
+        if "rss_kb_per_step_after_warmup" in r:
+            split = "".join(f", {label} {r[f'driver_{label}_kb_per_step_after_warmup']:+.2f}"
+                            for label in ("private", "shared") if f"driver_{label}_kb_per_step_after_warmup" in r)
+            print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps): driver "
+                  f"{r['rss_kb_per_step_after_warmup']['driver']:+.2f} KB/step{split}")
         if "driver_kb_per_step_over_ray" in r:
             print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:

@@ -136,6 +136,23 @@ def test_soak_second_half_slope_ignores_the_warm_up():
     assert soak._late_slope_kb([2048.0 * i for i in range(100)]) == pytest.approx(2.0)
 
 
+def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    warm = [1e6 * min(i, 50) + 1024.0 * i for i in range(400)]  # 1 MB a step for 50 steps, then 1 KB a step
+    assert soak._kb_per_step(warm) > 10 and soak._kb_per_step(warm, 100) == pytest.approx(1.0)
+    row = soak._row("x", 400, [1.0] * 400, {"driver": warm}, 1.0, 100, (warm, [0.0] * 400))
+    assert row["steps_after_warmup"] == 300 and row["rss_kb_per_step_after_warmup"]["driver"] == pytest.approx(1.0)
+    assert row["driver_private_kb_per_step_after_warmup"] == pytest.approx(1.0)
+    assert row["driver_shared_kb_per_step"] == 0.0
+    assert "warmup_steps" not in soak._row("x", 40, [1.0] * 40, {"driver": warm[:40]}, 1.0, 100)
+    private, shared = soak._status_kb()
+    assert private > 0 and shared >= 0  # Linux: this process's RssAnon and RssShmem
+
+
 def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
     rows = _last_json(["bench/weight_sync.py", "--json", "--gib", "0.004", "--bucket-mb", "1", "--generators", "1",
                        "2", "--no-object-store"])

@@ -279,7 +279,8 @@ def test_the_weight_sync_group_listens_on_the_pool_address_only():
     peer.join(60)
     assert torch.equal(got["w"], torch.arange(3.0))
     new = {c.laddr for c in psutil.Process().net_connections("tcp") if c.status == psutil.CONN_LISTEN} - before
-    assert any(a.port == port for a in new), new  # the store's own listener is among them
+    assert source.store_server.listening is False  # every member joined: the store stopped listening
+    assert all(a.port != port for a in new), new
     assert all(a.ip == "127.0.0.1" for a in new), f"weight sync listens beyond the pool address: {new}"
 
 
@@ -291,10 +292,12 @@ def _free_port() -> int:
 
 @pytest.mark.parametrize("knows_group_id", [False, True])
 def test_a_stranger_on_the_sync_port_cannot_make_a_generator_load_its_tensors(knows_group_id):
-    """The store takes anyone who can reach it, so a stranger can take the sender's place in the group.
-    Without the run's secret its transfer is refused at the handshake, before any tensor moves: for another
-    run's group id, or, if it copied the group id from the wire, for its challenge-response. Nothing is
-    returned to install, and the error says why (the run's failure line carries it)."""
+    """Behind the store (which refuses a stranger: tests/workers/test_sync_store.py), the transfer's own
+    handshake holds on its own: a member that got into the group without the key the transfers are MACed with
+    (here it holds the store's secret, its MAC key swapped) is refused at the handshake, before any tensor
+    moves: for another run's group id, or, if it copied the group id from the wire, for its
+    challenge-response. Nothing is returned to install, and the error says why (the run's failure line
+    carries it)."""
     from verl_digen.workers.sync import SyncGroup, group_id, new_secret
 
     port, run_secret = _free_port(), new_secret()
@@ -309,9 +312,10 @@ def test_a_stranger_on_the_sync_port_cannot_make_a_generator_load_its_tensors(kn
 
     peer = threading.Thread(target=generator)
     peer.start()
-    stranger = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=new_secret())
-    if knows_group_id:
-        stranger.group_id = group_id(run_secret)  # copied from the wire: headers are not secret
+    stranger = SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=run_secret)
+    other = new_secret()
+    stranger._key = bytes.fromhex(other)
+    stranger.group_id = group_id(run_secret if knows_group_id else other)  # copied from the wire: not secret
     with pytest.raises(RuntimeError, match="refused by sync rank 1 .*nothing was sent"):
         stranger.send(1, 5, {"w": torch.full((3,), 7.0)})
     peer.join(60)

@@ -38,6 +38,22 @@ def test_step_reports_give_back_every_report_and_cost_far_less_than_dicts():
     assert len(reports) == 301  # a refused report leaves the log as it was
 
 
+def test_step_reports_hold_a_bounded_window_in_memory_and_read_old_reports_back_from_their_file():
+    """A 100k-step run must not hold its reports' values: past ``spill_values`` they go to a temporary file,
+    and every report, old or new, reads back as it was appended (pickled too)."""
+    reports = StepReports(spill_values=50)
+    shown = [StepReport(s, {f"m{k}": s + k / 8 for k in range(s % 5 + 3)}) for s in range(1, 401)]
+    for r in shown:
+        reports.append(r)
+        assert len(reports._values) < 50  # the values held in memory: a window, not the run
+    assert reports._spilled > 1000 and list(reports) == shown
+    assert reports[0] == shown[0] and reports[-1] == shown[-1] and reports[123:127] == shown[123:127]
+    copy = pickle.loads(pickle.dumps(reports))
+    assert list(copy) == shown
+    copy.append(StepReport(401, {"m0": 1.0}))
+    assert copy[-1] == StepReport(401, {"m0": 1.0}) and list(copy)[:-1] == shown
+
+
 def test_forget_read_drops_what_every_reader_passed():
     items = list(range(10))
     slow, fast = Recent(items), Recent(items)

@@ -218,8 +218,8 @@ def test_a_replayed_handshake_is_refused_before_any_tensor_moves():
     into = {k: torch.zeros_like(v) for k, v in state.items()}
 
     def stranger():
-        g = SyncGroup("127.0.0.1", port2, 2, 0, timeout_s=60, secret=new_secret())
-        g.group_id = group_id(secret)
+        g = SyncGroup("127.0.0.1", port2, 2, 0, timeout_s=60, secret=secret)  # past the store (test_sync_store)
+        g._key = bytes.fromhex(new_secret())  # but without the run's key; the group id copied from the wire
         challenge = torch.zeros(5 + 4, dtype=torch.int64)
         g._recv(challenge, 1)
         g._send(reply, 1)
@@ -240,7 +240,8 @@ def test_a_receiver_without_the_secret_is_sent_nothing():
     state, port, secret = _state(), _port(), new_secret()
 
     def stranger():  # accepts whatever the sender proves and answers with a MAC it cannot make
-        g = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=5, secret=new_secret())
+        g = SyncGroup("127.0.0.1", port, 2, 1, timeout_s=5, secret=secret)  # past the store (test_sync_store)
+        g._key = bytes.fromhex(new_secret())  # but without the run's key
         head = [group_id(secret), 4, plan_for(layout_of(state), S.DEFAULT_BUCKET_BYTES, 1).fingerprint(), 1, 0]
         g._send(torch.tensor(head + [7] * 4, dtype=torch.int64), 0)
         g._recv(torch.zeros(5 + 4 + 4, dtype=torch.int64), 0)

@@ -19,13 +19,15 @@ Two backends move the same thing (the whole transformer state, or only the LoRA 
   place, the small ones packed, staging two packed buckets of at most 64 MiB (``buckets.plan_for``).
   Trainer ranks and relaying generators serve from a second actor thread, so training and generation go on.
 
-The store has no authentication of its own, so the driver makes a per-run secret and hands it only to the
-group's members, through their Ray actors. Every transfer starts with a mutual challenge-response over
-fresh nonces (HMAC-SHA256 of the group id, the version, the layout and the source's place): a member
-without the secret can neither send nor receive, and a recorded transfer cannot be replayed. The channel is
-authenticated, not the payload: hashing 40 GB on a CPU would cost more than moving it. An integrity check of
-the bytes is opt-in (``digen.sync.verify_payload``: SHA-256 over the payload on both ends, the buckets staged
-until it verifies). Every call returns a byte ledger (``schedule/ledger.py``): what it moved, by kind.
+The driver makes a per-run secret and hands it only to the group's members, through their Ray actors. The
+group's rendezvous store (``workers/sync_store.py``) serves only a connection that proves it holds the secret,
+and stops listening once every member joined (torch's ``TCPStore`` would serve anyone). Every transfer starts
+with a mutual challenge-response over fresh nonces (HMAC-SHA256 of the group id, the version, the layout and the
+source's place): a member without the secret can neither send nor receive, and a recorded transfer cannot be
+replayed. The channel is authenticated, not the payload: hashing 40 GB on a CPU would cost more than moving it.
+An integrity check of the bytes is opt-in (``digen.sync.verify_payload``: SHA-256 over the payload on both ends,
+the buckets staged until it verifies). Every call returns a byte ledger (``schedule/ledger.py``): what it moved,
+by kind.
 
 ``WeightSync`` is the driver-side helper: ``setup`` once; ``publish(version)`` and ``pickup(index, version)``
 return the refs of the calls taking part (the runtime's event loop waits on them); ``sync(version)`` is
@@ -65,6 +67,7 @@ from verl_digen.workers.buckets import (
     plan_for,
     unpack,
 )
+from verl_digen.workers.sync_store import StoreServer, SyncStore
 
 #: ``digen.sync.backend`` name -> backend class (a :class:`verl_digen.registry.Registry`)
 SYNC_BACKENDS: Registry[type[SyncBackend]] = Registry("sync backend")
@@ -154,14 +157,12 @@ class SyncGroup:
         self.group_id = group_id(secret)
         timeout = timedelta(seconds=timeout_s)
         self.rank, self.world, self.backend = rank, world, backend
-        self._listener: socket.socket | None = None
+        self.store_server: StoreServer | None = None
         if rank == 0:
-            # the store listens on the pool's address only (TCPStore alone would bind every interface)
-            self._listener = bind_listener(host, int(port))
-            self.store = dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
-                                       master_listen_fd=self._listener.fileno())
-        else:
-            self.store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+            # the store (workers/sync_store.py) serves the run's members only, on the pool's address only,
+            # and stops listening once every member joined
+            self.store_server = StoreServer(bind_listener(host, int(port)), self._key, world)
+        self.store = SyncStore(host, int(port), self._key, timeout_s)
         if backend == "gloo":
             self.pg = _gloo_group(self.store, rank, world, timeout, host if rank == 0 else _local_address(host))
             self.device = torch.device("cpu")
@@ -175,7 +176,8 @@ class SyncGroup:
         # where every member runs: a peer on this node is counted intra-node, any other inter-node
         self.node = node or socket.gethostname()
         self.store.set(f"digen/node/{rank}", self.node)
-        self._nodes: dict[int, str] = {rank: self.node}
+        # read once here, so a pickup never waits on the store
+        self._nodes: dict[int, str] = {r: self.store.get(f"digen/node/{r}").decode() for r in range(world)}
         self.counters = {"sent": 0, "received": 0}
         self._pool: list[torch.Tensor] = []  # the last pickup's staging buffers, reused by the next
 
@@ -190,8 +192,6 @@ class SyncGroup:
         return torch.tensor(words, dtype=torch.int64, device=self.device)
 
     def _where(self, peer: int) -> str:
-        if peer not in self._nodes:
-            self._nodes[peer] = self.store.get(f"digen/node/{peer}").decode()
         return ledger.INTRA_NODE if self._nodes[peer] == self.node else ledger.INTER_NODE
 
     def _count(self, out: dict[str, int], peer: int, nbytes: int, direction: str) -> None:
