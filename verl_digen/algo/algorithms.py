@@ -31,6 +31,16 @@ ALGORITHMS: dict[str, Algorithm] = {
     "diffusion_nft": Algorithm(None, "diffusion_nft"),
 }
 
+#: DiffusionNFT's options (diffusion_nft.py), here so that the config checks them without torch
+ADV_MODES = ("continuous", "positive_only", "negative_only", "one_only", "binary")
+
+#: old_policy_decay_schedule -> (warm-up steps at d = 0, d's rise per step, d's cap); verl-omni's schedules
+OLD_POLICY_SCHEDULES: dict[str, tuple[int, float, float]] = {
+    "copy": (0, 0.0, 0.0),
+    "linear_to_0_5": (0, 0.001, 0.5),
+    "delayed_linear_to_0_999": (75, 0.0075, 0.999),
+}
+
 #: verl-omni algorithms verl-digen names but does not run yet (issue 46), with what is missing
 NOT_IMPLEMENTED: dict[str, str] = {}
 

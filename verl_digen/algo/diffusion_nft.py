@@ -39,18 +39,10 @@ from dataclasses import dataclass
 
 import torch
 
+from verl_digen.algo.algorithms import ADV_MODES, OLD_POLICY_SCHEDULES
 from verl_digen.algo.loss import LossTerms
 from verl_digen.algo.seeding import sample_generator
 from verl_digen.algo.trajectory import Trajectories
-
-ADV_MODES = ("continuous", "positive_only", "negative_only", "one_only", "binary")
-
-#: old_policy_decay_schedule -> (warm-up steps at d = 0, d's rise per step, d's cap); verl-omni's schedules
-OLD_POLICY_SCHEDULES: dict[str, tuple[int, float, float]] = {
-    "copy": (0, 0.0, 0.0),
-    "linear_to_0_5": (0, 0.001, 0.5),
-    "delayed_linear_to_0_999": (75, 0.0075, 0.999),
-}
 
 
 @dataclass(frozen=True)

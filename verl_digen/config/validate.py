@@ -11,8 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_digen.algo.algorithms import ALGORITHMS, NOT_IMPLEMENTED, loss_mode
-from verl_digen.algo.diffusion_nft import ADV_MODES, OLD_POLICY_SCHEDULES
+from verl_digen.algo.algorithms import ADV_MODES, ALGORITHMS, NOT_IMPLEMENTED, OLD_POLICY_SCHEDULES, loss_mode
 from verl_digen.algo.mix_grpo import STRATEGIES
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
