@@ -523,7 +523,8 @@ SCHEDULE_KEYS: dict[str, str] = {
     "steps": "trainer.total_steps", "mode": "trainer.mode", "partition": "digen.gap.enable",
     "tsp_degree": "digen.tsp.degree", "policy": "digen.tag.policy", "staleness": "digen.tcss.staleness",
     "update": "digen.update", "rows_per_pass": "digen.tsp.rows_per_pass", "update_units": "digen.update_units",
-    "mini_batches": "actor.ppo_mini_batch_size", "recompute": "actor.recompute_log_prob", "row_forwards": "algorithm.name",
+    "mini_batches": "actor.ppo_mini_batch_size", "recompute": "actor.recompute_log_prob",
+    "row_forwards": "algorithm.name",
 }
 
 
