@@ -122,3 +122,23 @@ def test_a_step_of_several_mini_batches_is_reported_at_its_last_optimizer_step()
     assert done is not None and done.optimizer_steps == 3
     assert done.optimizer.grad_norm == pytest.approx(3.0) and done.metrics()["actor/grad_norm"] == pytest.approx(3.0)
     assert done.optimizer.skipped and done.optimizer.nonfinite == "loss"
+
+
+def test_a_steps_metrics_are_bit_identical_whatever_order_its_scores_completed_in():
+    """A resumed run's scores complete in another order than an unstopped run's: the reward sums must not
+    depend on it (the sum is taken in (prompt, sample) order)."""
+    # magnitudes far apart: a float64 sum of these rounds differently in another order
+    rewards = [0.1, 1e8, 0.2, -1e8, 0.3, 0.7, 1e-3, 3.3, 0.05, 0.9]
+    rows = [(p, s, rewards[p * N + s]) for p in range(5) for s in range(N)]
+    parts = [rows[i:i + N] for i in range(0, len(rows), N)]
+
+    def metrics(order: list[int]) -> dict[str, float]:
+        acc = StepAccumulator(N, AdvantageConfig())
+        for i in order:
+            acc.add(_scored(0, parts[i]))
+        return acc.add(_stepped(0, grad_norm=1.0)).metrics()
+
+    forward = metrics([0, 1, 2, 3, 4])
+    for order in ([4, 3, 2, 1, 0], [2, 0, 4, 1, 3], [1, 3, 0, 4, 2]):
+        other = metrics(order)
+        assert {k: v.hex() for k, v in other.items()} == {k: v.hex() for k, v in forward.items()}

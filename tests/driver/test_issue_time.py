@@ -39,7 +39,7 @@ def test_the_ray_backend_stamps_the_issue_time_before_the_ray_call():
     clock = _Clock()
     action = Action(OPTIMIZER_STEP, (TRAINER,), 0, 0, start=1.0)
     pool = _TrainerPool(action, clock)
-    backend = RayBackend(None, pool, None, rows=lambda g, s: ([], []), advantages=lambda s, p: {}, scale=1.0)
+    backend = RayBackend(None, pool, None, scale=1.0)
     backend.now = clock  # the backend's wall clock, driven by the test
     clock.t = 3.0  # the driver launches 2 s after the scheduler decided
     backend.launch(action)

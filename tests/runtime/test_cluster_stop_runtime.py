@@ -5,7 +5,7 @@
   Ray process it started alive 5 s later;
 - SIGUSR1 (Slurm's ``--signal`` advance warning) saves after the step and exits ``REQUEUE_EXIT_CODE``;
 - ``trainer.resume_from=auto`` then continues to the end, bit-identical to an unstopped run (every tensor
-  of the final checkpoint; every training metric of every step to a sum's rounding);
+  of the final checkpoint; every reward metric of every step bit-identical, the actor's to a sum's rounding);
 - with ``trainer.stop_grace_s`` shorter than a (slowed) step, the step is abandoned at once and the exit
   comes within the grace, keeping the previous checkpoint.
 
@@ -122,9 +122,12 @@ def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical
         assert torch.equal(value, _tensors(resumed)[name]), name
     rows = [json.loads(line) for line in (tmp_path / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rows] == list(range(1, 13))  # the stopped runs' steps, then the resumed ones
-    for row, report in zip(rows, result.reports, strict=True):  # every training number, step by step, to the
-        # rounding of a sum: a step's rewards and row losses are summed in completion order (1 ulp seen under load)
-        trained = {k: v for k, v in report.metrics.items() if k.startswith(("reward/", "actor/"))}
+    for row, report in zip(rows, result.reports, strict=True):  # every training number, step by step: the
+        # rewards bit-identical (summed in (prompt, sample) order), the actor's to the rounding of a sum (its row
+        # losses are merged in completion order: 1 ulp seen under load)
+        rewards = {k: v for k, v in report.metrics.items() if k.startswith("reward/")}
+        assert rewards and {k: row[k] for k in rewards} == rewards, row["step"]
+        trained = {k: v for k, v in report.metrics.items() if k.startswith("actor/")}
         assert trained and {k: row[k] for k in trained} == pytest.approx(trained, rel=1e-12, abs=1e-15), row["step"]
 
 

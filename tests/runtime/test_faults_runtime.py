@@ -12,6 +12,7 @@ from runtime_helpers import compose_run
 
 from verl_digen.driver.ray_backend import RayBackend
 from verl_digen.driver.runtime import DigenRuntime
+from verl_digen.driver.steps import Steps
 from verl_digen.reporting.trace_stream import read_stream
 from verl_digen.schedule.actions import GENERATE, SCORE, UPDATE
 
@@ -53,10 +54,10 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
     # timing, so the faults follow the launches rather than naming workers.
     faults = [signal.SIGKILL, signal.SIGSTOP]
     hit: list[tuple[str, int]] = []  # (worker, step) of each injected fault
-    launch, collect, step_metrics = RayBackend.launch, RayBackend._collect, DigenRuntime._step_metrics
+    launch, collect, step_metrics = RayBackend.launch, RayBackend._collect, Steps._step_metrics
 
-    def launch_then_fault(self, a):
-        launch(self, a)
+    def launch_then_fault(self, a, work=None):
+        launch(self, a, work)
         if a.kind != GENERATE or a.step < 1 or not faults or (hit and a.worker == hit[0][0]):
             return
         hit.append((a.worker, a.step))
@@ -79,7 +80,7 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
 
     monkeypatch.setattr(RayBackend, "launch", launch_then_fault)
     monkeypatch.setattr(RayBackend, "_collect", collect_scores)
-    monkeypatch.setattr(DigenRuntime, "_step_metrics", metrics_checked)
+    monkeypatch.setattr(Steps, "_step_metrics", metrics_checked)
     try:
         trainer.init_workers()
         pids = {f"gen{i}": _pid(w) for i, w in enumerate(trainer.gen_wg.workers)}
@@ -90,7 +91,7 @@ def test_killed_and_hung_generators_are_retried_with_the_planned_samples_once(ra
     assert not faults, f"faults never injected: {faults}"
     assert [r.step for r in result.reports] == [1, 2, 3]
     for step in (1, 2, 3):  # exactly the planned (prompt id, sample) rows, each once
-        ids, _ = trainer._prompts_of(step - 1)
+        ids, _ = trainer.prompts.of(step - 1)
         planned = [(p, s) for p in ids for s in range(cfg.rollout.n)]
         assert sorted(scored[step]) == sorted(planned), (step, scored[step])
         assert trained[step] == cfg.batch * trainer.k  # every row trained once
@@ -119,8 +120,8 @@ def test_a_dead_trainer_rank_stops_with_the_trace_and_the_resume_command(ray_ses
     launch = RayBackend.launch
     killed = []
 
-    def launch_then_kill(self, a):
-        launch(self, a)
+    def launch_then_kill(self, a, work=None):
+        launch(self, a, work)
         if a.kind == UPDATE and a.step == 1 and not killed:
             killed.append(os.kill(pid, signal.SIGKILL))
 

@@ -9,7 +9,9 @@ import pytest
 import torch
 from runtime_helpers import compose_run
 
+from verl_digen.driver.outputs import RunOutputs
 from verl_digen.driver.runtime import DigenRuntime, RunStopped
+from verl_digen.driver.steps import Steps
 from verl_digen.workers import checkpoint as ckpt
 
 pytestmark = pytest.mark.ray
@@ -49,7 +51,7 @@ def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
     """Make every step's metrics also be computed from the whole timeline and compare (the runtime
     reads only the recent records, so per-step driver work stays flat in a long run)."""
     checked: list[int] = []
-    step_metrics = DigenRuntime._step_metrics
+    step_metrics = Steps._step_metrics
 
     def full_history(self, sched, step, done, start, end, records, decisions):
         out = step_metrics(self, sched, step, done, start, end, records, decisions)
@@ -57,7 +59,7 @@ def _check_recent_records_equal_full_history(monkeypatch) -> list[int]:
         checked.append(self.start_step + step + 1)
         return out
 
-    monkeypatch.setattr(DigenRuntime, "_step_metrics", full_history)
+    monkeypatch.setattr(Steps, "_step_metrics", full_history)
     return checked
 
 
@@ -65,17 +67,17 @@ def test_sigterm_stops_after_the_step_and_auto_resume_continues(ray_session, tmp
     # TCSS: the next step's stale generations are in flight when the signal stops the run
     common = ["trainer.save_freq=2", "trainer.max_checkpoints=1", "digen.tag.policy=never",
               "digen.tcss.staleness=0.5", "data.train_batch_size=4"]
-    report = DigenRuntime._report
+    report = RunOutputs.report
 
     def report_then_signal(self, result, step, *args):
         report(self, result, step, *args)
         if step == 1:
             os.kill(os.getpid(), signal.SIGTERM)  # as `kill <pid>` would, in the middle of a run
 
-    monkeypatch.setattr(DigenRuntime, "_report", report_then_signal)
+    monkeypatch.setattr(RunOutputs, "report", report_then_signal)
     with pytest.raises(RunStopped) as err:
         _fit(compose_run("trainer.total_steps=4", *common, tmp_path=tmp_path))
-    monkeypatch.setattr(DigenRuntime, "_report", report)
+    monkeypatch.setattr(RunOutputs, "report", report)
     stop = err.value
     root = tmp_path / "ckpt"
     assert stop.exit_code == 128 + signal.SIGTERM and "SIGTERM after step 1" in str(stop)

@@ -8,7 +8,7 @@ import verl.utils.tracking
 from omegaconf import OmegaConf
 from runtime_helpers import compose_run
 
-from verl_digen.driver import runtime
+from verl_digen.driver import steps
 from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting import run_log
 from verl_digen.workers import checkpoint as ckpt
@@ -32,14 +32,14 @@ def test_run_leaves_curves_config_and_readable_lines_and_times_no_logger_start_u
                 seen["finished_with"] = exit_code
             super().finish(exit_code)
 
-    real_run = runtime.run
+    real_events = steps.events
 
-    def timed_run(*args, **kwargs):
+    def timed_events(*args, **kwargs):
         seen["steps_start"] = time.perf_counter()
-        return real_run(*args, **kwargs)
+        return real_events(*args, **kwargs)
 
     monkeypatch.setattr(verl.utils.tracking, "Tracking", SlowTracking)
-    monkeypatch.setattr(runtime, "run", timed_run)
+    monkeypatch.setattr(steps, "events", timed_events)
     lines: list[str] = []
     cfg = compose_run("trainer.total_steps=2", "trainer.save_freq=1", "trainer.logger=[console]",
                       "trainer.log_format=block", "digen.tag.policy=never", tmp_path=tmp_path)

@@ -13,7 +13,7 @@ import torch
 from runtime_helpers import compose_run
 
 from verl_digen.config import ConfigError
-from verl_digen.driver import runtime
+from verl_digen.driver import steps
 from verl_digen.driver.runtime import DigenRuntime
 from verl_digen.reporting.metric_names import step_names
 from verl_digen.reporting.progress import Recent, forget_read
@@ -81,7 +81,7 @@ def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     cfg = compose_run("trainer.total_steps=3", "digen.tcss.staleness=0.5", "data.train_batch_size=4",
                       "rollout.micro_batch_size=2", tmp_path=tmp_path)
     def one_trajectory_bytes(t):
-        rows, texts = t._rows(0, [(0, 0)])
+        rows, texts = t.prompts.rows(0, [(0, 0)])
         return len(pickle.dumps(ray.get(t.gen_wg.workers[0].generate.remote(0, 2, rows, texts))))
 
     result, traj_bytes = _run(cfg, one_trajectory_bytes)
@@ -137,7 +137,7 @@ def test_reward_rises_over_a_short_digen_run_whose_driver_holds_only_a_window(ra
             held.append(len(items))
         return gone
 
-    monkeypatch.setattr(runtime, "forget_read", counted)
+    monkeypatch.setattr(steps, "forget_read", counted)
     result, _ = _run(cfg)
     rewards = [r.metrics["reward/mean"] for r in result.reports]
     spread = max(r.metrics["reward/std"] for r in result.reports)

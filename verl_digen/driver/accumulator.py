@@ -26,13 +26,19 @@ from verl_digen.schedule.executor import Completion
 class StepResults:
     """What one step's completions told the driver (its step report adds times and the schedule's view)."""
 
-    rewards: list[float] = field(default_factory=list)
+    scores: dict[tuple[int, int], float] = field(default_factory=dict)  # (prompt id, sample) -> reward
     train: TrainMetrics = field(default_factory=TrainMetrics)
     optimizer: Stepped = field(default_factory=Stepped)  # the step's optimizer steps, folded (``_fold``)
     optimizer_steps: int = 0  # one per mini-batch
     driver_bytes: int = 0
     retries: int = 0
     restarts: int = 0
+
+    @property
+    def rewards(self) -> list[float]:
+        """The step's rewards in (prompt id, sample) order, whatever order their scores completed in: a
+        resumed run's sums then round as an unstopped run's do (bit-identical metrics)."""
+        return [self.scores[k] for k in sorted(self.scores)]
 
     def metrics(self) -> dict[str, float]:
         """The step report's reward, actor, driver-traffic and fault metrics."""
@@ -85,7 +91,7 @@ class StepAccumulator:
         if isinstance(res, Scored):
             for p, s, r in zip(res.prompt_ids, res.sample_ids, res.rewards, strict=True):
                 self._rewards[(a.step, p, s)] = r
-                st.rewards.append(r)
+                st.scores[(p, s)] = r
         elif isinstance(res, Updated):
             st.train.merge(res.metrics)
         elif isinstance(res, Stepped):

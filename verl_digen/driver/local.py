@@ -70,6 +70,24 @@ def build_policy(cfg: LocalRunConfig) -> DiffusionModel:
     return model
 
 
+def _rollout(cfg: LocalRunConfig, dataset: PromptDataset, model, reward, step: int):
+    """Step ``step``'s trajectories, scored and with their group advantages; and when generation ended."""
+    ids, prompts = dataset.batch(step * cfg.prompts_per_step, cfg.prompts_per_step)
+    prompt_ids = [i for i in ids for _ in range(cfg.group_size)]
+    sample_ids = [j for _ in ids for j in range(cfg.group_size)]
+    rows_prompts = [p for p in prompts for _ in range(cfg.group_size)]
+    model.transformer.eval()
+    cond = model.encode_prompts(prompts).repeat_interleave(cfg.group_size)
+    traj = sample_trajectories(model, cond, rows_prompts, prompt_ids, sample_ids, cfg.sampler,
+                               cfg.seed, step, version=step)
+    t_gen = time.perf_counter()
+    with torch.no_grad():
+        rows = Rows("train", tuple(prompt_ids))
+        traj.rewards = reward(traj.images, traj.prompts, traj.final_latents, rows=rows).to(torch.float64)
+    traj.advantages, _ = group_advantages(traj.rewards, traj.prompt_ids, cfg.advantage)
+    return traj, t_gen
+
+
 def run_local(
     cfg: LocalRunConfig, dataset: PromptDataset | None = None, log=print
 ) -> list[dict[str, float]]:
@@ -87,19 +105,7 @@ def run_local(
     history = []
     for step in range(cfg.steps):
         t0 = time.perf_counter()
-        ids, prompts = dataset.batch(step * cfg.prompts_per_step, cfg.prompts_per_step)
-        prompt_ids = [i for i in ids for _ in range(cfg.group_size)]
-        sample_ids = [j for _ in ids for j in range(cfg.group_size)]
-        rows_prompts = [p for p in prompts for _ in range(cfg.group_size)]
-        model.transformer.eval()
-        cond = model.encode_prompts(prompts).repeat_interleave(cfg.group_size)
-        traj = sample_trajectories(model, cond, rows_prompts, prompt_ids, sample_ids, cfg.sampler,
-                                   cfg.seed, step, version=step)
-        t_gen = time.perf_counter()
-        with torch.no_grad():
-            rows = Rows("train", tuple(prompt_ids))
-            traj.rewards = reward(traj.images, traj.prompts, traj.final_latents, rows=rows).to(torch.float64)
-        traj.advantages, _ = group_advantages(traj.rewards, traj.prompt_ids, cfg.advantage)
+        traj, t_gen = _rollout(cfg, dataset, model, reward, step)
         t_score = time.perf_counter()
         model.transformer.train()
         optimizer.zero_grad(set_to_none=True)

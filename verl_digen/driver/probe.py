@@ -1,23 +1,53 @@
 """The runtime's after-run probe: what a run's own actions never sized, measured so its profile can
-predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docstring). It gets the
-run's worker groups and row mapping as arguments, as the Ray backend does."""
+predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docstring). Its actions run
+through the one executor loop on the Ray backend, as the run's do, one at a time (:class:`OneAtATime`),
+each carrying its rows as the run's actions do; it gets the run's pools and row mapping as arguments."""
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from typing import Any
 
 import ray
-from verl.single_controller.ray.base import RayWorkerGroup
 
 from verl_digen.config import RunConfig
-from verl_digen.driver.ray_backend import WORKER_METHODS, Rows
-from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
+from verl_digen.driver.ray_backend import RayBackend, Work
+from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE, Action
 from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS
+from verl_digen.schedule.executor import events
+from verl_digen.schedule.timeline import TRAINER, Timeline, gen_worker, tag_slot
+
+Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
 
 
-def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, rows_of: Rows, step: int,
-                reps: int = 3) -> list[dict[str, Any]]:
+class OneAtATime:
+    """A scheduler of a fixed list of actions, each launched when the one before completed; ``seconds``:
+    each one's, from its launch to its completion. Nothing enters a timeline."""
+
+    def __init__(self, actions: list[Action]) -> None:
+        self.todo, self.seconds = list(reversed(actions)), []
+        self.timeline = Timeline([], micro_batches=1, steps=1, mode="probe")
+        self._running = False
+
+    @property
+    def done(self) -> bool:
+        return not self.todo and not self._running
+
+    def start(self, now: float = 0.0) -> list[Action]:
+        return self.next_actions(now)
+
+    def next_actions(self, now: float) -> list[Action]:
+        if self._running or not self.todo:
+            return []
+        self._running = True
+        return [self.todo.pop()]
+
+    def on_complete(self, action: Action, end: float, moved: tuple[tuple[str, int], ...] = ()) -> None:
+        self.seconds.append(end - action.issued)
+        self._running = False
+
+
+def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int = 3) -> list[dict[str, Any]]:
     """Profile samples (``profile_io`` format) of the probe described in the class docstring.
 
     Runs after the last optimizer step, on the prompts of the next (untrained) global step
@@ -30,54 +60,51 @@ def probe_costs(cfg: RunConfig, gen_wg: RayWorkerGroup, trn_wg: RayWorkerGroup, 
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
     the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
     counts and an all-gather between it and generator 0 at two sizes (``costs.Sharded``: what sharding the
-    trainer adds). ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``RayBackend``'s
-    ``rows``)."""
+    trainer adds). ``pools``: the run's ``RunPools``; ``rows_of`` maps (prompt-in-step, sample) pairs to rows
+    as the run did (``Prompts.rows``)."""
+    gen_wg, trn_wg = pools.gen_wg, pools.trn_wg
+    held = (ray.get(gen_wg.workers[0].weights_version.remote()) - step,
+            ray.get(trn_wg.workers[0].weights_version.remote()) - step)  # as versions relative to ``step``
+    plan = [item for _ in range(reps + 1) for item in _repetition(cfg, rows_of, step, held)]
+    sched = OneAtATime([a for a, _, _ in plan])
+    works = {id(a): work for a, work, _ in plan}
+    # loss scale 0: the update adds zero to the gradients
+    backend = RayBackend(gen_wg, trn_wg, pools.sync, scale=0.0, base=step)
+    for _ in events(sched, backend, lambda a: works[id(a)]):
+        pass
+    per_rep = len(plan) // (reps + 1)
+    out = [{**sample, "seconds": t} for (_, _, sample), t in zip(plan, sched.seconds, strict=True)][per_rep:]
+    # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
+    # gloo, as timed here; a GPU pool's NCCL is not)
+    if len(trn_wg.workers) == 1 and cfg.trainer.device == "cpu":
+        out += _sharded_samples(trn_wg.workers[0], gen_wg.workers[0])
+    return out
+
+
+def _repetition(cfg: RunConfig, rows_of: Rows, step: int,
+                held: tuple[int, int]) -> list[tuple[Action, Work | None, dict[str, Any]]]:
+    """One repetition of the probe: (action, what it carries, its profile sample less the seconds)."""
     mb, batch = cfg.rollout.micro_batch_size, cfg.batch
     # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
     # fitted per-sample / per-row slope stable against host noise
     second = min(batch, 4 * mb) if batch > mb else max(1, mb // 2)
-    pairs = [(p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n)]
-    gen = gen_wg.workers[0]
-    trainers = trn_wg.workers
-    gen_version = ray.get(gen.weights_version.remote())
-    trn_version = ray.get(trainers[0].weights_version.remote())
+    pairs = tuple((p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n))
     degree = cfg.digen.tsp.degree or cfg.trained_steps()
-
-    def timed(refs: list[ray.ObjectRef]) -> float:
-        t0 = time.perf_counter()
-        ray.wait(refs, num_returns=len(refs))
-        return time.perf_counter() - t0
-
-    out: list[dict[str, Any]] = []
-    for rep in range(reps + 1):
-        measured: list[dict[str, Any]] = []
-        for size in sorted({mb, second}):
-            rows, texts = rows_of(step, pairs[:size])
-            t0 = time.perf_counter()
-            traj = gen.generate.remote(step, gen_version, rows, texts)
-            ray.wait([traj])
-            t_gen = time.perf_counter() - t0
-            scored, ids = gen.score_rows.options(num_returns=2).remote(traj)
-            t_score = timed([scored, ids])
-            measured += [{"pool": "generator", "kind": GENERATE, "size": size, "seconds": t_gen},
-                         {"pool": "generator", "kind": SCORE, "size": size, "seconds": t_score}]
-            zero_adv = {(pid, s): 0.0 for pid, s in rows}  # any size: the ranks split its rows (schedule.rows)
-            t_update = timed(trn_wg.execute_all_async("update", (scored,), 0.0, zero_adv))
-            measured.append({"kind": UPDATE, "size": size, "tsp_degree": degree, "seconds": t_update})
-        rows, texts = rows_of(step, pairs[:mb])
-        t_to_gen = timed(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_GEN]))
-        t_tag = timed([trainers[0].tag_generate.remote(step, trn_version, rows, texts)])
-        t_to_train = timed(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_TRAIN]))
-        measured += [{"kind": SWITCH_TO_GEN, "seconds": t_to_gen},
-                     {"kind": TAG_GENERATE, "size": mb, "seconds": t_tag},
-                     {"kind": SWITCH_TO_TRAIN, "seconds": t_to_train}]
-        if rep > 0:
-            out += measured
-    # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
-    # gloo, as timed here; a GPU pool's NCCL is not)
-    if len(trainers) == 1 and cfg.trainer.device == "cpu":
-        out += _sharded_samples(trainers[0], gen)
-    return out
+    gen, (gen_v, trn_v) = gen_worker(0), held
+    out: list[tuple[Action, Work | None, dict[str, Any]]] = []
+    for m, size in enumerate(sorted({mb, second})):
+        rows, texts = rows_of(step, pairs[:size])
+        zero_adv = {(pid, s): 0.0 for pid, s in rows}  # any size: the ranks split its rows (schedule.rows)
+        out += [(Action(GENERATE, (gen,), 0, gen_v, mb=m, samples=pairs[:size]), Work(rows, texts),
+                 {"pool": "generator", "kind": GENERATE, "size": size}),
+                (Action(SCORE, (gen,), 0, gen_v, mb=m), None, {"pool": "generator", "kind": SCORE, "size": size}),
+                (Action(UPDATE, (TRAINER,), 0, trn_v, mb=m), Work(rows, texts, zero_adv),
+                 {"kind": UPDATE, "size": size, "tsp_degree": degree})]
+    rows, texts = rows_of(step, pairs[:mb])
+    return out + [(Action(SWITCH_TO_GEN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_GEN}),
+                  (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=0, samples=pairs[:mb]), Work(rows, texts),
+                   {"kind": TAG_GENERATE, "size": mb}),
+                  (Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]
 
 
 def _sharded_samples(trainer: Any, gen: Any) -> list[dict[str, Any]]:

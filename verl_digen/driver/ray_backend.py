@@ -23,6 +23,7 @@ from __future__ import annotations
 import pickle
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import ray
@@ -66,8 +67,21 @@ WORKER_METHODS: dict[str, str] = {
     OPTIMIZER_STEP: "optimizer_step",
 }
 
-Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
-Advantages = Callable[[int, list[int]], dict[tuple[int, int], float]]
+
+
+@dataclass(frozen=True)
+class Work:
+    """What an action carries to the backend, attached by the driver before its launch (``driver/steps.py``):
+    the global (prompt id, sample) rows of its samples and their prompt texts, and an update's advantages of
+    its complete groups ((prompt id, sample) -> advantage). The backend never asks the driver for them."""
+
+    rows: list[tuple[int, int]]
+    texts: list[str]
+    advantages: dict[tuple[int, int], float] | None = None
+
+
+class Stalled(RuntimeError):
+    """No action finished for the backend's ``stall_timeout_s``; ``str()`` names what it waited on."""
 
 
 Submit = Callable[[], tuple[list[ray.ObjectRef], list[ray.ObjectRef], list[ray.ObjectRef]]]
@@ -100,17 +114,17 @@ class _Call:
 class RayBackend:
     """Executes actions on verl worker actors; see the module docstring.
 
-    ``rows(step, samples)`` maps the scheduler's (prompt-in-step, sample) pairs of global step
-    ``step`` to (prompt id, sample) rows and their texts; ``advantages(step, prompt_ids)`` gives an
-    update the advantages of its complete groups (local step; ``StepAccumulator.advantages``, which
-    the scored completions fed). ``base`` is the first global step.
+    Every generation and update action arrives with its :class:`Work`; ``scale`` is the loss scale of
+    every update. ``base`` is the first global step (actions carry local steps).
     ``faults``: how generator faults are handled; ``estimate(action)``: the scheduler's estimate of an
-    action's seconds, from which its timeout is derived.
+    action's seconds, from which its timeout is derived. ``stall_timeout_s``: ``wait`` raises
+    :class:`Stalled` when no action finishes for that long (a hung or stopped worker would otherwise
+    block the driver forever, silently); None: no bound.
     """
 
-    def __init__(self, gen_wg: RayWorkerGroup | None, trn_wg: RayWorkerGroup, sync: WeightSync | None, rows: Rows,
-                 advantages: Advantages, scale: float, base: int = 0, faults: FaultPolicy | None = None,
-                 estimate: Callable[[Action], float] | None = None) -> None:
+    def __init__(self, gen_wg: RayWorkerGroup | None, trn_wg: RayWorkerGroup, sync: WeightSync | None,
+                 scale: float, base: int = 0, faults: FaultPolicy | None = None,
+                 estimate: Callable[[Action], float] | None = None, stall_timeout_s: float | None = None) -> None:
         self.gen_wg, self.trn_wg, self.sync = gen_wg, trn_wg, sync
         self.gens = gen_wg.workers if gen_wg is not None else []
         self.colocated = gen_wg is None  # one pool generates and trains: a step has one scored batch
@@ -119,7 +133,8 @@ class RayBackend:
         # scheduler names them with: a name is looked up, never parsed
         self.gen_index = {gen_worker(i): i for i in range(len(self.gens))}
         self.slot_index = {tag_slot(j): j for j in range(len(self.trainers))}
-        self.rows, self.advantages, self.scale, self.base = rows, advantages, scale, base
+        self.scale, self.base = scale, base
+        self.stall_timeout_s = stall_timeout_s
         self.t0 = time.perf_counter()
         self._inflight: dict[ray.ObjectRef, _Call] = {}
         self._ready: list[_Call] = []
@@ -143,69 +158,62 @@ class RayBackend:
     def now(self) -> float:
         return time.perf_counter() - self.t0
 
-    def launch(self, a: Action) -> None:
+    def launch(self, a: Action, work: Work | None = None) -> None:
         a.issued = self.now()  # before any Ray call: the record keeps the dispatch latency apart
-        g = self.base + a.step
-        w = a.worker
-        keep: list[ray.ObjectRef] = []
-        submit = self._generator_submit(a) if w in self.gen_index else None
+        submit = self._generator_submit(a, work) if a.worker in self.gen_index else None
         if submit is not None:
             refs, keep, check = submit()
             call = _Call(a, refs, keep, check, submit, self._deadline(a))
-            call.incarnation = self.gen_state.incarnation[self.gen_index[w]]
-            for ref in call.pending:
-                self._inflight[ref] = call
-            return
-        if a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
-            rows, texts = self.rows(g, a.samples)
-            n = len(self.trainers)
-            shares = [contiguous_share(len(rows), r, n, "colocated generate") for r in range(n)]
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[TAG_GENERATE], [g] * n,
-                                                 [self.base + a.version] * n,
-                                                 [rows[sl] for sl in shares], [texts[sl] for sl in shares])
-        elif a.kind == TAG_GENERATE:
-            rows, texts = self.rows(g, a.samples)
-            refs = [self.trainers[self.slot_index[w]].tag_generate.remote(g, self.base + a.version, rows, texts)]
+            call.incarnation = self.gen_state.incarnation[self.gen_index[a.worker]]
         elif a.kind == SCORE:
             parts = self._generated.pop((a.step, a.mb))
-            scorers = [self.gens[self.gen_index[w]]] if w in self.gen_index else self.trainers  # colocated: own part
+            scorers = [self.gens[self.gen_index[a.worker]]] if a.worker in self.gen_index else self.trainers
             pairs = [s.score_rows.options(num_returns=2).remote(p) for s, p in zip(scorers, parts, strict=True)]
-            keep = [p[0] for p in pairs]
-            refs = [p[1] for p in pairs]
-        elif a.kind == UPDATE:
+            call = _Call(a, [p[1] for p in pairs], [p[0] for p in pairs])  # colocated: each rank its own part
+        else:
+            call = _Call(a, self._trainer_refs(a, work))
+        for ref in call.pending:
+            self._inflight[ref] = call
+
+    def _trainer_refs(self, a: Action, work: Work | None) -> list[ray.ObjectRef]:
+        """Issue an action of the trainer pool (or of weight sync) and return its refs."""
+        g, v = self.base + a.step, self.base + a.version
+        if a.kind == GENERATE:  # colocated: every rank generates its contiguous share on its own
+            n = len(self.trainers)
+            shares = [contiguous_share(len(work.rows), r, n, "colocated generate") for r in range(n)]
+            return self.trn_wg.execute_all_async(WORKER_METHODS[TAG_GENERATE], [g] * n, [v] * n,
+                                                 [work.rows[sl] for sl in shares], [work.texts[sl] for sl in shares])
+        if a.kind == TAG_GENERATE:
+            return [self.trainers[self.slot_index[a.worker]].tag_generate.remote(g, v, work.rows, work.texts)]
+        if a.kind == UPDATE:
             # colocated: each mini-batch's update reads the step's one scored batch (and trains its own rows)
             parts = (list(self._scored[(a.step, 0)]) if self.colocated
                      else [r for m in a.micro_batches for r in self._scored.pop((a.step, m))])
-            prompt_ids = sorted({pid for pid, _ in self.rows(g, a.samples)[0]})
-            adv = self.advantages(a.step, prompt_ids)
             # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, adv,
+            return self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, work.advantages,
                                                  self.colocated)
-        elif a.kind == OPTIMIZER_STEP:
+        if a.kind == OPTIMIZER_STEP:
             if a.ends_step and self.colocated:  # the step's scored batch is trained
                 self._scored.pop((a.step, 0), None)
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind], a.ends_step)
-        elif a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
-            refs = self.trn_wg.execute_all_async(WORKER_METHODS[a.kind])
-        elif a.kind == PUBLISH:
-            refs = self.sync.publish(self.base + a.version)
+            return self.trn_wg.execute_all_async(WORKER_METHODS[a.kind], a.ends_step)
+        if a.kind in (SWITCH_TO_GEN, SWITCH_TO_TRAIN):
+            return self.trn_wg.execute_all_async(WORKER_METHODS[a.kind])
+        if a.kind == PUBLISH:
+            refs = self.sync.publish(v)
             if self._keeps_weights():
-                self.gen_state.published(self.base + a.version, refs[0])
-        elif a.kind == WEIGHT_SYNC:
-            refs = self.sync.pickup(self.gen_index[w], self.base + a.version)
-        else:
-            raise RuntimeError(f"the Ray backend cannot execute action kind {a.kind!r}")
-        call = _Call(a, refs, keep)
-        for ref in refs:
-            self._inflight[ref] = call
+                self.gen_state.published(v, refs[0])
+            return refs
+        if a.kind == WEIGHT_SYNC:
+            return self.sync.pickup(self.gen_index[a.worker], v)
+        raise RuntimeError(f"the Ray backend cannot execute action kind {a.kind!r}")
 
-    def _generator_submit(self, a: Action) -> Submit | None:
+    def _generator_submit(self, a: Action, work: Work | None) -> Submit | None:
         """The re-issuable submission of a generator action (None: not retriable, e.g. a collective
         pickup, whose group a restarted actor cannot rejoin)."""
         g, i = self.base + a.step, self.gen_index[a.worker]
         gen = self.gens[i]
         if a.kind == GENERATE:
-            rows, texts = self.rows(g, a.samples)
+            rows, texts = work.rows, work.texts
 
             def submit():
                 traj, receipt = gen.generate_receipt.options(num_returns=2).remote(g, self.base + a.version, rows,
@@ -318,11 +326,19 @@ class RayBackend:
 
     def wait(self) -> tuple[list[Completion], float]:
         while not self._ready:
-            self._pump(None)
+            if not self._pump(self.stall_timeout_s):
+                raise Stalled(self._stall_message())
         t = self.now()
         done = [Completion(call.action, t, self._collect(call)) for call in self._ready]
         self._ready = []
         return done, t
+
+    def _stall_message(self) -> str:
+        what = ", ".join(sorted(f"{a.kind} on {a.worker} (step {self.base + a.step + 1}"
+                                f"{'' if a.mb is None else f', micro-batch {a.mb}'})"
+                                for a in (c.action for c in self._calls())))
+        return (f"stalled: no action finished for {self.stall_timeout_s:g} s (trainer.stall_timeout_s) while "
+                f"waiting on {what}: a worker is hung, stopped or too slow for the timeout")
 
     # -- results ---------------------------------------------------------------------------------
     def _collect(self, call: _Call) -> Receipt:

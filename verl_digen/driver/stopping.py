@@ -1,19 +1,17 @@
 """Why and how a run stops before its last step: ``RunStopped`` (the one line to print, the checkpoint
 to resume from, the exit code), SIGINT / SIGTERM / SIGUSR1 handling, the decision whether the step in
-progress fits the scheduler's grace (``trainer.stop_grace_s``), and the stall guard on the Ray backend.
+progress fits the scheduler's grace (``trainer.stop_grace_s``), and the NaN guard's driver half.
 See docs/user-guide.md ("Faults and stopping") for what a user sees."""
 
 from __future__ import annotations
 
+import math
 import os
 import signal
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
-
-from verl_digen.driver.ray_backend import RayBackend
-from verl_digen.schedule.executor import Completion
 
 
 class RunStopped(RuntimeError):
@@ -26,32 +24,6 @@ class RunStopped(RuntimeError):
                  if checkpoint else "no checkpoint to resume from (set trainer.save_freq to write them)")
         super().__init__(f"{reason}; {where}")
         self.reason, self.exit_code, self.checkpoint = reason, exit_code, checkpoint
-
-
-class GuardedBackend(RayBackend):
-    """The Ray backend that stops with ``RunStopped`` when no action finishes for ``stall_timeout_s``
-    (a hung or stopped worker would otherwise block the driver forever, silently)."""
-
-    def __init__(self, *args: Any, stall_timeout_s: float | None = None, base_step: int = 0,
-                 checkpoint=lambda: None, **kwargs: Any) -> None:
-        super().__init__(*args, **kwargs)
-        self.stall_timeout_s = stall_timeout_s
-        self.base_step = base_step
-        self.checkpoint = checkpoint
-
-    def wait(self) -> tuple[list[Completion], float]:
-        """``RayBackend.wait`` with a bound on how long nothing may finish."""
-        while not self._ready:
-            if not self._pump(self.stall_timeout_s):
-                raise RunStopped(self._stall_message(), 4, self.checkpoint())
-        return super().wait()
-
-    def _stall_message(self) -> str:
-        calls = {id(c): c.action for c in self._inflight.values()}.values()
-        what = ", ".join(sorted(f"{a.kind} on {a.worker} (step {self.base_step + a.step + 1}"
-                                f"{'' if a.mb is None else f', micro-batch {a.mb}'})" for a in calls))
-        return (f"stalled: no action finished for {self.stall_timeout_s:g} s (trainer.stall_timeout_s) while "
-                f"waiting on {what}: a worker is hung, stopped or too slow for the timeout")
 
 
 #: exit code of a run stopped by SIGUSR1 (a scheduler's advance warning): saved, requeue it and resume with
@@ -204,3 +176,37 @@ def abandon_cause(err: BaseException) -> AbandonStep | None:
         seen.add(id(err))
         err = err.__cause__ or err.__context__
     return None
+
+
+class NonFiniteGuard:
+    """The NaN guard's driver half: the trainer skipped the optimizer step of a non-finite step
+    (``TSPActorWorker.optimizer_step``); name the quantity, count consecutive bad steps, and stop with
+    ``RunStopped`` per ``trainer.on_nonfinite`` / ``trainer.max_nonfinite_steps``."""
+
+    def __init__(self, on_nonfinite: str, max_steps: int, log: Callable[[str], None]) -> None:
+        self.on_nonfinite, self.max_steps, self.log = on_nonfinite, max_steps, log
+        self.streak = 0
+
+    def check(self, step: int, done: Any, checkpoint: str | None) -> None:
+        """After global step ``step`` (``done``: its ``StepResults``); ``checkpoint``: where a stop resumes."""
+        opt, rewards = done.optimizer, done.rewards
+        if not opt.skipped:
+            self.streak = 0
+            return
+        bad_rewards = [r for r in rewards if not math.isfinite(r)]
+        norm = opt.grad_norm
+        if bad_rewards:
+            what = f"reward ({len(bad_rewards)} of {len(rewards)} samples, e.g. {bad_rewards[0]})"
+        elif not math.isfinite(done.train.loss):
+            what = f"loss (actor/loss = {done.train.loss})"
+        elif opt.nonfinite == "grad_norm" or (norm is not None and not math.isfinite(norm)):
+            what = f"gradient norm ({norm})"
+        else:
+            what = str(opt.nonfinite)
+        self.streak += 1
+        self.log(f"step {step}: non-finite {what}: optimizer step skipped, weights unchanged "
+                 f"({self.streak}/{self.max_steps} consecutive)")
+        if self.on_nonfinite == "stop" or self.streak >= self.max_steps:
+            raise RunStopped(f"stopped at step {step}: non-finite {what} in {self.streak} consecutive step(s) "
+                             f"(trainer.on_nonfinite={self.on_nonfinite}, trainer.max_nonfinite_steps="
+                             f"{self.max_steps})", 3, checkpoint)

@@ -199,3 +199,39 @@ class Validator:
         if self.history is not None:
             self.history.append(step, metrics)
         return result
+
+
+def run_pass(validator: Validator, pools: Any, step: int, tracking: Any | None = None) -> ValidationResult:
+    """The validation pass after global step ``step`` on the run's ``RunPools`` (the pipeline has drained):
+    the generators get that version first (colocated: the ranks switch to generation and back); with
+    ``trainer.val_with_ema`` the EMA stands in for the weights while they are validated."""
+    import ray
+
+    from verl_digen.driver.ray_backend import WORKER_METHODS
+    from verl_digen.schedule.actions import SWITCH_TO_GEN, SWITCH_TO_TRAIN
+
+    trn_wg, colocated = pools.trn_wg, pools.gen_wg is None
+    ema = validator.cfg.trainer.val_with_ema
+    if ema:
+        ray.get(trn_wg.execute_all_async("use_ema", True))
+    if colocated:
+        ray.get(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_GEN]))
+    else:
+        pools.sync.sync(step)
+    try:
+        return validator.run(trn_wg.workers if colocated else pools.gen_wg.workers, step, step, tracking)
+    finally:
+        if colocated:
+            ray.get(trn_wg.execute_all_async(WORKER_METHODS[SWITCH_TO_TRAIN]))
+        if ema:
+            ray.get(trn_wg.execute_all_async("use_ema", False))
+            if not colocated:  # the generators go on from the trained weights of this version
+                pools.sync.sync(step)
+
+
+def summary(step: int, res: ValidationResult) -> str:
+    """The console line of a validation pass."""
+    m = res.metrics
+    return (f"step {step}: validation reward {m['val/reward_mean']:+.4f} (std {m['val/reward_std']:.4f}, "
+            f"{int(m['val/samples'])} prompts, {m['val/seconds']:.2f} s)"
+            + (f", samples in {res.png}" if res.png else ""))

@@ -4,8 +4,9 @@ Modelled on vLLM v1's EngineCore / Executor split: the scheduler decides, a :cla
 actions and reports when they finished. The simulator's backend (:class:`SimBackend`) advances a
 virtual clock over a cost model; the Ray runtime's (``driver/ray_backend.py``) turns actions into
 verl worker calls and their completions into events with wall-clock times. Both run through
-:func:`run`, which also checks the timeline's invariants at the end (a violation raises
-:class:`~.timeline.TimelineError`).
+:func:`events`, the loop written as an iterator of completions whose caller owns the loop (the driver's
+``driver/steps.py``), or :func:`run`, which drains it and checks the timeline's invariants at the end (a
+violation raises :class:`~.timeline.TimelineError`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from __future__ import annotations
 import heapq
 import math
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -51,30 +52,47 @@ class Scheduler(Protocol):
 
 
 class Backend(Protocol):
-    """Runs actions. ``wait`` blocks until at least one action finished and returns the finished
-    actions' completions and the current time."""
+    """Runs actions. ``launch`` gets an action and what the caller attached to it for its run (``work``:
+    the rows, texts and advantages of the driver's actions; None on the simulator); ``wait`` blocks until
+    at least one action finished and returns the finished actions' completions and the current time."""
 
     def now(self) -> float: ...
 
-    def launch(self, action: Action) -> None: ...
+    def launch(self, action: Action, work: object = None) -> None: ...
 
     def wait(self) -> tuple[list[Completion], float]: ...
 
 
-def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], None] | None = None,
-        check: bool = True) -> Timeline:
-    """Drive ``sched`` to completion on ``backend``; ``on_complete(completion)`` runs after the
-    scheduler consumed each completion. Returns the timeline (checked unless ``check=False``)."""
-    for a in sched.start(backend.now()):
-        backend.launch(a)
+def events(sched: Scheduler, backend: Backend,
+           prepare: Callable[[Action], object] | None = None) -> Iterator[Completion]:
+    """The loop as an iterator, as vLLM v1's engine core steps: launch what the scheduler decided, wait for
+    completions, let the scheduler consume each one, and yield it; the caller owns the loop (it folds, reports
+    or stops between completions). ``prepare(action)``: what the action carries to the backend, attached just
+    before its launch (after every completion before it was consumed and yielded)."""
+    _launch(backend, sched.start(backend.now()), prepare)
     while not sched.done:
         finished, now = backend.wait()
         for c in finished:
             sched.on_complete(c.action, c.end, getattr(c.result, "moved", ()))
-            if on_complete is not None:
-                on_complete(c)
-        for a in sched.next_actions(now):
+            yield c
+        _launch(backend, sched.next_actions(now), prepare)
+
+
+def _launch(backend: Backend, actions: list[Action], prepare: Callable[[Action], object] | None) -> None:
+    for a in actions:
+        if prepare is None:
             backend.launch(a)
+        else:
+            backend.launch(a, prepare(a))
+
+
+def run(sched: Scheduler, backend: Backend, on_complete: Callable[[Completion], None] | None = None,
+        check: bool = True) -> Timeline:
+    """Drive ``sched`` to completion on ``backend`` (:func:`events`); ``on_complete(completion)`` runs after
+    the scheduler consumed each completion. Returns the timeline (checked unless ``check=False``)."""
+    for c in events(sched, backend):
+        if on_complete is not None:
+            on_complete(c)
     if check:
         check_timeline(sched.timeline)
     return sched.timeline
@@ -107,7 +125,8 @@ class SimBackend:
     def now(self) -> float:
         return self.clock
 
-    def launch(self, action: Action) -> None:
+    def launch(self, action: Action, work: object = None) -> None:
+        """Start ``action`` on the virtual clock (``work`` is ignored: time is all it produces)."""
         action.issued = self.clock  # a virtual clock dispatches at once
         d = self.duration(action)
         if self.noise:
