@@ -1,7 +1,8 @@
 """The served judge apart from the scoring processes, through the Ray runtime (driver/run_pools.py
-``RunPools._start_judge``, rewards/served.py): tensor parallel 2 on a 2-worker generator pool (one replica in rank 0's placement bundle), and
-a pool of its own of 2 GPUs at tensor parallel 1 (two replicas). The judge is tests/chat_stub.py, a real HTTP
-chat-completions server; the reward function records the address each sample was sent to and asks it."""
+``RunPools._start_judge``, rewards/served.py): tensor parallel 2 on a 2-worker generator pool (one replica in
+rank 0's placement bundle), and a pool of its own of 2 GPUs at tensor parallel 1 (two replicas). The judge is
+tests/chat_stub.py, a real HTTP chat-completions server; the reward function records the address each sample was
+sent to and asks it."""
 
 from __future__ import annotations
 
