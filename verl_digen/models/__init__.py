@@ -12,27 +12,28 @@ Public API:
 import importlib
 from typing import Any
 
+from verl_digen.archs import ARCHS
+
 #: public name -> the submodule that defines it. Imported on first use (PEP 562): ``import verl_digen.models.base``
 #: (the DiffusionModel contract that algo/ and rollout/ type against) must not load every adapter and diffusers
-_HOMES = {
-    "DiffusersAdapter": "adapter", "cfg_combine": "adapter",
-    "MODEL_REGISTRY": "arch", "canonical_arch": "arch",
-    "Conditioning": "base", "DiffusionModel": "base",
-    "FluxModel": "flux", "HunyuanVideoModel": "hunyuan_video", "QwenImageModel": "qwen_image", "SD3Model": "sd3",
-    "WanModel": "wan", "Wan22Model": "wan2_2",
-    "WeightsNotFoundError": "loading", "load_pipeline": "loading", "load_pretrained": "loading",
-    "load_transformer": "loading",
-    "apply_lora": "lora", "disable_adapters": "lora", "has_lora": "lora", "load_lora_state_dict": "lora",
-    "lora_parameters": "lora", "lora_state_dict": "lora",
-    "build_model": "registry", "build_tiny_model": "registry", "known_archs": "registry", "parse_dtype": "registry",
-}
+_HOMES = {name: f"{__name__}.{module}" for module, names in (
+    ("adapter", ("DiffusersAdapter", "cfg_combine")),
+    ("arch", ("MODEL_REGISTRY", "canonical_arch")),
+    ("base", ("Conditioning", "DiffusionModel")),
+    ("loading", ("WeightsNotFoundError", "load_pipeline", "load_pretrained", "load_transformer")),
+    ("lora", ("apply_lora", "disable_adapters", "has_lora", "load_lora_state_dict", "lora_parameters",
+              "lora_state_dict")),
+    ("registry", ("build_model", "build_tiny_model", "known_archs", "parse_dtype")),
+) for name in names}
+#: the adapter classes, found from each architecture's facts (``ArchFacts.adapter``)
+_HOMES.update({path.rpartition(".")[2]: path.rpartition(".")[0] for path in (f.adapter for f in ARCHS.values())})
 
 
 def __getattr__(name: str) -> Any:
     home = _HOMES.get(name)
     if home is None:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"{__name__}.{home}"), name)
+    value = getattr(importlib.import_module(home), name)
     globals()[name] = value
     return value
 
