@@ -445,7 +445,7 @@ def test_adding_a_model_is_one_class_and_one_register_call():
     torch-free config side, and refused on name clashes."""
     from dataclasses import replace
 
-    from verl_digen.archs import ARCH_ALIASES, ARCHS, ArchFacts, Companions, arch_facts
+    from verl_digen.archs import ARCH_ALIASES, ARCHS, ArchFacts, Companions, arch_facts, register_arch, unregister_arch
     from verl_digen.models.adapter import DiffusersAdapter
     from verl_digen.models.arch import register, unregister
     from verl_digen.models.loading import hashed_encoder_for, latent_shape_for
@@ -486,6 +486,13 @@ def test_adding_a_model_is_one_class_and_one_register_call():
     finally:
         unregister("toy_sd3")
     assert "toy_sd3" not in MODEL_REGISTRY and "toy_sd3" not in ARCHS and "toy-sd3" not in ARCH_ALIASES
+
+    stray = register_arch(replace(toy, adapter="verl_digen.models.sd3.SD3Model"))  # a class with other facts
+    try:
+        with pytest.raises(TypeError, match="not the registered facts"):
+            MODEL_REGISTRY["toy_sd3"]
+    finally:
+        unregister_arch(stray.name)
 
     class Undeclared(DiffusersAdapter):  # forgot its facts
         def _forward(self, latents, sigmas, tensors, guidance_scale):
