@@ -2,7 +2,7 @@
 
 import pytest
 
-from verl_digen.models.arch import MODEL_REGISTRY
+from verl_digen.archs import ARCHS
 from verl_digen.registry import Registry
 from verl_digen.rewards import REWARDS
 from verl_digen.schedule.tag_policy import TAG_POLICIES
@@ -30,6 +30,6 @@ def test_register_by_decorator_or_call_refuse_a_different_entry_and_list_names_w
 
 
 def test_the_four_registries_are_one_kind():
-    for registry, name in ((MODEL_REGISTRY, "flux"), (REWARDS, "latent_mean"), (TAG_POLICIES, "bts"),
+    for registry, name in ((ARCHS, "flux"), (REWARDS, "latent_mean"), (TAG_POLICIES, "bts"),
                            (SYNC_BACKENDS, "object_store")):
         assert isinstance(registry, Registry) and name in registry

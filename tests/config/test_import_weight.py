@@ -38,3 +38,14 @@ def test_a_dry_run_imports_neither_the_driver_nor_verl(tmp_path):
     code = ("import sys\nfrom verl_digen import main\n"
             "sys.argv = ['main', 'trainer.dry_run=true', 'trainer.trace_dir=null']\nmain.main()")
     assert _loaded(code, tmp_path, ("verl", "verl_digen.driver.runtime")) == []
+
+
+@pytest.mark.slow
+def test_a_recipe_dry_run_imports_neither_diffusers_nor_a_model_adapter(tmp_path):
+    """A pretrained model's dry run (validate, the memory plan, the resource plan) reads each architecture's
+    facts (``verl_digen/archs.py``), never its nn.Module adapter: diffusers (~1.5 s of CPU) stays unloaded."""
+    code = ("import sys\nfrom verl_digen import main\n"
+            f"sys.argv = ['main', '--config-dir', {str(ROOT / 'recipes')!r}, '--config-name', 'wan2.1-14b-32', "
+            "'trainer.dry_run=true']\nmain.main()")
+    heavy = ("diffusers", "verl_digen.models.adapter", "verl", "verl_digen.driver.runtime")
+    assert _loaded(code, tmp_path, heavy) == []

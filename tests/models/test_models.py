@@ -409,17 +409,24 @@ def test_real_loading_path_on_a_saved_tiny_pipeline(arch, tmp_path):
     assert lora_state_dict(model)
 
 
-# -- one home per architecture: the adapter class ---------------------------------------------------------
-def test_every_adapter_declares_its_architecture_and_the_registry_is_built_from_the_classes():
-    """Adding a model = one adapter file + one ``ADAPTERS`` line: the class must carry every fact the
-    loader, the tiny builder and the prompt encoder read, and the registry holds exactly those classes."""
+# -- one home per architecture: its facts (verl_digen/archs.py), which the adapter class points to -------------
+def test_every_adapter_points_to_its_facts_and_the_registry_is_built_from_them():
+    """Adding a model = one adapter file + its ``register_arch(ArchFacts(...))``: every registered architecture's
+    adapter class is found from its facts, points back to them, and carries every fact the loader, the tiny
+    builder and the prompt encoder read."""
+    from verl_digen.archs import ARCH_ALIASES, ARCHS
     from verl_digen.models.adapter import DiffusersAdapter
-    from verl_digen.models.arch import ADAPTERS, ARCH_ALIASES, REQUIRED_ATTRIBUTES
+    from verl_digen.models.arch import REQUIRED_ATTRIBUTES
     from verl_digen.models.spec import PretrainedSpec, TinySpec
 
-    assert MODEL_REGISTRY == {cls.arch: cls for cls in ADAPTERS}
-    assert ARCH_ALIASES == {a.lower(): cls.arch for cls in ADAPTERS for a in cls.aliases}
-    for cls in ADAPTERS:
+    assert set(MODEL_REGISTRY) == set(ARCHS)
+    assert ARCH_ALIASES == {a.lower(): cls.arch for cls in MODEL_REGISTRY.values() for a in cls.aliases}
+    for arch, cls in MODEL_REGISTRY.items():
+        facts = ARCHS[arch]
+        assert cls.facts is facts and f"{cls.__module__}.{cls.__qualname__}" == facts.adapter
+        assert (cls.arch, cls.aliases, cls.pretrained, cls.latent_ndim, cls.sequence_plan) == (
+            facts.name, facts.aliases, facts.pretrained, facts.latent_ndim, facts.sequence_plan)
+        assert cls.vae_factors(None) == facts.vae_factors
         assert all(hasattr(cls, a) for a in REQUIRED_ATTRIBUTES), cls
         assert isinstance(cls.pretrained, PretrainedSpec) and isinstance(cls.tiny, TinySpec)
         for name in (cls.pretrained.pipeline_class, cls.pretrained.transformer_class, cls.pretrained.vae_class):
@@ -432,43 +439,29 @@ def test_every_adapter_declares_its_architecture_and_the_registry_is_built_from_
         assert all(canonical_arch(a) == cls.arch for a in cls.aliases)
 
 
-def test_no_architecture_switch_outside_the_adapter_files():
-    """The shared modules (loading, tiny, text encoders, registry, ...) never name an architecture:
-    what differs between models is read from the adapter class."""
-    import inspect
-    import pathlib
-    import re
-
-    import verl_digen.models as models_pkg
-    from verl_digen.models.arch import ADAPTERS
-
-    adapter_files = {pathlib.Path(inspect.getfile(cls)).resolve() for cls in ADAPTERS}
-    names = "|".join(re.escape(a) for a in MODEL_REGISTRY)
-    quoted = re.compile(rf"""["']({names})["']""")
-    root = pathlib.Path(models_pkg.__file__).parent
-    shared = [p for p in root.rglob("*.py") if p.resolve() not in adapter_files]
-    assert len(shared) >= 8  # loading, tiny, registry, arch, spec, adapter, conditioning/text, ...
-    offenders = {p.name: quoted.findall(p.read_text()) for p in shared}
-    assert not {k: v for k, v in offenders.items() if v}, offenders
-
-
 def test_adding_a_model_is_one_class_and_one_register_call():
-    """A throwaway architecture, declared the way an adapter file declares one and registered with one
-    call, is at once buildable tiny, loadable from weights, encodable through a pipeline and refused on
-    name clashes."""
+    """A throwaway architecture, declared the way an adapter file declares one (facts + class) and registered
+    with one call, is at once buildable tiny, loadable from weights, encodable through a pipeline, known to the
+    torch-free config side, and refused on name clashes."""
+    from dataclasses import replace
+
+    from verl_digen.archs import ARCH_ALIASES, ARCHS, ArchFacts, Companions, arch_facts, register_arch, unregister_arch
     from verl_digen.models.adapter import DiffusersAdapter
-    from verl_digen.models.arch import ARCH_ALIASES, register, unregister
+    from verl_digen.models.arch import register, unregister
     from verl_digen.models.loading import hashed_encoder_for, latent_shape_for
     from verl_digen.models.sd3 import SD3Model
     from verl_digen.models.spec import PretrainedSpec
 
+    toy = ArchFacts(
+        name="toy_sd3", aliases=("Toy-SD3",), adapter="tests.models.test_models.ToyModel",
+        pretrained=PretrainedSpec("StableDiffusion3Pipeline", "SD3Transformer2DModel", "AutoencoderKL",
+                                  ("text_encoder",), 48, 48, max_sequence_length=7),
+        latent_ndim=4, vae_factors=(8, 1), companions=Companions(1e9, 1e8, "a toy encoder"),
+        rl_pipeline="verl_digen.rollout.omni.pipelines.DigenSD3Pipeline", verl_omni_hints=("toy-sd3",),
+    )
+
     class ToyModel(SD3Model):  # the whole "new file"
-        arch = "toy_sd3"
-        aliases = ("Toy-SD3",)
-        pretrained = PretrainedSpec(
-            "StableDiffusion3Pipeline", "SD3Transformer2DModel", "AutoencoderKL", ("text_encoder",), 48, 48,
-            max_sequence_length=7,
-        )
+        facts = toy
 
         @classmethod
         def encode_with_pipeline(cls, pipeline, prompts, *, device, dtype, max_sequence_length):
@@ -477,6 +470,7 @@ def test_adding_a_model_is_one_class_and_one_register_call():
 
     register(ToyModel)
     try:
+        assert ToyModel.arch == "toy_sd3" and arch_facts("TOY-SD3") is toy
         model = build_model("TOY-SD3", dtype="float64", latent_size=8)
         assert type(model) is ToyModel and model.latent_shape == (4, 8, 8)
         x, s, c = inputs(model, b=2)
@@ -486,25 +480,29 @@ def test_adding_a_model_is_one_class_and_one_register_call():
         assert latent_shape_for("toy_sd3", model.transformer, model.vae) == (4, 24, 24)  # 48 px / 2x VAE
         assert hashed_encoder_for("toy_sd3", model.transformer).pooled_dim == 32
         with pytest.raises(ValueError, match="already registered"):
-            register(type("Clash", (ToyModel,), {"arch": "toy2", "aliases": ("sd3.5",)}))
-        with pytest.raises(ValueError, match="lower-case"):
-            register(type("Upper", (ToyModel,), {"arch": "Toy3", "aliases": ()}))
+            register(type("Clash", (ToyModel,), {"facts": replace(toy, name="toy2", aliases=("sd3.5",))}))
+        with pytest.raises(TypeError, match="lower-case"):
+            register(type("Upper", (ToyModel,), {"facts": replace(toy, name="Toy3", aliases=())}))
     finally:
         unregister("toy_sd3")
-    assert "toy_sd3" not in MODEL_REGISTRY and "toy-sd3" not in ARCH_ALIASES
+    assert "toy_sd3" not in MODEL_REGISTRY and "toy_sd3" not in ARCHS and "toy-sd3" not in ARCH_ALIASES
 
-    class Undeclared(DiffusersAdapter):  # forgot pretrained / tiny
-        arch = "undeclared"
+    stray = register_arch(replace(toy, adapter="verl_digen.models.sd3.SD3Model"))  # a class with other facts
+    try:
+        with pytest.raises(TypeError, match="not the registered facts"):
+            MODEL_REGISTRY["toy_sd3"]
+    finally:
+        unregister_arch(stray.name)
 
+    class Undeclared(DiffusersAdapter):  # forgot its facts
         def _forward(self, latents, sigmas, tensors, guidance_scale):
             return latents
 
         def _decode_latents(self, latents):
             return latents
 
-    with pytest.raises(TypeError, match="pretrained"):
+    with pytest.raises(TypeError, match="facts"):
         register(Undeclared)
-    assert "undeclared" not in MODEL_REGISTRY
 
 
 # -- Wan2.2 TI2V-5B -------------------------------------------------------------------------------------

@@ -51,7 +51,7 @@ from verl_digen.models.lora import (
     lora_state_dict,
 )
 from verl_digen.rollout.omni.extension import LOAD_WEIGHTS
-from verl_digen.rollout.omni.lora import ADAPTER_ID, EXTENSION_LORA_ARCHS
+from verl_digen.rollout.omni.lora import ADAPTER_ID, lora_through_extension
 from verl_digen.rollout.omni.served import TextConditioner
 from verl_digen.rollout.sampler import SamplerConfig, initial_noise, sample_trajectories
 from verl_digen.workers.config import PolicyConfig, WorkerConfig
@@ -113,9 +113,9 @@ def batches(arch):
     """The sizes of the request batches verl-digen's pipeline ran (the engine runs inline in this process)."""
     from vllm.utils.import_utils import resolve_obj_by_qualname
 
-    from verl_digen.rollout.omni.request import DIGEN_PIPELINES
+    from verl_digen.rollout.omni.request import pipeline_class
 
-    cls = resolve_obj_by_qualname(DIGEN_PIPELINES[arch])
+    cls = resolve_obj_by_qualname(pipeline_class(arch))
     sizes: list[int] = []
     forward = cls.forward
 
@@ -355,7 +355,7 @@ def test_lora_updates_move_samples_under_one_adapter_id(arch, rollout, trainer):
         FIGURES[f"{arch}_lora_v{version}_logprob_diff_if_trainer_had_no_adapters"] = base_diff
         assert base_diff > 10 * LOGPROB_ATOL
         previous = traj
-    if arch in EXTENSION_LORA_ARCHS:  # no LoRARequest: the worker extension installs them in the pipeline
+    if lora_through_extension(arch):  # no LoRARequest: the worker extension installs them in the pipeline
         assert rollout.slot is None and rollout.lora_request is None and seen_ids == []
     else:
         assert seen_ids == [ADAPTER_ID, ADAPTER_ID]  # one adapter id for every version

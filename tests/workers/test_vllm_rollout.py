@@ -25,7 +25,6 @@ from verl_digen.rollout.omni.output import DIGEN, VERL_OMNI, parse_output, to_pi
 from verl_digen.rollout.omni.policy import engine_policy
 from verl_digen.rollout.omni.request import (
     DIGEN_KEY,
-    DIGEN_PIPELINES,
     VERL_OMNI_SDE_TYPES,
     RowRequest,
     StepSettings,
@@ -349,11 +348,11 @@ def test_lora_updates_keep_one_adapter_id_and_one_directory(models):
 def test_lora_names_follow_the_engines_modules_where_they_differ(models):
     """vllm-omni's Qwen-Image and Wan have one ``to_out`` layer where diffusers has ``to_out.0``: the adapter
     config's targets and the saved keys are renamed for the engine, other names are left alone."""
-    renames = L.ENGINE_MODULE_RENAMES["wan"]
+    renames = L.engine_renames("wan")
     assert L.engine_name("blocks.0.attn1.to_out.0.lora_A.weight", renames) == "blocks.0.attn1.to_out.lora_A.weight"
     assert L.engine_name("to_out.0", renames) == "to_out"
     assert L.engine_name("blocks.0.attn1.to_q.lora_A.weight", renames) == "blocks.0.attn1.to_q.lora_A.weight"
-    assert "sd3" not in L.ENGINE_MODULE_RENAMES  # SD3's engine keeps diffusers' names
+    assert L.engine_renames("sd3") == {}  # SD3's engine keeps diffusers' names
     backend, _ = _backend(models, "wan", _sampler(), lora_rank=2)
     assert "to_out" in backend.slot.config["target_modules"] and "to_out.0" not in backend.slot.config["target_modules"]
     backend.load_weights(1, {"blocks.0.attn1.to_out.0.lora_B.weight": torch.ones(2, 2)})
@@ -420,8 +419,9 @@ def test_full_fine_tune_goes_through_the_worker_extension(models):
 
 def test_every_architecture_has_a_pipeline():
     from verl_digen.models import known_archs
+    from verl_digen.rollout.omni.request import is_digen_pipeline, pipeline_class
 
-    assert set(known_archs()) <= set(DIGEN_PIPELINES)
+    assert all(is_digen_pipeline(pipeline_class(arch)) for arch in known_archs())
     assert flow_sigmas(2).shape == (3,) and DIGEN == "digen" and DIGEN_KEY == "digen"
 
 

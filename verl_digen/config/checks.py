@@ -17,6 +17,8 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from verl_digen import archs
+from verl_digen.archs import ARCHS, arch_facts, canonical_arch
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import get_key
 from verl_digen.schedule.config import COLOCATED
@@ -134,13 +136,12 @@ def numbers(cfg: Any) -> None:
 
 
 def latent_channels(cfg: Any) -> int:
-    """Channels of the model's latent, as its adapter declares them: the released VAE's, or the tiny one's."""
-    from verl_digen.models import MODEL_REGISTRY, canonical_arch
-    from verl_digen.models.spec import TINY_LATENT_CHANNELS
-
+    """Channels of the model's latent, as its facts declare them: the released VAE's, or the tiny one's."""
     if cfg.model.path is None:
+        from verl_digen.models.spec import TINY_LATENT_CHANNELS  # the tiny models: torch is loaded to build them
+
         return TINY_LATENT_CHANNELS
-    return MODEL_REGISTRY[canonical_arch(cfg.model.arch)].pretrained.latent_channels
+    return arch_facts(cfg.model.arch).pretrained.latent_channels
 
 
 def step_bytes(cfg: Any) -> tuple[int, int]:
@@ -301,8 +302,6 @@ def resolve_resume(cfg: Any) -> str | None:
 
 def fingerprint(cfg: Any) -> dict[str, Any]:
     """The values of ``RESUME_KEYS`` as JSON values (the architecture by its canonical name)."""
-    from verl_digen.models import canonical_arch
-
     out: dict[str, Any] = {}
     for key in RESUME_KEYS:
         v = get_key(cfg, key)
@@ -529,9 +528,9 @@ def files_and_resume(cfg: Any) -> list[str]:
 def _transformer_heads(m: Any, arch: str) -> int | None:
     """Attention heads of the policy's transformer: the tiny config's, a local checkpoint's
     ``transformer/config.json``, else unknown until the weights load (the trainer checks them then)."""
-    from verl_digen.models.arch import MODEL_REGISTRY
-
     if m.path is None:
+        from verl_digen.models.arch import MODEL_REGISTRY  # the tiny models: torch is loaded to build them
+
         return MODEL_REGISTRY[arch].tiny.transformer_kwargs.get("num_attention_heads")
     config = os.path.join(m.path, "transformer", "config.json")
     if os.path.isfile(config):
@@ -544,26 +543,24 @@ def sequence_parallel_problem(cfg: Any, size: int) -> str | None:
     """What ``actor.ulysses_sequence_parallel_size`` must be when ``size`` is not right for this run (None
     when it is): a divisor of the trainer ranks, for a model it can cut, into whole attention heads and equal
     shares of each sample's video tokens (``models/ulysses.py``)."""
-    from verl_digen.models import ulysses
-    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
-
     if size == 1:
         return None
     m, arch = cfg.model, canonical_arch(cfg.model.arch)
-    if ulysses.plan_for(arch) is None:
-        return ulysses.size_problem(arch, 1, 1, size)
+    facts = ARCHS[arch]
+    if facts.sequence_plan is None:
+        return archs.sequence_parallel_problem(arch, 1, 1, size)
     ranks = cfg.total_workers if cfg.trainer.mode == COLOCATED else cfg.resources.trainer.workers
     if ranks % size:
         return f"a divisor of the {ranks} trainer GPUs (each group of that many trains the same rows)"
-    spec = MODEL_REGISTRY[arch].pretrained
-    spatial, temporal = MODEL_REGISTRY[arch].vae_factors(None)
+    spec = facts.pretrained
+    spatial, temporal = facts.vae_factors
     if m.path is None:  # tiny: latent frames and sides as given
         frames, height = m.num_frames or 3, m.latent_size or 16
     else:  # released weights: pixel frames 4k + 1
         frames = ((m.num_frames or spec.num_frames) - 1) // temporal + 1
         height = m.latent_size or spec.height // spatial
-    tokens = ulysses.video_tokens((0, frames, height, m.latent_width or height), 2, 1)  # both patchify 1 x 2 x 2
-    return ulysses.size_problem(arch, _transformer_heads(m, arch) or size, tokens, size)
+    tokens = archs.video_tokens((0, frames, height, m.latent_width or height), 2, 1)  # both patchify 1 x 2 x 2
+    return archs.sequence_parallel_problem(arch, _transformer_heads(m, arch) or size, tokens, size)
 
 
 #: what ``ray.address`` may be: ``auto``, ``host:port`` or a ``ray://`` client address (what ``ray.init`` takes)

@@ -9,9 +9,9 @@ would make it fit, each with the figure it would give. Figures are GiB (2**30 by
 Pure arithmetic from parameter counts: the transformer's size comes from the simulator preset
 (parameters, blocks, width, tokens) for a pretrained model, or from counting a tiny random-weight
 model's parameters; the text encoders and VAE from public parameter counts per architecture
-(``COMPANIONS``); the reward model from the reward the config scores with (``REWARD_MODELS``: none
-for closed-form rewards and ``ocr``, whose RapidOCR engine runs on the CPU). It mirrors what the
-trainer builds (``workers/actor_memory.py``): master-dtype shards (fp32 for a full fine-tune unless
+(``ArchFacts.companions`` in ``verl_digen/archs.py``); the reward model from the reward the config scores
+with (``REWARD_MODELS``: none for closed-form rewards and ``ocr``, whose RapidOCR engine runs on the CPU).
+It mirrors what the trainer builds (``workers/actor_memory.py``): master-dtype shards (fp32 for a full fine-tune unless
 ``actor.master_dtype`` says otherwise, see :func:`master_dtype`), compute-dtype gathers, a sharded
 reference.
 
@@ -36,6 +36,7 @@ import copy
 import math
 from dataclasses import dataclass, field
 
+from verl_digen.archs import Companions, arch_facts  # noqa: F401  (Companions: re-exported)
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import RunConfig, behaviour_forward, get_key, master_dtype
 from verl_digen.dtypes import BYTES, PRECISIONS
@@ -55,26 +56,6 @@ def parameters(n: float) -> str:
         if n >= scale:
             return f"{n / scale:.3g}{unit}"
     return f"{n:.0f}"
-
-
-@dataclass(frozen=True)
-class Companions:
-    """What a released pipeline loads besides its transformer: text encoders and VAE (parameters)."""
-
-    text_encoders: float
-    vae: float
-    what: str
-
-
-#: per canonical architecture (models/arch.py), from the released checkpoints' parameter counts
-COMPANIONS: dict[str, Companions] = {
-    "flux": Companions(4.762e9 + 0.123e9, 0.084e9, "T5-XXL encoder 4.76B + CLIP-L 0.12B"),  # ~9.8 GB bf16
-    "sd3": Companions(4.762e9 + 0.123e9 + 0.695e9, 0.084e9, "T5-XXL encoder 4.76B + CLIP-L 0.12B + CLIP-G 0.69B"),
-    "qwen_image": Companions(8.29e9, 0.127e9, "Qwen2.5-VL-7B 8.29B"),  # ~15.4 GiB bf16
-    "wan": Companions(5.68e9, 0.127e9, "umT5-XXL encoder 5.68B"),  # ~11.4 GB bf16
-    "wan2_2": Companions(5.68e9, 0.705e9, "umT5-XXL encoder 5.68B"),  # TI2V-5B's 16x VAE, ~2.8 GB fp32
-    "hunyuan_video": Companions(7.50e9 + 0.123e9, 0.246e9, "llava-llama-3-8B text model 7.5B + CLIP-L 0.12B"),
-}
 
 
 @dataclass(frozen=True)
@@ -114,7 +95,6 @@ def model_size(cfg: RunConfig) -> ModelSize | None:
     """By counting a tiny model's parameters (``model.path`` null), else from the simulator preset
     ``digen.profile`` names; ``None`` for a pretrained model without a preset (no size known before
     the weights load)."""
-    from verl_digen.models.arch import canonical_arch
     from verl_digen.schedule import presets
 
     if cfg.model.path is None:
@@ -122,7 +102,7 @@ def model_size(cfg: RunConfig) -> ModelSize | None:
     if cfg.digen.profile in presets.SPECS:
         spec = presets.SPECS[cfg.digen.profile]
         m, s = spec.model, spec.setting
-        comp = COMPANIONS.get(canonical_arch(cfg.model.arch), Companions(0.0, 0.0, "unknown: not counted"))
+        comp = arch_facts(cfg.model.arch).companions
         return ModelSize(m.params_b * 1e9, m.blocks, m.hidden, presets.tokens(m, s), s.reward_params_b * 1e9,
                          f"preset {spec.name}", comp.text_encoders, comp.vae, comp.what)
     return None
@@ -324,9 +304,7 @@ class MemoryPlan:
 
 
 def _cfg_branches(cfg: RunConfig) -> int:
-    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
-
-    distilled = MODEL_REGISTRY[canonical_arch(cfg.model.arch)].pretrained.guidance_distilled
+    distilled = arch_facts(cfg.model.arch).pretrained.guidance_distilled
     return 2 if cfg.rollout.guidance_scale > 1 and not distilled else 1
 
 

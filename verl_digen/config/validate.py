@@ -13,6 +13,7 @@ from typing import Any
 
 from verl_digen.algo.algorithms import ADV_MODES, ALGORITHMS, NOT_IMPLEMENTED, OLD_POLICY_SCHEDULES, loss_mode
 from verl_digen.algo.mix_grpo import STRATEGIES
+from verl_digen.archs import arch_facts, canonical_arch, known_archs
 from verl_digen.config import checks, memory, user_inputs
 from verl_digen.config.errors import ConfigError
 from verl_digen.config.schema import (
@@ -58,10 +59,8 @@ def _check_sequence_parallel(cfg: RunConfig) -> None:
 def _check_frames(m: ModelConfig) -> None:
     """Frames must fit the architecture: none for image models; for a pretrained video model, pixel
     frames of the form 4k + 1 (Wan's and HunyuanVideo's VAEs compress time 4x causally: 25 -> 7)."""
-    from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
-
     arch = canonical_arch(m.arch)
-    video = MODEL_REGISTRY[arch].latent_ndim == 5
+    video = arch_facts(arch).video
     if not video and m.num_frames is not None:
         raise ConfigError("model.num_frames", m.num_frames, f"null for the image model '{arch}'")
     if video and m.path is not None:
@@ -75,7 +74,7 @@ def _check_frames(m: ModelConfig) -> None:
 
 def _check_vllm(cfg: RunConfig) -> None:
     """``rollout.backend=vllm``: what the vLLM-Omni rollout (workers/vllm_backend.py) cannot serve."""
-    from verl_digen.rollout.omni.request import DIGEN_PIPELINES, VERL_OMNI_SDE_TYPES
+    from verl_digen.rollout.omni.request import VERL_OMNI_SDE_TYPES
 
     r = cfg.rollout
     f = r.vllm_memory_fraction
@@ -90,11 +89,6 @@ def _check_vllm(cfg: RunConfig) -> None:
     if cfg.model.path is None:
         raise ConfigError("model.path", cfg.model.path, "a local diffusers checkpoint with rollout.backend=vllm "
                           "(the engine serves real weights)")
-    from verl_digen.models import canonical_arch
-
-    if r.vllm_pipeline is None and canonical_arch(cfg.model.arch) not in DIGEN_PIPELINES:
-        raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(DIGEN_PIPELINES)} with rollout.backend="
-                          "vllm, or rollout.vllm_pipeline naming a pipeline for it")
     if cfg.sde_type() not in VERL_OMNI_SDE_TYPES:
         raise ConfigError("rollout.sde_type", cfg.sde_type(), f"one of {', '.join(VERL_OMNI_SDE_TYPES)} with rollout."
                           "backend=vllm")
@@ -213,7 +207,6 @@ def validate(cfg: RunConfig) -> list[str]:
     warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
     (prompt files read, output dirs written to, checkpoints' metadata read), so nothing fails after Ray
     starts. (Whether the pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
-    from verl_digen.models import known_archs
     from verl_digen.rewards import REWARDS
 
     t, r, d = cfg.trainer, cfg.rollout, cfg.digen
@@ -236,8 +229,6 @@ def validate(cfg: RunConfig) -> list[str]:
     if t.resume_from is not None and t.resume_from != "auto" and not os.path.isdir(t.resume_from):
         raise ConfigError("trainer.resume_from", t.resume_from, "an existing checkpoint directory, or auto")
     try:
-        from verl_digen.models import canonical_arch
-
         canonical_arch(cfg.model.arch)
     except ValueError:
         raise ConfigError("model.arch", cfg.model.arch, f"one of {', '.join(known_archs())}") from None

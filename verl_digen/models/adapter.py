@@ -13,10 +13,11 @@ from typing import Any, ClassVar
 import torch
 from torch import nn
 
+from verl_digen.archs import ArchFacts, PretrainedSpec, SequencePlan
 from verl_digen.models.base import Conditioning, DiffusionModel
 from verl_digen.models.conditioning.text import PromptEncoder
 from verl_digen.models.precision import promote_fp32_layers
-from verl_digen.models.spec import PretrainedSpec, SequencePlan, TinySpec
+from verl_digen.models.spec import TinySpec
 
 #: attention projections of the joint (MM-DiT) blocks; the usual FlowGRPO LoRA targets
 MMDIT_LORA_TARGETS: tuple[str, ...] = (
@@ -40,11 +41,14 @@ class DiffusersAdapter(DiffusionModel):
     """A diffusers transformer + VAE + prompt encoder behind the ``DiffusionModel`` contract."""
 
     # -- what each architecture declares (``arch.register`` checks they are all there) ----------------
-    #: canonical name used in configs (``model.arch``)
+    #: the architecture's torch-free facts (``verl_digen/archs.py``): its one home. ``arch``, ``aliases``,
+    #: ``pretrained``, ``latent_ndim`` and ``sequence_plan`` below are read from it, never declared here
+    facts: ClassVar[ArchFacts]
+    #: canonical name used in configs (``model.arch``) = ``facts.name``
     arch: ClassVar[str]
-    #: other spellings accepted for ``model.arch`` (matched lower-case)
+    #: other spellings accepted for ``model.arch`` = ``facts.aliases``
     aliases: ClassVar[tuple[str, ...]] = ()
-    #: the released diffusers pipeline: classes, text encoders, default size
+    #: the released diffusers pipeline: classes, text encoders, default size = ``facts.pretrained``
     pretrained: ClassVar[PretrainedSpec]
     #: the tiny random-weight config (tests, CPU default run, benchmarks)
     tiny: ClassVar[TinySpec]
@@ -58,10 +62,19 @@ class DiffusersAdapter(DiffusionModel):
     pretrained_init: ClassVar[dict[str, Any]] = {}
     #: module-name suffixes LoRA targets by default (see ``lora.apply_lora``)
     default_lora_targets: tuple[str, ...] = MMDIT_LORA_TARGETS
-    #: 4 for images (B, C, H, W), 5 for video (B, C, F, H, W)
+    #: 4 for images (B, C, H, W), 5 for video (B, C, F, H, W) = ``facts.latent_ndim``
     latent_ndim: int = 4
-    #: how Ulysses sequence parallelism cuts the transformer (``actor.ulysses_sequence_parallel_size``); None: it cannot
+    #: how Ulysses sequence parallelism cuts the transformer = ``facts.sequence_plan``; None: it cannot
     sequence_plan: ClassVar[SequencePlan | None] = None
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A class that declares ``facts`` takes its name, aliases, pipeline, latent rank and sequence plan
+        from them (one home: nothing about the architecture is written twice)."""
+        super().__init_subclass__(**kwargs)
+        facts = cls.__dict__.get("facts")
+        if isinstance(facts, ArchFacts):
+            cls.arch, cls.aliases, cls.pretrained = facts.name, facts.aliases, facts.pretrained
+            cls.latent_ndim, cls.sequence_plan = facts.latent_ndim, facts.sequence_plan
 
     def __init__(
         self,
@@ -145,9 +158,9 @@ class DiffusersAdapter(DiffusionModel):
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
         """(spatial, temporal) compression of ``vae``, read from its config as the pipeline reads it;
-        with no VAE, the released model's (8, 4). Default: an ``AutoencoderKL`` image VAE."""
+        with no VAE, the released model's (``facts.vae_factors``). Default: an ``AutoencoderKL`` image VAE."""
         if vae is None:
-            return 8, 4
+            return cls.facts.vae_factors
         return 2 ** (len(vae.config.block_out_channels) - 1), 1
 
     @classmethod

@@ -7,13 +7,13 @@ from typing import Any
 
 import torch
 
+from verl_digen import archs
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.packing import image_ids, pack_2x2, unpack_2x2
 from verl_digen.models.spec import (
     TINY_LATENT_CHANNELS,
     TINY_POOLED_DIM,
     TINY_TEXT_DIM,
-    PretrainedSpec,
     TinySpec,
     tiny_image_vae,
 )
@@ -23,12 +23,7 @@ class FluxModel(DiffusersAdapter):
     """Timestep convention: diffusers FLUX takes ``timestep = sigma`` and ``guidance = scale`` and
     multiplies both by 1000 inside; the pipeline passes ``t / 1000`` for exactly that reason."""
 
-    arch = "flux"
-    aliases = ("flux.1", "flux1")
-    pretrained = PretrainedSpec(
-        "FluxPipeline", "FluxTransformer2DModel", "AutoencoderKL", ("text_encoder", "text_encoder_2"), 512, 512,
-        guidance_distilled=True,
-    )
+    facts = archs.FLUX
     tiny = TinySpec(
         dict(
             patch_size=1,

@@ -9,13 +9,12 @@ import diffusers
 import torch
 from torch import nn
 
+from verl_digen import archs
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.spec import (
     TINY_LATENT_CHANNELS,
     TINY_POOLED_DIM,
     TINY_TEXT_DIM,
-    PretrainedSpec,
-    SequencePlan,
     TinySpec,
 )
 
@@ -42,19 +41,7 @@ class HunyuanVideoModel(DiffusersAdapter):
     """Timestep convention: ``timestep = sigma * 1000`` and, unlike FLUX, ``guidance = scale * 1000``
     is passed already scaled (the transformer does not multiply; see the diffusers pipeline)."""
 
-    arch = "hunyuan_video"
-    aliases = ("hunyuan", "hunyuanvideo", "hunyuan-video")
-    pretrained = PretrainedSpec(
-        "HunyuanVideoPipeline",
-        "HunyuanVideoTransformer3DModel",
-        "AutoencoderKLHunyuanVideo",
-        ("text_encoder", "text_encoder_2"),
-        320,
-        512,
-        33,
-        max_sequence_length=256,
-        guidance_distilled=True,
-    )
+    facts = archs.HUNYUAN_VIDEO
     tiny = TinySpec(
         dict(
             in_channels=TINY_LATENT_CHANNELS,
@@ -76,15 +63,11 @@ class HunyuanVideoModel(DiffusersAdapter):
     )
     text_dim_key = "text_embed_dim"
     pooled_dim_key = "pooled_projection_dim"
-    latent_ndim = 5
-    # joint attention over [video tokens, text tokens] in both block kinds
-    sequence_plan = SequencePlan("rope", 0, ("transformer_blocks.0", "single_transformer_blocks.0"),
-                                 ("transformer_blocks.*.attn", "single_transformer_blocks.*.attn"), "proj_out")
 
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
         if vae is None:
-            return 8, 4
+            return cls.facts.vae_factors
         return vae.config.spatial_compression_ratio, vae.config.temporal_compression_ratio
 
     @classmethod

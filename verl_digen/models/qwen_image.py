@@ -8,10 +8,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from verl_digen import archs
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.conditioning.text import pad_tokens
 from verl_digen.models.packing import pack_2x2, unpack_2x2
-from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_TEXT_DIM, PretrainedSpec, TinySpec, tiny_wan_family_vae
+from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_TEXT_DIM, TinySpec, tiny_wan_family_vae
 
 
 class QwenImageModel(DiffusersAdapter):
@@ -23,11 +24,7 @@ class QwenImageModel(DiffusersAdapter):
     ``load_pretrained`` turns it on to match the released pipeline.
     """
 
-    arch = "qwen_image"
-    aliases = ("qwen-image", "qwenimage", "qwen")
-    pretrained = PretrainedSpec(
-        "QwenImagePipeline", "QwenImageTransformer2DModel", "AutoencoderKLQwenImage", ("text_encoder",), 512, 512
-    )
+    facts = archs.QWEN_IMAGE
     tiny = TinySpec(
         dict(
             patch_size=2,
@@ -51,7 +48,7 @@ class QwenImageModel(DiffusersAdapter):
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
         if vae is None:
-            return 8, 1
+            return cls.facts.vae_factors
         return 2 ** len(vae.config.temperal_downsample), 1
 
     @classmethod

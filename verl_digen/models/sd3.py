@@ -6,12 +6,12 @@ from typing import Any
 
 import torch
 
+from verl_digen import archs
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.spec import (
     TINY_LATENT_CHANNELS,
     TINY_POOLED_DIM,
     TINY_TEXT_DIM,
-    PretrainedSpec,
     TinySpec,
     tiny_image_vae,
 )
@@ -20,17 +20,7 @@ from verl_digen.models.spec import (
 class SD3Model(DiffusersAdapter):
     """Timestep convention: the SD3 pipeline passes the scheduler's ``t = sigma * 1000`` unchanged."""
 
-    arch = "sd3"
-    aliases = ("sd3.5", "sd35", "stable_diffusion_3")
-    pretrained = PretrainedSpec(
-        "StableDiffusion3Pipeline",
-        "SD3Transformer2DModel",
-        "AutoencoderKL",
-        ("text_encoder", "text_encoder_2", "text_encoder_3"),
-        512,
-        512,
-        max_sequence_length=256,
-    )
+    facts = archs.SD3
     tiny = TinySpec(
         dict(
             sample_size=32,

@@ -1,12 +1,12 @@
-"""What an adapter class declares about its architecture, and the tiny building blocks it declares with.
+"""The tiny building blocks an adapter class declares with (``TinySpec``, the tiny VAEs).
 
-Every per-architecture fact lives on the adapter class (``flux.py``, ``wan.py``, ...): the diffusers
-classes and default size of the released pipeline (``PretrainedSpec``), the tiny random-weight config
-(``TinySpec``), packing, the text widths, the VAE compression and the call to the pipeline's own
-``encode_prompt``. ``loading.py``, ``tiny.py`` and ``conditioning/text.py`` read those attributes and
-never switch on an architecture name, so adding a model is one adapter file plus one line in ``arch.py``
-(see docs/architecture.md, "Adding a model"). This module imports no adapter, so adapter files can
-import it.
+Every per-architecture fact lives in one place: the torch-free ``archs.ArchFacts`` the adapter class points to
+(released pipeline, latent channels, sizes, engine and converter names; ``PretrainedSpec`` and ``SequencePlan``
+are declared there and re-exported here) and, for what needs the nn.Module, the adapter class itself (``flux.py``,
+``wan.py``, ...: the tiny random-weight config, packing, the text widths, the loaded VAE's compression and the
+call to the pipeline's own ``encode_prompt``). ``loading.py``, ``tiny.py`` and ``conditioning/text.py`` read
+those and never switch on an architecture name (see docs/architecture.md, "Adding a model"). This module
+imports no adapter, so adapter files can import it.
 """
 
 from __future__ import annotations
@@ -18,41 +18,7 @@ from typing import Any
 import diffusers
 from torch import nn
 
-
-@dataclass(frozen=True)
-class SequencePlan:
-    """Where Ulysses sequence parallelism cuts the transformer (``models/ulysses.py``; module names as in
-    ``named_modules``). Video architectures declare one; the others cannot be cut."""
-
-    rope: str  # its output (cos, sin) is sliced along the tokens
-    rope_token_dim: int
-    first_blocks: tuple[str, ...]  # the first of these that exists gets its image tokens sliced
-    attention: tuple[str, ...]  # attention modules (glob) whose processor attends over all image tokens
-    output: str  # its output (B, tokens, C) is all-gathered along the tokens
-    #: parameter-name prefixes whose gradient diffusers sums over the tokens in float32 whatever the model dtype:
-    #: with the tokens split over ranks the halves round apart, so a float64 model agrees with one rank to ~1e-8
-    #: relative there, not to float64
-    float32_reduced: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class PretrainedSpec:
-    """Diffusers class names, text encoders and default generation size of one released pipeline."""
-
-    pipeline_class: str
-    transformer_class: str
-    vae_class: str
-    #: the pipeline's text-encoder attributes, in order (their tokenizers are named alike)
-    text_encoders: tuple[str, ...]
-    height: int
-    width: int
-    num_frames: int | None = None  # pixel frames, video only
-    #: text length the pipeline pads/truncates prompts to (what diffusers' pipeline uses by default)
-    max_sequence_length: int = 512
-    #: guidance enters as an embedding (FLUX.1-dev, HunyuanVideo): one transformer pass, no CFG branch
-    guidance_distilled: bool = False
-    #: channels of the VAE's latent (16 for FLUX, SD3.5, Qwen-Image, Wan2.1, HunyuanVideo; Wan2.2's is 48)
-    latent_channels: int = 16
+from verl_digen.archs import PretrainedSpec, SequencePlan  # noqa: F401  (declared with the facts, re-exported)
 
 
 @dataclass(frozen=True)

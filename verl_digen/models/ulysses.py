@@ -8,8 +8,8 @@ back (verl's ``verl.utils.ulysses`` helpers, which are autograd-aware). Per-toke
 projections) need nothing. The velocity is gathered after the final projection, so the loss, and with it
 every rank's log-probs, sees all tokens on every rank.
 
-How the transformer is cut is declared per architecture (the adapter's ``sequence_plan``, a
-``spec.SequencePlan``): the rotary embedding's output and the first block's image tokens are sliced to this
+How the transformer is cut is declared per architecture (its facts' ``sequence_plan``, an
+``archs.SequencePlan``): the rotary embedding's output and the first block's image tokens are sliced to this
 rank's part, the attention calls that attend over all image tokens go through ``UlyssesAttention``, and the
 final projection's output is all-gathered. Text tokens stay whole
 on every rank: cross-attention (Wan's ``attn2``) needs no communication, and joint attention
@@ -38,37 +38,20 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
-from verl_digen.models.arch import MODEL_REGISTRY
-from verl_digen.models.spec import SequencePlan
+# the checks live torch-free beside the facts (the config runs them without torch); re-exported here
+from verl_digen.archs import ARCHS, SequencePlan, video_tokens
+from verl_digen.archs import sequence_parallel_archs as supported_archs
+from verl_digen.archs import sequence_parallel_problem as size_problem
+
+__all__ = ["UlyssesAttention", "enable_sequence_parallel", "plan_for", "sequence_groups", "size_problem",
+           "supported_archs", "video_tokens"]
 
 
 def plan_for(arch: str) -> SequencePlan | None:
-    """The architecture's ``sequence_plan`` (declared on its adapter class), None when it cannot be cut."""
-    return MODEL_REGISTRY[arch].sequence_plan if arch in MODEL_REGISTRY else None
+    """The architecture's ``sequence_plan`` (declared in its facts), None when it cannot be cut."""
+    return ARCHS[arch].sequence_plan if arch in ARCHS else None
 
 
-def supported_archs() -> tuple[str, ...]:
-    """The architectures whose adapter declares a ``sequence_plan``."""
-    return tuple(a for a, cls in MODEL_REGISTRY.items() if cls.sequence_plan is not None)
-
-
-def size_problem(arch: str, heads: int, tokens: int, size: int) -> str | None:
-    """What a sequence-parallel size must be for this model, when ``size`` is not (None when it fits): each
-    rank takes whole heads in attention and an equal share of the video tokens."""
-    if plan_for(arch) is None:
-        return f"1 for model.arch={arch} (sequence parallelism cuts {', '.join(supported_archs())})"
-    if heads % size:
-        return f"a divisor of the {arch} transformer's {heads} attention heads"
-    if tokens % size:
-        return (f"a divisor of the {tokens} video tokens per sample ({arch}: latent frames x (height / patch) x "
-                "(width / patch)); pick another size or resolution")
-    return None
-
-
-def video_tokens(latent_shape: tuple[int, ...], patch: int, patch_t: int) -> int:
-    """Tokens of one (C, F, H, W) latent after patchifying."""
-    _, f, h, w = latent_shape
-    return (f // patch_t) * (h // patch) * (w // patch)
 
 
 class _GatherHeads(torch.autograd.Function):

@@ -7,12 +7,11 @@ from typing import Any
 import torch
 from torch import nn
 
+from verl_digen import archs
 from verl_digen.models.adapter import DiffusersAdapter
 from verl_digen.models.spec import (
     TINY_LATENT_CHANNELS,
     TINY_TEXT_DIM,
-    PretrainedSpec,
-    SequencePlan,
     TinySpec,
     tiny_wan_family_vae,
 )
@@ -22,11 +21,7 @@ class WanModel(DiffusersAdapter):
     """Timestep convention: the Wan pipeline passes the scheduler's ``t = sigma * 1000``.
     Wan has no text mask; the pipeline zero-pads the T5 embeddings (our encoders do too)."""
 
-    arch = "wan"
-    aliases = ("wan2.1", "wan21")
-    pretrained = PretrainedSpec(
-        "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 480, 832, 33
-    )
+    facts = archs.WAN
     tiny = TinySpec(
         dict(
             patch_size=(1, 2, 2),
@@ -43,18 +38,14 @@ class WanModel(DiffusersAdapter):
         lambda: tiny_wan_family_vae("AutoencoderKLWan"),
     )
     text_dim_key = "text_dim"
-    latent_ndim = 5
-    # self-attention attn1 over the video tokens; attn2 cross-attends to the whole text. The blocks add the time
-    # embedding to their modulation table as ``temb.float()``: its layers' gradients are summed in float32
-    sequence_plan = SequencePlan("rope", 1, ("blocks.0",), ("blocks.*.attn1",), "proj_out",
-                                 float32_reduced=("condition_embedder.time_embedder.", "condition_embedder.time_proj."))
     default_lora_targets = ("to_q", "to_k", "to_v", "to_out.0")
 
     @classmethod
     def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
         if vae is None:
-            return 8, 4
-        return vae.config.scale_factor_spatial or 8, vae.config.scale_factor_temporal or 4
+            return cls.facts.vae_factors
+        spatial, temporal = cls.facts.vae_factors
+        return vae.config.scale_factor_spatial or spatial, vae.config.scale_factor_temporal or temporal
 
     @classmethod
     def encode_with_pipeline(

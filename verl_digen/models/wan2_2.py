@@ -11,7 +11,8 @@ from __future__ import annotations
 import diffusers
 from torch import nn
 
-from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_LATENTS_MEAN, TINY_LATENTS_STD, PretrainedSpec, TinySpec
+from verl_digen import archs
+from verl_digen.models.spec import TINY_LATENT_CHANNELS, TINY_LATENTS_MEAN, TINY_LATENTS_STD, TinySpec
 from verl_digen.models.wan import WanModel
 
 
@@ -43,16 +44,5 @@ class Wan22Model(WanModel):
     identically from one timestep per row (tests/models/test_models.py checks the two agree), so the adapter
     passes one per row and skips computing a time embedding per token."""
 
-    arch = "wan2_2"
-    aliases = ("wan2.2", "wan22", "wan2.2-ti2v", "wan2.2-ti2v-5b")
-    pretrained = PretrainedSpec(
-        "WanPipeline", "WanTransformer3DModel", "AutoencoderKLWan", ("text_encoder",), 704, 1280, 33,
-        latent_channels=48,
-    )
+    facts = archs.WAN2_2
     tiny = TinySpec(dict(WanModel.tiny.transformer_kwargs), tiny_vae)
-
-    @classmethod
-    def vae_factors(cls, vae: nn.Module | None) -> tuple[int, int]:
-        if vae is None:
-            return 16, 4
-        return vae.config.scale_factor_spatial or 16, vae.config.scale_factor_temporal or 4

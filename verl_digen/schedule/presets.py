@@ -13,6 +13,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from verl_digen import archs
+
 from . import ledger
 from .costs import Affine, BaselineCosts, CostModel, Hardware, Pool, trained_steps
 from .fabric import Fabric
@@ -71,11 +73,20 @@ class DiT:
     cfg_passes: int  # transformer passes per sampling step (2 with classifier-free guidance)
     video: bool
 
+    @classmethod
+    def of(cls, facts: archs.ArchFacts) -> DiT:
+        """The released transformer of an architecture, as its facts size it (``ArchFacts.cost``)."""
+        c = facts.cost
+        if c is None:
+            raise ValueError(f"architecture {facts.name!r} declares no cost-model sizes (ArchFacts.cost)")
+        return cls(c.name, c.params_b, c.blocks, c.hidden, c.text_tokens, facts.cfg_passes, facts.video)
 
-FLUX = DiT("FLUX.1-12B", 12.0, 57, 3072, 512, 1, False)  # guidance-distilled: one pass
-QWEN_IMAGE = DiT("Qwen-Image-20B", 20.0, 60, 3072, 256, 2, False)
-WAN = DiT("Wan2.1-14B", 14.0, 40, 5120, 0, 2, True)  # text enters by cross-attention only
-HUNYUAN = DiT("HunyuanVideo-13B", 13.0, 60, 3072, 256, 1, True)  # embedded guidance: one pass
+
+# the sizes are each architecture's facts (verl_digen/archs.py)
+FLUX = DiT.of(archs.FLUX)  # guidance-distilled: one pass
+QWEN_IMAGE = DiT.of(archs.QWEN_IMAGE)
+WAN = DiT.of(archs.WAN)  # text enters by cross-attention only
+HUNYUAN = DiT.of(archs.HUNYUAN_VIDEO)  # embedded guidance: one pass
 
 
 @dataclass(frozen=True)

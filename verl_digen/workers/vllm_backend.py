@@ -71,7 +71,7 @@ import torch
 from verl_digen.algo.seeding import sample_seed
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.models import parse_dtype
-from verl_digen.models.arch import MODEL_REGISTRY, canonical_arch
+from verl_digen.models.arch import MODEL_REGISTRY, arch_facts, canonical_arch
 from verl_digen.models.base import Conditioning
 from verl_digen.models.lora import default_lora_targets
 from verl_digen.rollout.omni import lora as L
@@ -117,15 +117,14 @@ def engine_kwargs(cfg: WorkerConfig, pipeline: str, master_port: int) -> dict[st
     kwargs = {"custom_pipeline_args": {"pipeline_class": pipeline}, "worker_extension_cls": EXTENSION_CLASS,
               "max_num_seqs": cfg.vllm_max_batch, "request_batch_max_wait_ms": BATCH_WAIT_MS,
               "dtype": cfg.policy.dtype, "master_port": master_port, "gpu_memory_utilization": cfg.vllm_memory_fraction}
-    if canonical_arch(cfg.policy.arch) not in ADAPTER_ARCHS:
+    if not arch_facts(cfg.policy.arch).engine_diffusers_adapter:
         kwargs["enforce_eager"] = not cfg.vllm_compile
     return kwargs
 
 
-#: architectures served through vllm-omni's diffusers adapter, which refuses ``enforce_eager=True``
-#: (``diffusers_adapter/pipeline_diffusers_adapter.py:269-273``): ``rollout.vllm_compile`` leaves it at its own
-#: default there (compile where the platform supports inductor)
-ADAPTER_ARCHS = frozenset({"hunyuan_video"})
+#: an architecture served through vllm-omni's diffusers adapter (``ArchFacts.engine_diffusers_adapter``) refuses
+#: ``enforce_eager=True`` (``diffusers_adapter/pipeline_diffusers_adapter.py:269-273``): ``rollout.vllm_compile``
+#: leaves it at its own default there (compile where the platform supports inductor)
 
 
 #: the rendezvous variables vllm-omni's diffusion worker reads and overwrites in the generator's process
@@ -205,10 +204,10 @@ class VllmOmniRollout:
         if p.lora:
             targets = p.lora_target_modules or default_lora_targets(MODEL_REGISTRY[self.arch])
             config = L.peft_config(p.lora_rank, p.lora_alpha, targets)
-            if self.layout == DIGEN and self.arch in L.EXTENSION_LORA_ARCHS:
+            if self.layout == DIGEN and L.lora_through_extension(self.arch):
                 self.lora_config = config
             else:
-                self.slot = L.LoraSlot(config, lora_cls, L.ENGINE_MODULE_RENAMES.get(self.arch))
+                self.slot = L.LoraSlot(config, lora_cls, L.engine_renames(self.arch))
         self.device = torch.device(device)
         self.bucket_bytes = max(1, cfg.sync_bucket_mb) << 20
         self._template: Layout | None = None

@@ -25,9 +25,7 @@ from __future__ import annotations
 
 from .adapter import NULL_AGENT_LOOP_MANAGER, PUBLIC_MODULE, DigenVerlOmniTrainer, NullAgentLoopManager
 from .convert import (
-    ARCH_HINTS,
     ARR,
-    CFG_KEY,
     DEFAULT_WINDOW_RANGE,
     DEVICES,
     DIGEN_ONLY_SECTIONS,
@@ -64,7 +62,7 @@ from .entry import (
 from .hook import REGISTRY_MODULE, REGISTRY_PACKAGE, install, is_available, register, register_search_path
 
 __all__ = [
-    "ARCH_HINTS", "ARR", "CFG_KEY", "CHECKED_ENV", "DEFAULT_WINDOW_RANGE", "DEVICES", "DIGEN_ONLY_SECTIONS",
+    "ARR", "CHECKED_ENV", "DEFAULT_WINDOW_RANGE", "DEVICES", "DIGEN_ONLY_SECTIONS",
     "DigenVerlOmniTrainer", "ENTRY_KEYS", "GUARD_FUNCTION", "GUARD_MODULE", "LOSS_MODES", "NOT_CARRIED",
     "NULL_AGENT_LOOP_MANAGER", "NullAgentLoopManager", "PUBLIC_MODULE", "REGISTRY_MODULE", "REGISTRY_PACKAGE",
     "SDE_TYPES", "TRAINER_MODE", "V0_ENTRY", "V1_ENTRY", "VAE_SCALE_FACTOR", "_classify", "_get", "_native_sections",

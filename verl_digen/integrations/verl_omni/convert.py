@@ -14,6 +14,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from verl_digen import dtypes  # standard library only
+from verl_digen.archs import ARCHS, guess_arch, known_archs, sequence_parallel_archs  # standard library only
 
 logger = logging.getLogger(__name__)
 
@@ -21,11 +22,6 @@ logger = logging.getLogger(__name__)
 SDE_TYPES = {"sde": "flow_grpo", "cps": "cps", "dance_sde": "dance_grpo"}
 VAE_SCALE_FACTOR = 8  # verl-omni's default model.vae_scale_factor (pixels per latent cell)
 PIPELINE_SIDE = 512  # verl-omni's default rollout.pipeline.height and width (pixels)
-ARCH_HINTS = (  # substring of the model id/path (lower-case) -> verl-digen model.arch
-    ("qwen-image", "qwen_image"), ("qwen_image", "qwen_image"), ("flux", "flux"),
-    ("stable-diffusion-3", "sd3"), ("sd3", "sd3"), ("hunyuan", "hunyuan_video"),
-    ("wan2.2", "wan2_2"), ("wan2_2", "wan2_2"), ("wan", "wan"),  # first match wins: Wan2.2 before Wan2.1
-)
 
 ARR = "actor_rollout_ref"
 #: verl-omni's multi-reward manager: its names in reward.reward_manager.name, and its placeholder function's module
@@ -46,10 +42,8 @@ NFT_KEYS = {"diffusion_loss.mix_beta": "actor.mix_beta", "diffusion_loss.adv_cli
             "old_policy_decay": "algorithm.old_policy_decay",
             "old_policy_update_interval": "algorithm.old_policy_update_interval"}
 DEFAULT_WINDOW_RANGE = (0, 5)  # verl-omni's rollout adapters' sde_window_range when the config leaves it null
-# CFG: which verl-omni pipeline key is the real classifier-free guidance scale for an architecture
-# (diffusers' Qwen-Image pipelines take true_cfg_scale; SD3, Wan, HunyuanVideo take guidance_scale; FLUX.1-dev
-# feeds guidance_scale to its distilled guidance embedding, which is what verl-digen does with it too)
-CFG_KEY = {"qwen_image": "true_cfg_scale"}
+# an architecture's model-path hints and its real classifier-free guidance key (guidance_scale, or Qwen-Image's
+# true_cfg_scale) are its facts: ArchFacts.verl_omni_hints / verl_omni_cfg_key (verl_digen/archs.py)
 # keys that verl-omni's own entry point consumes before the trainer mode runs (they take effect as they are)
 ENTRY_KEYS = ("ray_kwargs", "transfer_queue", "trainer.use_v1", "trainer.v1.trainer_mode", "hydra",
               f"{ARR}.rollout.agent.agent_loop_manager_class")
@@ -75,16 +69,14 @@ def _default_vae_scale(arch: str | None) -> int:
     architecture's own VAE compression (Wan2.2's is 16x), else verl-omni's default of 8."""
     if arch is None:
         return VAE_SCALE_FACTOR
-    from verl_digen.models.arch import MODEL_REGISTRY
-
-    return int(MODEL_REGISTRY[arch].vae_factors(None)[0])
+    return int(ARCHS[arch].vae_factors[0])
 
 
 def _guess_arch(path: str | None) -> str | None:
     low = (path or "").lower()
     if "edit" in low:  # image-editing variants (Qwen-Image-Edit) take an input image: no adapter here
         return None
-    return next((arch for hint, arch in ARCH_HINTS if hint in low), None)
+    return guess_arch(low)
 
 
 def _refuse(key: str, value: Any, expected: str) -> Exception:
@@ -145,10 +137,9 @@ def _sequence_parallel(get: Callable[[str], Any], put: Callable[..., None], note
         size = get(src)
         if size is None:
             continue
-        from verl_digen.models.ulysses import supported_archs
-
-        if int(size) > 1 and arch is not None and arch not in supported_archs():
-            notes.append(f"{src}={size}: verl-digen's sequence parallelism cuts only {', '.join(supported_archs())}; "
+        if int(size) > 1 and arch is not None and arch not in sequence_parallel_archs():
+            cut = ", ".join(sequence_parallel_archs())
+            notes.append(f"{src}={size}: verl-digen's sequence parallelism cuts only {cut}; "
                          f"{arch} trains without it (the same gradients; the memory plan checks that it fits)")
         else:
             put("actor.ulysses_sequence_parallel_size", int(size), src=src)
@@ -379,9 +370,8 @@ def from_verl_omni_config(cfg: Mapping[str, Any], trainer_workers: int = 1, note
     if arch is not None:
         put("model.arch", arch, src=f"{ARR}.model.path")
     elif path is not None:
-        notes.append(f"{ARR}.model.path={path!r}: set model.arch "
-                     "(one of flux, sd3, qwen_image, wan, wan2_2, hunyuan_video)")
-    cfg_key = CFG_KEY.get(arch or "", "guidance_scale")
+        notes.append(f"{ARR}.model.path={path!r}: set model.arch (one of {', '.join(known_archs())})")
+    cfg_key = ARCHS[arch].verl_omni_cfg_key if arch is not None else "guidance_scale"
     other_key = "guidance_scale" if cfg_key == "true_cfg_scale" else "true_cfg_scale"
     scale, other = get(f"{ARR}.rollout.pipeline.{cfg_key}"), get(f"{ARR}.rollout.pipeline.{other_key}")
     if scale is None and other is not None and float(other) > 1:  # the recipe sets only the other key
@@ -719,15 +709,13 @@ def _video_frames(frames: Any, arch: str | None, put: Callable[..., None], notes
     ``n // 4 * 4 + 1``; verl-digen takes the count the pipeline really generates, with a note."""
     if frames is None:
         return
-    from verl_digen.models.arch import MODEL_REGISTRY
-
     key = f"{ARR}.rollout.pipeline.num_frames"
-    if arch is None or MODEL_REGISTRY[arch].latent_ndim != 5:
+    if arch is None or not ARCHS[arch].video:
         if int(frames) != 1:  # verl-omni's default is 1
             notes.append(f"{key}={frames}: not used by the image model {arch or '(unknown architecture)'}")
         return
     n = int(frames)
-    temporal = MODEL_REGISTRY[arch].vae_factors(None)[1]
+    temporal = ARCHS[arch].vae_factors[1]
     generated = n if n % temporal == 1 else n // temporal * temporal + 1
     put("model.num_frames", generated, src=key)
     if generated != n:
@@ -997,9 +985,8 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     native.setdefault("trainer", {}).setdefault("mode", "digen")
     path = _get(raw, f"{ARR}.model.path")
     if path is not None and "model.arch" not in flat and "arch" not in native.get("model", {}):
-        raise ConfigError(f"{ARR}.model.path", path, "a model verl-digen has an adapter for (FLUX, SD3, Qwen-Image, "
-                          "Wan, HunyuanVideo), or +model.arch=<flux|sd3|qwen_image|wan|wan2_2|hunyuan_video> "
-                          "if it is one")
+        raise ConfigError(f"{ARR}.model.path", path, "a model verl-digen has an adapter for, or "
+                          f"+model.arch=<{'|'.join(known_archs())}> if it is one")
     cfg = load(OmegaConf.merge(OmegaConf.create(_nested(flat)), OmegaConf.create(native)))
     for note in notes:
         log(f"verl-omni -> verl-digen: {note}")

@@ -19,6 +19,8 @@ from typing import Any
 
 import torch
 
+from verl_digen.archs import arch_facts
+
 #: the engine-side identity of the policy's adapters, the same for every version
 ADAPTER_ID = 1
 ADAPTER_NAME = "digen_policy"
@@ -26,22 +28,22 @@ CONFIG_FILE = "adapter_config.json"
 WEIGHTS_FILE = "adapter_model.safetensors"
 
 
-#: adapter module names of verl-digen's (diffusers') transformer -> the name of the module they land on in vllm-omni
-#: 0.30.0's re-implementation, where it differs: Qwen-Image's and Wan's attention output is one
-#: ``RowParallelLinear`` named ``to_out`` (vllm_omni/diffusion/models/qwen_image/qwen_image_transformer.py:647,
-#: wan2_2/wan2_2_transformer.py:399,591), not diffusers' ``to_out`` ModuleList (``to_out.0``); the engine refuses
-#: an adapter naming a module it lacks ("expected target modules in ...", vllm_omni/diffusion/lora/manager.py:727)
-ENGINE_MODULE_RENAMES: dict[str, dict[str, str]] = {
-    "qwen_image": {"to_out.0": "to_out"},
-    "wan": {"to_out.0": "to_out"},
-    "wan2_2": {"to_out.0": "to_out"},
-}
+def engine_renames(arch: str) -> dict[str, str]:
+    """Adapter module names of verl-digen's (diffusers') transformer -> the name of the module they land on in
+    vllm-omni 0.30.0's re-implementation, where it differs (``ArchFacts.engine_lora_renames``): Qwen-Image's and
+    Wan's attention output is one ``RowParallelLinear`` named ``to_out``
+    (vllm_omni/diffusion/models/qwen_image/qwen_image_transformer.py:647, wan2_2/wan2_2_transformer.py:399,591),
+    not diffusers' ``to_out`` ModuleList (``to_out.0``); the engine refuses an adapter naming a module it lacks
+    ("expected target modules in ...", vllm_omni/diffusion/lora/manager.py:727)."""
+    return dict(arch_facts(arch).engine_lora_renames)
 
 
-#: verl-digen pipelines that install LoRA adapters themselves, through the worker extension
-#: (``extension.LOAD_LORA``), because vllm-omni's LoRA manager cannot wrap their layers: HunyuanVideo 1.0, served
-#: through diffusers' own pipeline (``pipelines.DigenHunyuanVideoPipeline.digen_load_lora``)
-EXTENSION_LORA_ARCHS = frozenset({"hunyuan_video"})
+def lora_through_extension(arch: str) -> bool:
+    """Whether verl-digen's pipeline installs LoRA adapters itself, through the worker extension
+    (``extension.LOAD_LORA``), because vllm-omni's LoRA manager cannot wrap its layers: an architecture served
+    through vllm-omni's diffusers adapter (``ArchFacts.engine_diffusers_adapter``: HunyuanVideo 1.0,
+    ``pipelines.DigenHunyuanVideoPipeline.digen_load_lora``)."""
+    return arch_facts(arch).engine_diffusers_adapter
 
 
 def engine_name(name: str, renames: dict[str, str]) -> str:
@@ -66,7 +68,7 @@ class LoraSlot:
 
     def __init__(self, config: dict[str, Any], make_request: Callable[[str, int, str], Any],
                  renames: dict[str, str] | None = None) -> None:
-        self.renames = dict(renames or {})  # ENGINE_MODULE_RENAMES of the served architecture
+        self.renames = dict(renames or {})  # engine_renames(arch) of the served architecture
         self.config = {**config, "target_modules": [engine_name(t, self.renames) for t in config["target_modules"]]}
         self.make_request = make_request
         self.dir = Path(tempfile.mkdtemp(prefix="digen_lora_"))

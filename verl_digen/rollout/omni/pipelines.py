@@ -1,5 +1,5 @@
 """verl-digen's RL pipelines for vLLM-Omni 0.30.0, one per architecture, installed by the engine through
-``custom_pipeline_args={"pipeline_class": ...}`` (``request.DIGEN_PIPELINES``).
+``custom_pipeline_args={"pipeline_class": ...}`` (``ArchFacts.rl_pipeline``).
 
 Imports vllm-omni: this module is imported only inside the engine's processes. Each class subclasses the
 stock pipeline of its architecture, keeps its loading, text encoders, VAE and post-processing, and replaces
@@ -60,14 +60,14 @@ class DigenRLPipeline:
         inverse of ``load_weights``, reading a fused projection's shards back out of it (tensor parallel 1: the
         shards lie along dim 0 in q, k, v order) and undoing the engine's module renames. Clones on the engine's
         device, one tensor at a time (``GeneratorWorker.weights_checksum``, the tier's bit-identity check)."""
-        from verl_digen.rollout.omni.lora import ENGINE_MODULE_RENAMES, engine_name
+        from verl_digen.rollout.omni.lora import engine_name, engine_renames
 
         transformer = self.transformer  # type: ignore[attr-defined]
         own = dict(transformer.named_parameters())
         own.update(dict(transformer.named_buffers()))
         mapping = list(getattr(transformer, "stacked_params_mapping", None) or [])
         shapes = dict(layout)
-        renames = ENGINE_MODULE_RENAMES.get(self.digen_arch, {})
+        renames = engine_renames(self.digen_arch)
         out: dict[str, torch.Tensor] = {}
         for name, shape in layout:
             seen = [name, engine_name(name, renames), self.digen_read_renames.get(name, name)]

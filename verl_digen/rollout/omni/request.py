@@ -12,41 +12,30 @@ pipelines read (``sde_type`` in their spelling, ``noise_level``, the SDE window)
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import torch
+from verl_digen.archs import ARCHS, arch_facts
 
-from verl_digen.algo.sigmas import flow_sigmas
-from verl_digen.rollout.sampler import SamplerConfig
+if TYPE_CHECKING:  # torch is imported where a batch is built: the config reads this module's names without it
+    import torch
+
+    from verl_digen.rollout.sampler import SamplerConfig
 
 #: the key of verl-digen's per-row data (prompt dict) and batch settings (``extra_args``)
 DIGEN_KEY = "digen"
 #: verl-digen's SDE kinds in verl-omni's spelling (its FlowMatchSDEDiscreteScheduler asserts these)
 VERL_OMNI_SDE_TYPES = {"flow_grpo": "sde", "dance_grpo": "dance_sde", "cps": "cps"}
-_PIPELINES = "verl_digen.rollout.omni.pipelines"
-#: verl-digen's RL pipeline per architecture (``custom_pipeline_args={"pipeline_class": ...}``)
-DIGEN_PIPELINES: dict[str, str] = {
-    "sd3": f"{_PIPELINES}.DigenSD3Pipeline",
-    "flux": f"{_PIPELINES}.DigenFluxPipeline",
-    "qwen_image": f"{_PIPELINES}.DigenQwenImagePipeline",
-    "wan": f"{_PIPELINES}.DigenWanPipeline",
-    "wan2_2": f"{_PIPELINES}.DigenWanPipeline",
-    "hunyuan_video": f"{_PIPELINES}.DigenHunyuanVideoPipeline",
-}
 
 
 def pipeline_class(arch: str, override: str | None = None) -> str:
-    """The pipeline the engine installs: ``override`` (``rollout.vllm_pipeline``) or verl-digen's own."""
-    if override:
-        return override
-    if arch not in DIGEN_PIPELINES:
-        raise ValueError(f"no verl-digen vLLM-Omni pipeline for arch {arch!r}; have {', '.join(DIGEN_PIPELINES)}")
-    return DIGEN_PIPELINES[arch]
+    """The pipeline the engine installs (``custom_pipeline_args={"pipeline_class": ...}``): ``override``
+    (``rollout.vllm_pipeline``) or verl-digen's own for the architecture (``ArchFacts.rl_pipeline``)."""
+    return override or arch_facts(arch).rl_pipeline
 
 
 def is_digen_pipeline(qualname: str) -> bool:
     """Whether ``qualname`` is one of verl-digen's pipelines (its output layout: ``output.DIGEN``)."""
-    return qualname in DIGEN_PIPELINES.values()
+    return any(qualname == f.rl_pipeline for f in ARCHS.values())
 
 
 @dataclass(frozen=True)
@@ -101,6 +90,8 @@ class StepSettings:
 
     def sigma_tensor(self, dtype: torch.dtype, device: torch.device | str = "cpu") -> torch.Tensor:
         """The schedule as the diffusers sampler builds it: float64 values cast to ``dtype``."""
+        import torch
+
         return torch.tensor(self.sigmas, dtype=torch.float64).to(dtype=dtype, device=device)
 
 
@@ -145,6 +136,10 @@ def build_requests(
     lora_request: Any = None,
 ) -> EngineRequests:
     """Prompt dicts and sampling-params kwargs for one micro-batch (``pixels``: height, width, frames)."""
+    import torch
+
+    from verl_digen.algo.sigmas import flow_sigmas
+
     sampler.validate()
     if not (len(prompt_ids) == len(sample_ids) == len(prompts)):
         raise ValueError(f"one row per sample: {len(prompt_ids)} prompt ids, {len(sample_ids)} sample ids, "
