@@ -183,16 +183,20 @@ class TSPActorWorker(Worker):
         return out if self.sp_rank == 0 else {}  # a Ulysses group's ranks trained the same rows: counted once
 
     def _old_velocity(self):
-        """DiffusionNFT's v_old: the old copy's velocity, its values put into the trained parameters for the
-        call (no grad) and taken out again."""
+        """DiffusionNFT's v_old: the old copy's velocity."""
+        return self._velocity_of(self.old)
+
+    def _velocity_of(self, copy):
+        """The velocity of a kept copy of the trained tensors (no grad): its values put into the trained
+        parameters for each call and taken out again."""
         g = self.train_cfg.guidance_scale
 
         def velocity(x, s, c):
-            self._swap(self.old)
+            self._swap(copy)
             try:
                 return self.model.velocity(x, s, c, g)
             finally:
-                self._swap(self.old)
+                self._swap(copy)
         return velocity
 
     @contextlib.contextmanager
@@ -217,15 +221,7 @@ class TSPActorWorker(Worker):
         mean (GRPO-Guard, Flow-DPPO) (the loss pass's own log-prob and mean are then the old ones)."""
         if self._behaviour is None:
             return None
-        g = self.train_cfg.guidance_scale
-
-        def velocity(x, s, c):
-            self._swap(self._behaviour)
-            try:
-                return self.model.velocity(x, s, c, g)
-            finally:
-                self._swap(self._behaviour)
-        return velocity
+        return self._velocity_of(self._behaviour)
 
     @torch.no_grad()
     def _swap(self, values: dict[str, torch.Tensor]) -> None:
