@@ -16,7 +16,7 @@ without verl-digen (config/plan.py ``ResourcePlan.strongest``), and also carry `
 verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
 ``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits) and
 ``vs_separate_verl_omni_bypass`` (verl-omni's synchronous separate mode on the same pools, without its recompute).
-A baseline that does not fit every GPU by the memory plan (config/planning.py ``baseline_memory``: the same plan
+A baseline that does not fit every GPU by the memory plan (config/colocated_memory.py ``baseline_memory``: the same plan
 and the same 90 % headroom that refuse this project's own colocated layout) has a null ratio, is listed in
 ``unfit_baselines`` and is never the strongest; ``baseline_memory`` gives each baseline's GiB per GPU against its
 GPU and ``baseline_step_s`` its priced step (as if it fit). The baselines are priced with as many rows per pass as

@@ -1,12 +1,13 @@
 """The colocated baselines' memory, priced by the same plan and headroom as this project's own layouts
-(config/planning.py ``baseline_memory``): one that does not fit is no ratio and never the strongest."""
+(config/colocated_memory.py ``baseline_memory``): one that does not fit is no ratio and never the strongest."""
 
 import pytest
 
 from verl_digen import recipes
 from verl_digen.config import compose
+from verl_digen.config.colocated_memory import MEMORY_USABLE, baseline_memory
 from verl_digen.config.plan import resource_plan
-from verl_digen.config.planning import MEMORY_USABLE, baseline_memory, colocated_cap
+from verl_digen.config.planning import colocated_cap
 
 
 def _recipe(name: str, *overrides: str):

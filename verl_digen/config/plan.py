@@ -63,10 +63,10 @@ def subset_fits(cfg: RunConfig) -> SubsetFits:
     (``config.memory``): ``trainer=colocated`` on that pool's GPU count, every GPU of that pool's memory, one
     (sample x step) row per rank per pass (the least a colocated run can train with, so a False is certain;
     the baseline is priced with its own passes, not capped), within the share of a GPU the planner lets any
-    layout fill (``planning.MEMORY_USABLE``, the rule every layout and baseline is held to). None when the model
+    layout fill (``colocated_memory.MEMORY_USABLE``, the rule every layout and baseline is held to). None when the model
     size or the memory is unknown."""
     from verl_digen.config import memory
-    from verl_digen.config.planning import MEMORY_USABLE
+    from verl_digen.config.colocated_memory import MEMORY_USABLE
 
     caps = memory.gpu_memory(cfg)
 
@@ -123,7 +123,7 @@ class ResourcePlan:
     subset_notes: list[str] = field(default_factory=list)
     separate_s: float | None = None  # mixed pools: verl-omni's synchronous separate mode (separate_baseline)
     judge: str | None = None  # the served judge's placement and price (config/judge.py), both sides
-    # per colocated baseline on every GPU: its memory by the same plan (planning.baseline_memory); empty: unknown
+    # per colocated baseline on every GPU: its memory by the same plan (colocated_memory.baseline_memory); {}: unknown
     baseline_memory: dict = field(default_factory=dict)
 
     @property
@@ -255,7 +255,7 @@ def resource_plan(cfg: RunConfig) -> ResourcePlan:
     predicted, colocated, hetero, top, subsets, notes, separate, fits = None, {}, False, None, {}, [], None, {}
     found = cluster_spec(cfg)
     if found is not None:
-        from verl_digen.config.planning import baseline_memory, baseline_rows
+        from verl_digen.config.colocated_memory import baseline_memory, baseline_rows
 
         model, hetero, spec = found
         predicted = simulate(sched, model).step_time
