@@ -370,9 +370,8 @@ def example_scripts(omni: Path) -> list[Path]:
 #: the examples the tests run for real (tests/integrations/test_verl_omni_real.py) -> the table's "runs tiny" cell
 RUN_TINY = {
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, both verls)",
-    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1; "
-                                                              "also with its own compute_score_ocr and a "
-                                                              "stub judge, tensor parallel 1)",
+    "diffusionnft_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1; "
+                                                                  "DiffusionNFT)",
     "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh": "yes (2 steps, pinned verl; switched to v1, "
                                                                "trainer.device=cpu)",
     "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh": "yes (2 steps, pinned verl)",
@@ -381,6 +380,9 @@ RUN_TINY = {
 
 #: scripts run tiny only with their own reward (tests/integrations/test_verl_omni_real.py, OWN_REWARD)
 RUN_TINY_OWN_REWARD = {
+    "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_lora.sh": (
+        "yes (2 steps, pinned verl; switched to v1; with its own compute_score_ocr and a stub judge, tensor "
+        "parallel 1; step 1 equal to trainer=colocated)"),
     "flowgrpo_trainer/qwen_image/run_qwen_image_ocr_multi_reward.sh": (
         "yes (2 steps, pinned verl; switched to v1; with its own reward: compute_score_ocr and a stub judge, "
         "tensor parallel 1, and its JPEG function)"),

@@ -45,7 +45,7 @@ VERSIONS = {"pinned": True, "0.9.1": False}  # id -> put verl-omni's pinned verl
 SD35_V1 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
 SD35_V0 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora.sh"
 #: more of verl-omni's own scripts run tiny end to end through the v1 entry (with the pinned verl): a v0
-#: LoRA script and a v0 video script switched to v1 as the migration guide says, and the separate_async one
+#: DiffusionNFT LoRA script and a v0 video script switched to v1 as the migration guide says, and the separate_async one
 #: (the guide's "runs tiny" column reads RUN_TINY)
 MORE_SCRIPTS = tuple(script for script in RUN_TINY if script != SD35_V1)
 MIGRATION_DOC = ROOT / "docs" / "migrating-from-verl-omni.md"
@@ -278,10 +278,13 @@ def test_real_registry_lazy_import_and_composition(launched, version):
 
 @pytest.mark.parametrize("script", MORE_SCRIPTS)
 def test_more_example_scripts_train_tiny_through_verl_omnis_v1_entry(launched, script):
-    """Qwen-Image OCR LoRA, Wan2.2 DanceGRPO (704x1280, 8 frames: a non-square latent and 9 frames) and
-    SD3.5's separate_async script, each from its own shell lines, train two steps under trainer=digen."""
+    """Qwen-Image OCR LoRA with DiffusionNFT, Wan2.2 DanceGRPO (704x1280, 8 frames: a non-square latent and 9
+    frames) and SD3.5's separate_async script, each from its own shell lines, train two steps under trainer=digen
+    (the FlowGRPO Qwen-Image OCR LoRA script trains with its own reward: the own_reward tests)."""
     rc, out, tmp = launched.result(f"script-{script}")
     assert rc == 0, f"{script} failed:\n{out[-6000:]}"
+    if script.startswith("diffusionnft_trainer/"):  # converted to DiffusionNFT, not trained as FlowGRPO
+        assert "(DiffusionNFT's rollout is a plain ODE)" in out, out[-6000:]
     timeline = json.loads((tmp / "trace" / "digen_timeline.json").read_text())
     assert {r["step"] for r in timeline["records"] if r["kind"] == "optimizer_step"} == {0, 1}
     rows = [json.loads(line) for line in (tmp / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
