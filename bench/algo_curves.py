@@ -104,6 +104,19 @@ def markdown(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def curve_table(runs: list[dict]) -> str:
+    """Mean reward per step over each algorithm's complete runs (one column per algorithm)."""
+    names = [n for n in dict.fromkeys(r["algorithm"] for r in runs)
+             if any(r["algorithm"] == n and r["first_quarter"] is not None for r in runs)]
+    curves = {n: [r["curve"] for r in runs if r["algorithm"] == n and r["first_quarter"] is not None] for n in names}
+    steps = min((len(c) for cs in curves.values() for c in cs), default=0)
+    lines = ["| step | " + " | ".join(names) + " |", "| ---: |" + " ---: |" * len(names)]
+    for i in range(steps):
+        cells = [f"{statistics.fmean(c[i] for c in curves[n]):+.3f}" for n in names]
+        lines.append(f"| {i + 1} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--algos", nargs="*", default=list(ALGORITHMS), choices=list(ALGORITHMS))
@@ -132,6 +145,8 @@ def main() -> None:
                 print(f"  {name:<14} seed {seed} rc {row['rc']} first {row['first_quarter']} last "
                       f"{row['last_quarter']} {row['run_s']:.0f}s", file=sys.stderr, flush=True)
     print(markdown(runs))
+    print()
+    print(curve_table(runs))
     if args.json:
         print(json.dumps({"runs": runs, "algorithms": summarize(runs)}))
 
