@@ -118,6 +118,35 @@ def test_tcss_learning_bench_summarizes_and_plots_saved_curves(tmp_path):
     assert png.stat().st_size > 0
 
 
+def test_algo_curves_bench_parses_a_run_and_summarizes_saved_runs(tmp_path):
+    """The per-algorithm learning table from the entry point's own step lines and from a saved runs file (the
+    runs themselves take about 20 s each): quarters as the run's summary takes them, a run that did not finish
+    counted apart."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("algo_curves", ROOT / "bench" / "algo_curves.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    out = "\n".join(f"step {i}/8  reward={r}+-0.02  loss=1e-09  step_s=0.18" for i, r in
+                     enumerate([-0.02, 0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.61], start=1))
+    curve = mod.parse_curve("(GeneratorWorker pid=1) INFO: started\n" + out + "\nreward (first quarter)  -0.01")
+    assert len(curve) == 8 and mod.quarters(curve) == pytest.approx((-0.01, 0.555))
+
+    def run(name, seed, rc, curve):
+        first, last = mod.quarters(curve) if curve else (None, None)
+        return {"algorithm": name, "seed": seed, "steps": 8, "rc": rc, "run_s": 20.0, "curve": curve,
+                "first_quarter": first, "last_quarter": last, "rises": None if first is None else last > first}
+
+    runs = [run("cps", 0, 0, curve), run("cps", 1, 0, curve[::-1]), run("mix_grpo", 0, 1, [])]
+    saved = tmp_path / "runs.jsonl"
+    saved.write_text("".join(json.dumps(r) + "\n" for r in runs))
+    res = _last_json(["bench/algo_curves.py", "--from", str(saved), "--json"])
+    assert [r["seed"] for r in res["runs"]] == [0, 1, 0]
+    assert res["algorithms"]["cps"] == {"seeds": [0, 1], "exit_0": 2, "rises": 1, "mean_gain": pytest.approx(0.0),
+                                       "min_gain": pytest.approx(-0.565)}
+    assert res["algorithms"]["mix_grpo"]["exit_0"] == 0 and res["algorithms"]["mix_grpo"]["mean_gain"] is None
+
+
 def test_soak_bench_simulated_run_emits_its_row():
     (row,) = _last_json(["bench/soak.py", "--json", "--skip-real", "--sim-steps", "40"])
     assert row["run"] == "sim" and row["steps"] == 40 and set(row["rss_mb"]) == {"driver"}
