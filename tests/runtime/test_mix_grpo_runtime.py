@@ -23,15 +23,9 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("name", list(CASES))
-def test_digen_with_tag_and_tsp_equals_colocated_over_two_steps(name, ray_session, tmp_path):
-    case = CASES[name]
-    digen = compose_run(*case, "trainer=digen", "digen.tag.policy=static:2", "digen.tsp.degree=2",
-                        "digen.gap.enable=true", "rollout.micro_batch_size=1", tmp_path=tmp_path / "d")
-    colocated = compose_run(*case, "trainer=colocated", tmp_path=tmp_path / "c")
-    if name == "mix_grpo":
-        sel = digen.sampler().selection
-        assert [sel.window(6, 0, s) for s in range(2)] == [(2, 4), (4, 6)]  # the window slides between the steps
+def _equal_over_two_steps(digen, colocated):
+    """Train both; digen's TAG ran, and parameters, reward and loss equal colocated's to 1e-10 at each step.
+    Returns digen's run."""
     res_d, params_d = train(digen)
     res_c, params_c = train(colocated)
     assert [r for r in res_d.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
@@ -41,6 +35,19 @@ def test_digen_with_tag_and_tsp_equals_colocated_over_two_steps(name, ray_sessio
     for a, b in zip(res_d.reports, res_c.reports):
         for key in ("reward/mean", "actor/loss"):
             assert abs(a.metrics[key] - b.metrics[key]) <= 1e-10, (key, a.metrics[key], b.metrics[key])
+    return res_d
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_digen_with_tag_and_tsp_equals_colocated_over_two_steps(name, ray_session, tmp_path):
+    case = CASES[name]
+    digen = compose_run(*case, "trainer=digen", "digen.tag.policy=static:2", "digen.tsp.degree=2",
+                        "digen.gap.enable=true", "rollout.micro_batch_size=1", tmp_path=tmp_path / "d")
+    colocated = compose_run(*case, "trainer=colocated", tmp_path=tmp_path / "c")
+    if name == "mix_grpo":
+        sel = digen.sampler().selection
+        assert [sel.window(6, 0, s) for s in range(2)] == [(2, 4), (4, 6)]  # the window slides between the steps
+    res_d = _equal_over_two_steps(digen, colocated)
     if name == "flow_dppo":  # the second mini-batch's rows moved past the threshold: some were dropped
         assert max(r.metrics["actor/clip_frac"] for r in res_d.reports) > 0
 
@@ -55,12 +62,4 @@ def test_diffusion_nft_digen_with_tag_and_tsp_equals_colocated_over_two_steps(ra
                         tmp_path=tmp_path / "d")
     colocated = compose_run(*NFT, "trainer=colocated", tmp_path=tmp_path / "c")
     assert digen.sampler().clean_only and digen.sampler().selection.kind == "random_k"
-    res_d, params_d = train(digen)
-    res_c, params_c = train(colocated)
-    assert [r for r in res_d.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
-    assert len(res_d.reports) == len(res_c.reports) == 2
-    worst = max(float((params_d[k].double() - params_c[k].double()).abs().max()) for k in params_c)
-    assert worst <= 1e-10, f"parameters differ by {worst:.3e}"
-    for a, b in zip(res_d.reports, res_c.reports):
-        for key in ("reward/mean", "actor/loss"):
-            assert abs(a.metrics[key] - b.metrics[key]) <= 1e-10, (key, a.metrics[key], b.metrics[key])
+    _equal_over_two_steps(digen, colocated)
