@@ -138,3 +138,25 @@ def test_a_measured_profile_already_holds_the_judge_in_its_scoring(tmp_path):
     plan = resource_plan(compose(judged))
     assert plan.predicted_step_s == resource_plan(compose(shape)).predicted_step_s
     assert "priced as the measured profile's scoring" in plan.render()
+
+
+def test_the_plans_price_the_judges_start_up_once_per_run_and_per_restart_on_both_sides(tmp_path, capsys):
+    """reward.served.startup_s (measured): the dry run and `digen plan` say its GPU-seconds for this run and for a
+    colocated baseline (its judge on the same pool of its own, or on all its GPUs); unset, they say it is not
+    priced."""
+    from verl_digen.cli import main
+    from verl_digen.config import judge
+
+    model = tmp_path / "judge"
+    model.mkdir()
+    own = [f"reward.served.model_path={model}", "resources.reward.workers=4", "reward.served.startup_s=40"]
+    assert "start-up 40 s (measured), paid once per run and again per restart, both sides: 160 GPU-s here " \
+           "(4 GPU(s)), 160 GPU-s for a colocated baseline (4 GPU(s))" in resource_plan(compose([*QWEN, *own])).render()
+    gen = compose([*QWEN, f"reward.served.model_path={model}", "reward.served.startup_s=40"])
+    assert "320 GPU-s here (8 GPU(s)), 640 GPU-s for a colocated baseline (16 GPU(s))" in resource_plan(gen).render()
+    place = judge.placement(gen)
+    assert place.startup_gpu_s(8, restarts=2) == 3 * 40 * 8
+    unset = resource_plan(compose([*QWEN, f"reward.served.model_path={model}"])).render()
+    assert "start-up not priced (set reward.served.startup_s" in unset
+    assert main(["plan", "--top", "1", "--policies", "never", "--stalenesses", "0", *QWEN, *own]) == 0
+    assert "160 GPU-s here (4 GPU(s)), 160 GPU-s for a colocated baseline" in capsys.readouterr().out

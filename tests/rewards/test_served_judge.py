@@ -71,7 +71,7 @@ def test_verl_omnis_reward_pool_and_tensor_parallel_are_carried(tmp_path):
 
 @pytest.mark.parametrize("case", ["not-served", "model-missing", "tp-2", "no-function", "command-without-port",
                                   "pool-not-multiple", "pool-without-judge", "tp-zero", "node-resource-no-pool",
-                                  "seconds-negative", "pool-negative"])
+                                  "seconds-negative", "startup-zero", "pool-negative"])
 def test_served_judge_refusals_before_ray(case, tmp_path):
     model = tmp_path / "judge"
     model.mkdir()
@@ -89,6 +89,7 @@ def test_served_judge_refusals_before_ray(case, tmp_path):
         "tp-zero": ("reward.served.tensor_parallel_size", "a positive integer (GPUs of one replica)"),
         "node-resource-no-pool": ("resources.reward.node_resource", "null unless resources.reward.workers > 0"),
         "seconds-negative": ("reward.served.seconds_per_image", "null or a finite number of seconds > 0"),
+        "startup-zero": ("reward.served.startup_s", "null or a finite number of seconds > 0"),
         "pool-negative": ("resources.reward.workers", "an integer in [0, 4096]"),
         "no-function": ("reward.served.model_path", "null unless a reward function calls it"),
         "command-without-port": ("reward.served.command", "one of them holding {port}"),
@@ -113,6 +114,8 @@ def test_served_judge_refusals_before_ray(case, tmp_path):
         args.append("resources.reward.node_resource=L4")
     elif case == "seconds-negative":
         args.append("reward.served.seconds_per_image=-1")
+    elif case == "startup-zero":
+        args.append("reward.served.startup_s=0")
     elif case == "pool-negative":
         args.append("resources.reward.workers=-1")
     with pytest.raises(ConfigError) as err:

@@ -29,6 +29,7 @@ class JudgePlacement:
     tensor_parallel_size: int
     own_pool: bool
     seconds_per_image: float | None = None
+    startup_s: float | None = None
 
     @property
     def replicas(self) -> int:
@@ -40,6 +41,13 @@ class JudgePlacement:
         its own, or replicas across several generator GPUs. Otherwise each scoring process serves its own
         one-GPU replica (``rewards/served.py``)."""
         return self.own_pool or self.tensor_parallel_size > 1
+
+    def startup_gpu_s(self, gpus: int, restarts: int = 0) -> float:
+        """GPU-seconds of the judge's starts on ``gpus`` GPUs (its replicas start together, each holding its GPUs
+        for ``startup_s``): once per run, again per restart. 0 when the start-up is not measured."""
+        if gpus < 0 or restarts < 0:
+            raise ValueError(f"gpus ({gpus}) and restarts ({restarts}) must be >= 0")
+        return (self.startup_s or 0.0) * gpus * (1 + restarts)
 
     def describe(self) -> str:
         where = "a pool of its own (not used by generation)" if self.own_pool else "the generator pool's GPUs"
@@ -59,11 +67,17 @@ def placement(cfg: Any) -> JudgePlacement | None:
     else:
         gpus = cfg.resources.generator.workers
     return JudgePlacement(gpus=gpus, tensor_parallel_size=int(s.tensor_parallel_size), own_pool=bool(own),
-                          seconds_per_image=s.seconds_per_image)
+                          seconds_per_image=s.seconds_per_image, startup_s=s.startup_s)
 
 
 def _int(value: Any) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _seconds(value: Any) -> bool:
+    """None, or a finite positive number of seconds."""
+    return value is None or (not isinstance(value, bool) and isinstance(value, (int, float)) and math.isfinite(value)
+                             and value > 0)
 
 
 def check(cfg: Any) -> None:
@@ -86,10 +100,12 @@ def check(cfg: Any) -> None:
     if not _int(tp) or tp < 1:
         raise ConfigError("reward.served.tensor_parallel_size", tp, "a positive integer (GPUs of one replica)")
     spi = s.seconds_per_image
-    if spi is not None and (isinstance(spi, bool) or not isinstance(spi, (int, float)) or not math.isfinite(spi)
-                            or spi <= 0):
+    if not _seconds(spi):
         raise ConfigError("reward.served.seconds_per_image", spi, "null or a finite number of seconds > 0 (one "
                           "replica's time per image scored, measured)")
+    if not _seconds(s.startup_s):
+        raise ConfigError("reward.served.startup_s", s.startup_s, "null or a finite number of seconds > 0 (one "
+                          "start of the judge, measured: the log's 'started in N s')")
     place = placement(cfg)
     if place is None or place.gpus % tp == 0:
         return
@@ -116,10 +132,15 @@ def cost(cfg: Any) -> Any:
 
 
 def plan_line(cfg: Any) -> str | None:
-    """The resource plan's line on the judge (None without one)."""
+    """The resource plan's line on the judge (None without one): its placement, its price per image and its
+    start-up, both sides."""
     place = placement(cfg)
     if place is None:
         return None
+    return _per_image(cfg, place) + "; " + startup_text(cfg, place)
+
+
+def _per_image(cfg: Any, place: JudgePlacement) -> str:
     both = ("; the baselines serve it on the same GPUs" if place.own_pool else
             "; the colocated baselines serve it on all their GPUs, as verl-omni shares the actor's")
     profile = getattr(cfg.digen, "profile", None)
@@ -130,6 +151,25 @@ def plan_line(cfg: Any) -> str | None:
         return (f"{place.describe()}{both}; not priced (set reward.served.seconds_per_image, one replica's "
                 "measured time per image, to count it in the predictions)")
     return f"{place.describe()}{both}; priced at {place.seconds_per_image:g} s per image per replica, both sides"
+
+
+def baseline_gpus(cfg: Any, place: JudgePlacement) -> int:
+    """The GPUs a colocated baseline serves the judge on: the same pool of its own, or all its GPUs (verl-omni's
+    judge shares the actor's)."""
+    return place.gpus if place.own_pool else int(cfg.total_workers)
+
+
+def startup_text(cfg: Any, place: JudgePlacement) -> str:
+    """The judge's start-up price: paid once per run and again per restart, by this run and by every colocated
+    baseline alike (verl-omni starts its judge too), each on the GPUs it serves the judge on. One-off, so not in
+    the per-step predictions (as a generator engine's start-up, config/memory.py)."""
+    if place.startup_s is None:
+        return ("start-up not priced (set reward.served.startup_s, the log's 'reward model ... served ... "
+                "(started in N s)')")
+    base = baseline_gpus(cfg, place)
+    return (f"start-up {place.startup_s:g} s (measured), paid once per run and again per restart, both sides: "
+            f"{place.startup_gpu_s(place.gpus):.0f} GPU-s here ({place.gpus} GPU(s)), "
+            f"{place.startup_gpu_s(base):.0f} GPU-s for a colocated baseline ({base} GPU(s))")
 
 
 def _is_preset(profile: str) -> bool:

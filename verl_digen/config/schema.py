@@ -148,6 +148,7 @@ class ServedRewardConfig:
     command: list[str] | None = None  # replaces vLLM's server: argv with {port}, {model_path}
     startup_timeout_s: float = 600.0  # how long the server may take to answer /v1/models
     seconds_per_image: float | None = None  # one replica's time per image scored (measured): the plans price it
+    startup_s: float | None = None  # one start of the judge, measured (the log's "started in N s"): the plans price it
 
 
 @dataclass

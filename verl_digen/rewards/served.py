@@ -112,7 +112,8 @@ class JudgeServer:
             self.stop()
             raise
         self.startup_s = time.perf_counter() - t0
-        logger.info("reward model %s served at %s (started in %.1f s)", spec.model_path, self.address, self.startup_s)
+        logger.info("reward model %s served at %s (started in %.1f s; reward.served.startup_s prices it)",
+                    spec.model_path, self.address, self.startup_s)
 
     def _wait_ready(self, t0: float) -> None:
         url = f"http://{LOCAL if self.host in (LOCAL, ANY) else self.host}:{self.port}/v1/models"
@@ -260,7 +261,8 @@ def start_replicas(spec: ServedSpec, placements: list[tuple[dict[str, Any], str 
             ray.kill(a)
         raise
     addresses = ray.get([a.address.remote() for a in actors])
-    logger.info("reward model %s served by %d replica(s) at %s (started in %.1f s at most)", spec.model_path,
+    logger.info("reward model %s served by %d replica(s) at %s (started in %.1f s at most; reward.served.startup_s "
+                "prices it)", spec.model_path,
                 len(actors), ", ".join(addresses), max(starts))
     return actors
 
