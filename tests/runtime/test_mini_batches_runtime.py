@@ -100,6 +100,22 @@ def test_mini_batches_equal_verls_loop_for_digen_with_tag_and_for_colocated(ray_
     assert colocated_kinds == [(UPDATE, None, 4), (OPTIMIZER_STEP, 0, 0), (UPDATE, None, 4), (OPTIMIZER_STEP, None, 0)]
 
 
+def test_mix_grpo_mini_batches_equal_verls_loop_with_the_window_sliding(ray_session, tmp_path):
+    """MixGRPO (a progressive SDE window of 2 of 6 steps, moving between the global steps) with two mini-batches:
+    digen (TAG, TSP, row packing) trains what the reference loop trains on the window's rows."""
+    common = [*SHAPE, "algorithm.name=mix_grpo", "rollout.num_steps=6", "rollout.train_steps=2",
+              "rollout.sample_strategy=progressive"]
+    digen = compose_run("trainer=digen", *common, "digen.tag.policy=static:2", "digen.tsp.degree=1",
+                        "digen.tsp.rows_per_pass=3", tmp_path=tmp_path / "d")
+    assert [digen.sampler().selection.window(6, 0, s) for s in range(2)] == [(2, 4), (4, 6)]
+    res, params = train(digen)
+    ref = verl_reference(digen, steps=2)
+    assert _gap(params, ref) <= 1e-10, _gap(params, ref)
+    assert [r for r in res.timeline.records if r.kind == TAG_GENERATE], "TAG was forced on but never ran"
+    assert [(r.step, r.mini_batch) for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [
+        (0, 0), (0, None), (1, 0), (1, None)]
+
+
 def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session, tmp_path):
     base = [*SHAPE[:2], "trainer.total_steps=2", "digen.tag.policy=static:1"]
     _, unset = train(compose_run(*base, tmp_path=tmp_path / "a"))
