@@ -4,7 +4,7 @@ process, at two row sizes. The cost model prices a sharded pass as ``costs.Shard
 collective count times one all-gather's latency, which the runtime's probe times between two idle processes; this
 measures the pass itself, so the two can be set side by side (issue 41: the colocated cross-mode error).
 
-    python bench/sharded_pass.py [--arch flux] [--rows 4 16] [--reps 6]   # one JSON object, the last line
+    python bench/sharded_pass.py --json [--arch flux] [--rows 4 16] [--reps 6]   # one JSON object, the last line
 """
 
 from __future__ import annotations
@@ -75,6 +75,7 @@ def main() -> None:
     ap.add_argument("--latent-size", type=int, default=16)
     ap.add_argument("--rows", type=int, nargs="+", default=[4, 16])
     ap.add_argument("--reps", type=int, default=6)
+    ap.add_argument("--json", action="store_true", help="print the figures as one JSON object on the last line")
     args = ap.parse_args()
     alone, calls = _run(1, args)
     sharded, _ = _run(2, args)
@@ -83,8 +84,9 @@ def main() -> None:
         print(f"{r:4d} rows: unsharded {1e3 * alone[r]:7.1f} ms, 2 ranks {1e3 * sharded[r]:7.1f} ms, "
               f"sharding adds {1e3 * extra[r]:6.1f} ms ({1e3 * extra[r] / calls['pass_calls']:.2f} ms per collective, "
               f"{calls['pass_calls']} per pass)")
-    print(json.dumps({"arch": args.arch, "unsharded_s": alone, "sharded_s": sharded, "extra_s": extra,
-                      "pass_calls": calls["pass_calls"], "pass_bytes": calls["pass_bytes"]}))
+    if args.json:
+        print(json.dumps({"arch": args.arch, "unsharded_s": alone, "sharded_s": sharded, "extra_s": extra,
+                          "pass_calls": calls["pass_calls"], "pass_bytes": calls["pass_bytes"]}))
 
 
 if __name__ == "__main__":
