@@ -120,10 +120,11 @@ def check(cfg: Any) -> None:
 
 
 def cost(cfg: Any) -> Any:
-    """The judge as the cost model's ``JudgeCost`` (schedule/costs.py), None when no judge is served or its time
-    per image is not given (``reward.served.seconds_per_image``: then the plans leave it out, and say so)."""
+    """The judge as the cost model's ``JudgeCost`` (schedule/costs.py), None when no judge is served, its time
+    per image is not given (``reward.served.seconds_per_image``: then the plans leave it out, and say so), or the
+    costs are a measured profile's (its scoring already holds the judge: the run's score actions took it)."""
     place = placement(cfg)
-    if place is None or place.seconds_per_image is None:
+    if place is None or place.seconds_per_image is None or _measured_profile(cfg):
         return None
     from verl_digen.schedule.costs import JudgeCost
 
@@ -143,8 +144,7 @@ def plan_line(cfg: Any) -> str | None:
 def _per_image(cfg: Any, place: JudgePlacement) -> str:
     both = ("; the baselines serve it on the same GPUs" if place.own_pool else
             "; the colocated baselines serve it on all their GPUs, as verl-omni shares the actor's")
-    profile = getattr(cfg.digen, "profile", None)
-    if profile and place.seconds_per_image is not None and not _is_preset(profile):
+    if place.seconds_per_image is not None and _measured_profile(cfg):
         return (f"{place.describe()}{both}; priced as the measured profile's scoring (its score actions held the "
                 "judge; reward.served.seconds_per_image prices presets only)")
     if place.seconds_per_image is None:
@@ -172,8 +172,9 @@ def startup_text(cfg: Any, place: JudgePlacement) -> str:
             f"{place.startup_gpu_s(base):.0f} GPU-s for a colocated baseline ({base} GPU(s))")
 
 
-def _is_preset(profile: str) -> bool:
-    """Whether ``digen.profile`` names a preset (priced from its sizes) rather than a measured profile file."""
+def _measured_profile(cfg: Any) -> bool:
+    """Whether ``digen.profile`` is a measured profile file rather than a preset (priced from its sizes)."""
     from verl_digen.schedule.presets import PRESETS
 
-    return profile in PRESETS
+    profile = cfg.digen.profile
+    return bool(profile) and profile not in PRESETS

@@ -50,9 +50,7 @@ def cluster_spec(cfg: RunConfig) -> tuple[CostModel, bool, presets.PresetSpec | 
     model = model.with_workers(cfg.resources.generator.workers, cfg.resources.trainer.workers)
     from verl_digen.config import judge
 
-    # the served judge's time per image, on both sides of every comparison; a measured profile's scoring
-    # already holds it (the run's score actions took it)
-    priced = judge.cost(cfg) if spec is not None else None
+    priced = judge.cost(cfg)  # the served judge's time per image, on both sides of every comparison
     if priced is not None:
         model = with_judge(model, priced)
     return model, bool(spec is not None and spec.heterogeneous), spec
