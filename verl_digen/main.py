@@ -176,7 +176,7 @@ def dry_run(cfg: RunConfig) -> str:
     from verl_digen.config.memory import memory_plan
     from verl_digen.config.plan import resource_plan
     from verl_digen.config.stop_plan import stop_plan
-    from verl_digen.rewards.custom import CUSTOM
+    from verl_digen.rewards.names import CUSTOM
 
     mem = memory_plan(cfg)
     plan = resource_plan(cfg)

@@ -5,6 +5,7 @@ sees them: a backend or policy in one file is accepted by name, an unknown name 
 from __future__ import annotations
 
 import importlib.util
+import sys
 from pathlib import Path
 
 import pytest
@@ -12,7 +13,9 @@ import pytest
 from verl_digen.config import ConfigError, compose, validate
 from verl_digen.driver.faults import fault_policy
 from verl_digen.schedule.tag_policy import unregister_tag_policy
+from verl_digen.workers import sync_spec
 from verl_digen.workers.sync import (
+    SYNC_BACKENDS,
     CollectiveSync,
     ObjectStoreSync,
     SyncBackend,
@@ -78,6 +81,15 @@ def test_builtin_backends_are_registered_with_their_properties():
         == (True, True, 1)
     assert (CollectiveSync.restartable, CollectiveSync.publish_returns_weights, CollectiveSync.trainer_threads) \
         == (False, False, 2)
+
+
+def test_the_names_a_config_check_reads_without_ray_are_the_registered_ones(monkeypatch):
+    """``workers/sync_spec.py`` (what ``validate`` reads: no ray, no torch) names exactly the backends
+    ``workers/sync.py`` registers, and reads the registry itself once that is imported (a plugin's too)."""
+    ours = {name for name, cls in SYNC_BACKENDS.items() if cls.__module__ == "verl_digen.workers.sync"}
+    assert ours == set(sync_spec.BUILTIN)
+    monkeypatch.delitem(sys.modules, "verl_digen.workers.sync")  # as in a dry run
+    assert sync_spec.sync_backend_names() == tuple(sorted(sync_spec.BUILTIN))
 
 
 def test_builtin_backends_issue_the_same_calls_as_before():

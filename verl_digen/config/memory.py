@@ -136,7 +136,7 @@ def measured_size(model, source: str) -> ModelSize:
 
 def reward_memory(cfg: RunConfig) -> tuple[float, list[str]]:
     """Bytes of the reward model(s) the configured reward loads on a GPU, and notes on what is not counted."""
-    from verl_digen.rewards.custom import CUSTOM
+    from verl_digen.rewards.names import CUSTOM
 
     names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
     if cfg.custom_reward_function.path is not None or cfg.reward.functions:
@@ -417,7 +417,7 @@ def memory_plan(cfg: RunConfig, size: ModelSize | None = None, *, rows: int | No
         # buckets until the next publish; a generator receives large tensors in place and stages two packed
         # buckets of the small ones (whatever R), or the whole payload until it verifies
         # (digen.sync.verify_payload); a relaying generator packs two as well
-        from verl_digen.workers.config import SYNC_PACK_MB  # torch: only for the collective sync's plan
+        from verl_digen.workers.sync_spec import SYNC_PACK_MB  # no torch, no ray
 
         moved = trainable * model_b if lora else n * model_b
         packed = min(cfg.digen.sync.bucket_mb, SYNC_PACK_MB) * 2 ** 20

@@ -60,7 +60,7 @@ def custom_rows(cfg: Any) -> None:
 
 def custom_reward(cfg: Any) -> None:
     """``custom_reward_function``: the file loads and defines the function, and the reward config uses it."""
-    from verl_digen.rewards.custom import CUSTOM, check_function, per_sample
+    from verl_digen.rewards.names import CUSTOM
 
     c, r = cfg.custom_reward_function, cfg.reward
     names = list(r.weights) if r.weights else [r.name]
@@ -73,6 +73,8 @@ def custom_reward(cfg: Any) -> None:
     if not isinstance(c.name, str) or not c.name.isidentifier():
         raise ConfigError("custom_reward_function.name", c.name,
                           "the name of a function in custom_reward_function.path")
+    from verl_digen.rewards.custom import check_function, per_sample  # torch: only with a custom function
+
     try:
         fn = check_function(c.path, c.name, c.reward_kwargs, served=bool(r.served.model_path))
     except ValueError as err:
@@ -99,11 +101,11 @@ def custom_reward(cfg: Any) -> None:
 def reward_functions(cfg: Any) -> None:
     """``reward.functions`` (verl-omni's multi-reward manager): the whole reward, so alone; each entry's
     function loads and takes the keywords it declares."""
-    from verl_digen.rewards.functions import check_functions
-
     r = cfg.reward
     if r.functions is None:
         return
+    from verl_digen.rewards.functions import check_functions  # torch: only where functions are configured
+
     others = [(k, v) for k, v in (("reward.weights", r.weights), ("reward.kwargs", r.kwargs),
                                   ("custom_reward_function.path", cfg.custom_reward_function.path)) if v]
     if others:
@@ -131,12 +133,13 @@ def served_reward(cfg: Any) -> None:
     """``reward.served``: a model on this machine, settings in range, a function that calls it, and what
     serving it needs installed (vLLM unless ``command`` replaces it)."""
     from verl_digen.config import judge
-    from verl_digen.rewards.custom import checkpoint_missing
 
     s = cfg.reward.served
     judge.check(cfg)  # resources.reward and the judge's replicas x tensor parallel size
     if not s.model_path:
         return
+    from verl_digen.rewards.custom import checkpoint_missing  # torch: only where a judge is served
+
     if not (cfg.custom_reward_function.path or cfg.reward.functions):
         raise ConfigError("reward.served.model_path", s.model_path, "null unless a reward function calls it "
                           "(custom_reward_function.path or reward.functions)")

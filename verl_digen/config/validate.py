@@ -202,13 +202,23 @@ def _check_mix_grpo(cfg: RunConfig) -> None:
                           "else [0, rollout.num_steps])")
 
 
+def _check_reward_names(cfg: RunConfig) -> None:
+    """``reward.name`` / ``reward.weights`` name registered rewards, read without torch (``rewards/names.py``):
+    a dry run builds no reward."""
+    from verl_digen.rewards.names import reward_names
+
+    known = reward_names()
+    for name in list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]:
+        if name not in known:
+            raise ConfigError("reward.name" if not cfg.reward.weights else "reward.weights", name,
+                              f"one of {', '.join(known)}")
+
+
 def validate(cfg: RunConfig) -> list[str]:
     """Check every setting the runtime reads; raise ``ConfigError`` on the first bad one, and return
     warnings (e.g. fewer prompts than a step's batch) for the caller to print. Files are probed here
     (prompt files read, output dirs written to, checkpoints' metadata read), so nothing fails after Ray
     starts. (Whether the pools fit the Ray cluster is checked once Ray is up: ``pools.check_cluster_fits``.)"""
-    from verl_digen.rewards import REWARDS
-
     t, r, d = cfg.trainer, cfg.rollout, cfg.digen
     checks.numbers(cfg)  # NaN / Inf / sign of every float first: later checks compute with them
     _choice("trainer.mode", t.mode, MODES)
@@ -241,11 +251,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("model.latent_width", cfg.model.latent_width, "null unless model.latent_size (the latent "
                           "height) is set too: a null latent_size means the architecture's default square")
     _check_frames(cfg.model)
-    names = list(cfg.reward.weights) if cfg.reward.weights else [cfg.reward.name]
-    for name in names:
-        if name not in REWARDS:
-            raise ConfigError("reward.name" if not cfg.reward.weights else "reward.weights", name,
-                              f"one of {', '.join(sorted(REWARDS))}")
+    _check_reward_names(cfg)
     _positive("data.train_batch_size", cfg.data.train_batch_size)
     if cfg.data.train_files is not None and not os.path.isfile(cfg.data.train_files):
         raise ConfigError("data.train_files", cfg.data.train_files, "an existing .txt, .jsonl or .parquet prompt file")
@@ -283,7 +289,7 @@ def validate(cfg: RunConfig) -> list[str]:
         raise ConfigError("digen.tag.policy", d.tag.policy, f"a registered TAG policy: {tag_policy_usage()}") from None
     except ValueError as err:
         raise ConfigError("digen.tag.policy", d.tag.policy, f"one of {tag_policy_usage()} ({err})") from None
-    from verl_digen.workers.sync import sync_backend_names  # the registered backends (imports ray, not Ray)
+    from verl_digen.workers.sync_spec import sync_backend_names  # no ray, no torch
 
     _choice("digen.sync.backend", d.sync.backend, sync_backend_names())
     if not (isinstance(d.sync.bucket_mb, int) and not isinstance(d.sync.bucket_mb, bool)

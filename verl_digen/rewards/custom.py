@@ -44,10 +44,10 @@ from typing import Any
 import torch
 
 from .base import Reward, Rows
+from .names import CUSTOM  # its home: names.py, readable without torch
 
 logger = logging.getLogger(__name__)
 
-CUSTOM = "custom"
 #: verl-omni's (verl's) per-sample reward parameters, passed by keyword
 PER_SAMPLE_PARAMS = ("data_source", "solution_image", "ground_truth", "extra_info")
 

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_digen.workers.config import SYNC_PACK_MB
+from verl_digen.workers.sync_spec import SYNC_PACK_MB
 
 #: ``digen.sync.bucket_mb``'s default: verl's ``update_weights_bucket_megabytes`` (its checkpoint engine)
 DEFAULT_BUCKET_MB = 2048

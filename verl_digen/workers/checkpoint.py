@@ -34,9 +34,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-import torch
-import xxhash
+import xxhash  # torch and numpy are imported where tensors are saved or loaded: a config check reads directories
 
 FORMAT = 2
 TRAINER_FILE = "trainer.pt"
@@ -67,6 +65,9 @@ def rng_file(rank: int) -> str:
 # -- RNG as tensors + JSON ------------------------------------------------------------------------
 def rng_state() -> dict[str, Any]:
     """Every random stream this process may draw from, as tensors plus one JSON string."""
+    import numpy as np
+    import torch
+
     kind, keys, pos, has_gauss, cached = np.random.get_state()
     version, internal, gauss_next = random.getstate()
     state: dict[str, Any] = {
@@ -81,6 +82,9 @@ def rng_state() -> dict[str, Any]:
 
 
 def set_rng_state(state: dict[str, Any]) -> None:
+    import numpy as np
+    import torch
+
     meta = json.loads(state["json"])
     torch.set_rng_state(state["torch"])
     version, internal, gauss_next = meta["python"]
@@ -179,6 +183,8 @@ TENSOR_COPIES = ("ema", "nft_old")
 
 def _split(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
     """(tensors for trainer.pt, the JSON rest) of the trainer's payload."""
+    import torch
+
     tensors: dict[str, Any] = {"params": dict(payload["params"]), "optim": {}}
     for key in TENSOR_COPIES:  # the EMA (actor.ema_decay), DiffusionNFT's old copy: by parameter name
         if payload.get(key) is not None:
@@ -196,6 +202,8 @@ def _split(payload: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
 
 def non_finite(tensors: dict[str, Any], prefix: str = "") -> str | None:
     """The name of the first tensor holding NaN/Inf (nested dicts), or None."""
+    import torch
+
     for k, v in tensors.items():
         if isinstance(v, dict):
             bad = non_finite(v, f"{prefix}{k}.")
@@ -246,6 +254,8 @@ def _write_digest(dst: Path, digest: str) -> None:
 
 
 def _save_file(obj: Any, dst: Path) -> None:
+    import torch
+
     with open(dst, "wb") as f:
         out = _HashingWriter(f)
         torch.save(obj, out)
@@ -304,6 +314,8 @@ def save(path: str | Path, rank: int, payload: dict[str, Any] | None, extra: dic
 
 
 def _json_default(v: Any) -> Any:
+    import torch
+
     if isinstance(v, tuple):
         return list(v)
     if torch.is_tensor(v) and v.numel() == 1:
@@ -379,6 +391,8 @@ def verify(path: str | Path) -> bool:
 
 def safe_load(file: str | Path) -> Any:
     """``torch.load(weights_only=True)``: tensors and plain containers only, never arbitrary code."""
+    import torch
+
     try:
         return torch.load(file, map_location="cpu", weights_only=True)
     except Exception as err:  # UnpicklingError for foreign objects, RuntimeError / EOFError for torn files

@@ -15,10 +15,6 @@ from verl_digen.algo.loss import LossConfig
 from verl_digen.rewards import DEFAULT_LEARNABLE_REWARD
 from verl_digen.rollout.sampler import SamplerConfig
 
-#: collective sync: tensors smaller than this are packed together into buckets of at most this size, the only
-#: buckets a receiver stages (larger tensors land in place); workers/buckets.py, config/memory.py
-SYNC_PACK_MB = 64
-
 
 @dataclass(frozen=True)
 class PolicyConfig:
