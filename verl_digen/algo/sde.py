@@ -32,7 +32,7 @@ from dataclasses import dataclass
 
 import torch
 
-from verl_digen.defaults import LOG_PROB_KINDS, SDE_KINDS
+from verl_digen.algo.sampling import check_sde
 
 _LOG_SQRT_2PI = 0.5 * math.log(2 * math.pi)
 
@@ -45,21 +45,6 @@ class SDEStep:
     log_prob: torch.Tensor
     mean: torch.Tensor
     std: torch.Tensor  # per-row standard deviation of the transition, broadcastable to ``mean``
-
-
-def check_sde(kind: str, eta: float, log_prob: str = "gaussian") -> None:
-    """Raise a clear error for an unknown SDE kind or log-prob form, or a negative noise level."""
-    if kind not in SDE_KINDS:
-        raise ValueError(f"unknown SDE kind {kind!r}; expected one of {', '.join(SDE_KINDS)}")
-    if log_prob not in LOG_PROB_KINDS:
-        raise ValueError(f"unknown log-prob form {log_prob!r}; expected one of {', '.join(LOG_PROB_KINDS)}")
-    if log_prob == "squared_error" and kind != "cps":
-        raise ValueError(f"log_prob='squared_error' is the CPS convention of flow_grpo / verl-omni; "
-                         f"sde kind {kind!r} uses the Gaussian log-density there too")
-    if not (eta >= 0.0 and math.isfinite(eta)):
-        raise ValueError(f"noise level eta must be a finite number >= 0, got {eta!r}")
-    if kind == "cps" and eta > 1.0:
-        raise ValueError(f"cps noise level eta must lie in [0, 1], got {eta!r}")
 
 
 def _rows(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:

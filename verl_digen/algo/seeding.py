@@ -9,8 +9,10 @@ identical trajectories and the modes can be compared exactly.
 from __future__ import annotations
 
 import hashlib
+from typing import TYPE_CHECKING
 
-import torch
+if TYPE_CHECKING:  # torch only where a generator is built: a seed is plain arithmetic
+    import torch
 
 
 def sample_seed(seed: int, step: int, prompt: int, sample: int, stream: str = "noise") -> int:
@@ -21,4 +23,6 @@ def sample_seed(seed: int, step: int, prompt: int, sample: int, stream: str = "n
 
 def sample_generator(seed: int, step: int, prompt: int, sample: int, stream: str = "noise") -> torch.Generator:
     """A CPU generator for one sample's stream; draws are moved to the target device afterwards."""
+    import torch
+
     return torch.Generator(device="cpu").manual_seed(sample_seed(seed, step, prompt, sample, stream))

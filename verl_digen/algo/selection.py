@@ -15,13 +15,15 @@ sample, so (sample, step) rows stack into one TSP batch. Step i is the transitio
 from __future__ import annotations
 
 from dataclasses import dataclass
-
-import torch
+from typing import TYPE_CHECKING
 
 from verl_digen.algo.mix_grpo import MixWindow
 from verl_digen.algo.seeding import sample_generator, sample_seed
 from verl_digen.defaults import SELECTION_KINDS
 from verl_digen.schedule.costs import trained_steps
+
+if TYPE_CHECKING:  # torch only where indices are drawn (select): K and the window are plain arithmetic
+    import torch
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,8 @@ class StepSelection:
         self, num_steps: int, seed: int, step: int, prompt_ids: list[int], sample_ids: list[int]
     ) -> torch.Tensor:
         """(B, K) long tensor of sorted trained-step indices for the given samples."""
+        import torch
+
         k = self.num_trained(num_steps)
         if self.kind == "first_k":
             row = torch.arange(k)

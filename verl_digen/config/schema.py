@@ -24,6 +24,7 @@ from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfi
 
 if TYPE_CHECKING:  # the resolved configs live beside the torch code that reads them: imported where built
     from verl_digen.algo.advantages import AdvantageConfig
+    from verl_digen.algo.sampling import SamplerSpec
     from verl_digen.algo.selection import StepSelection
     from verl_digen.rollout.sampler import SamplerConfig
     from verl_digen.workers.config import WorkerConfig
@@ -319,16 +320,22 @@ class RunConfig:
         algo = ALGORITHMS.get(self.algorithm.name) if isinstance(self.algorithm.name, str) else None
         return algo.sde if algo is not None and algo.sde is not None else self.rollout.sde_type
 
-    def sampler(self) -> SamplerConfig:
-        from verl_digen.rollout.sampler import SamplerConfig
+    def sampler_spec(self) -> SamplerSpec:
+        """The rollout's sampling, as plain numbers (no torch: what the checks and plans read)."""
+        from verl_digen.algo.sampling import SamplerSpec
 
         r = self.rollout
         sde = self.sde_type()
-        return SamplerConfig(num_steps=r.num_steps, shift=r.shift, sde=sde, eta=r.noise_level,
-                             guidance_scale=r.guidance_scale, selection=self.step_selection(),
-                             shared_group_noise=r.shared_group_noise, decode=True,
-                             log_prob=r.cps_log_prob if sde == "cps" else "gaussian",
-                             clean_only=self.algorithm.name == "diffusion_nft")
+        return SamplerSpec(num_steps=r.num_steps, shift=r.shift, sde=sde, eta=r.noise_level,
+                           guidance_scale=r.guidance_scale, selection=self.step_selection(),
+                           shared_group_noise=r.shared_group_noise, decode=True,
+                           log_prob=r.cps_log_prob if sde == "cps" else "gaussian",
+                           clean_only=self.algorithm.name == "diffusion_nft")
+
+    def sampler(self) -> SamplerConfig:
+        from verl_digen.rollout.sampler import SamplerConfig
+
+        return SamplerConfig.of(self.sampler_spec())
 
     def nft(self):
         """DiffusionNFT's settings (``algo.diffusion_nft.NFTConfig``), None under another algorithm."""
@@ -342,7 +349,7 @@ class RunConfig:
                          old_policy_decay=g.old_policy_decay, old_policy_update_interval=g.old_policy_update_interval)
 
     def trained_steps(self) -> int:
-        return self.sampler().validate()
+        return self.sampler_spec().validate()
 
     def mini_batches(self) -> int:
         """Optimizer steps per global step: the batch's prompts over ``actor.ppo_mini_batch_size``."""

@@ -7,53 +7,29 @@ any batch, on a generator worker, on a trainer worker (TAG) or in a colocated ru
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, fields
 
 import torch
 
 from verl_digen.algo.loss import LossConfig
-from verl_digen.algo.sde import check_sde
+from verl_digen.algo.sampling import SamplerSpec
 from verl_digen.algo.seeding import sample_generator
-from verl_digen.algo.selection import StepSelection
 from verl_digen.algo.sigmas import flow_sigmas
 from verl_digen.algo.trajectory import Trajectories
 from verl_digen.algo.tsp import TrainStepConfig
-from verl_digen.defaults import NUM_STEPS, TRAIN_STEPS
 from verl_digen.models.base import Conditioning, DiffusionModel
 from verl_digen.rollout.denoise import denoise
 
 
 @dataclass(frozen=True)
-class SamplerConfig:
-    """How trajectories are sampled: steps, schedule shift, SDE kind and noise level, CFG, selection."""
+class SamplerConfig(SamplerSpec):
+    """A :class:`SamplerSpec` (its fields and ``validate``) with the tensors a rollout and its trainer build
+    from it: the sigma schedule, the trainer's step settings and the SDE mask."""
 
-    num_steps: int = NUM_STEPS
-    shift: float = 1.0
-    sde: str = "flow_grpo"
-    eta: float = 0.7
-    guidance_scale: float = 1.0
-    selection: StepSelection = field(default_factory=lambda: StepSelection("first_k", k=TRAIN_STEPS))
-    shared_group_noise: bool = False  # DanceGRPO: one initial noise per prompt group
-    decode: bool = True
-    log_prob: str = "gaussian"  # or "squared_error": flow_grpo / verl-omni's CPS log-prob (sde="cps" only)
-    #: DiffusionNFT: a plain ODE rollout (no noise, no log-prob) that keeps only the clean samples; the
-    #: trained steps give the trainer's rows their t (``algo.diffusion_nft.noised_rows``)
-    clean_only: bool = False
-
-    def validate(self) -> int:
-        """Check the settings; return the number of trained steps K."""
-        check_sde(self.sde, self.eta, self.log_prob)
-        if self.clean_only:
-            if self.selection.kind == "window":
-                raise ValueError("a clean-only (DiffusionNFT) rollout has no SDE window: select first_k or random_k")
-        elif self.sde == "ode" or self.eta == 0:
-            raise ValueError(
-                f"sde={self.sde!r} with eta={self.eta} samples deterministically: there is no log-prob "
-                "to train on; use an SDE kind (flow_grpo, dance_grpo, cps) with eta > 0"
-            )
-        if self.guidance_scale < 1.0:
-            raise ValueError(f"guidance_scale must be >= 1, got {self.guidance_scale}")
-        return self.selection.num_trained(self.num_steps)
+    @classmethod
+    def of(cls, spec: SamplerSpec) -> SamplerConfig:
+        """This spec's sampler (same fields)."""
+        return cls(**{f.name: getattr(spec, f.name) for f in fields(SamplerSpec)})
 
     def sigmas(self, dtype: torch.dtype) -> torch.Tensor:
         return flow_sigmas(self.num_steps, self.shift, dtype)
