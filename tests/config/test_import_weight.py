@@ -40,12 +40,14 @@ def test_a_dry_run_imports_neither_the_driver_nor_verl(tmp_path):
     assert _loaded(code, tmp_path, ("verl", "verl_digen.driver.runtime")) == []
 
 
-@pytest.mark.slow
-def test_a_recipe_dry_run_imports_neither_diffusers_nor_a_model_adapter(tmp_path):
-    """A pretrained model's dry run (validate, the memory plan, the resource plan) reads each architecture's
-    facts (``verl_digen/archs.py``), never its nn.Module adapter: diffusers (~1.5 s of CPU) stays unloaded."""
-    code = ("import sys\nfrom verl_digen import main\n"
-            f"sys.argv = ['main', '--config-dir', {str(ROOT / 'recipes')!r}, '--config-name', 'wan2.1-14b-32', "
-            "'trainer.dry_run=true']\nmain.main()")
-    heavy = ("diffusers", "verl_digen.models.adapter", "verl", "verl_digen.driver.runtime")
+def test_a_recipe_dry_run_imports_neither_torch_nor_ray_nor_a_model_adapter(tmp_path):
+    """A pretrained model's dry run (load, validate, the memory plan, the resource plan) reads each
+    architecture's facts (``verl_digen/archs.py``), the rewards' and sync backends' names
+    (``rewards/names.py``, ``workers/sync_spec.py``) and the trained steps (``algo/sampling.py``), never
+    torch (~0.8 s of CPU), diffusers (~1.5 s), ray (~0.3 s) or a model adapter: each recipe, in one interpreter."""
+    code = "import sys\nfrom verl_digen import main\n"
+    for recipe in ("wan2.1-14b-32", "flux-12b-32", "hunyuanvideo-13b-16"):
+        code += (f"sys.argv = ['main', '--config-dir', {str(ROOT / 'recipes')!r}, '--config-name', {recipe!r}, "
+                 "'trainer.dry_run=true']\nmain.main()\n")
+    heavy = ("torch", "diffusers", "ray", "verl_digen.models.adapter", "verl", "verl_digen.driver.runtime")
     assert _loaded(code, tmp_path, heavy) == []
