@@ -390,10 +390,8 @@ def cmd_export(args: argparse.Namespace) -> int:
     return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="digen", description="verl-digen tools")
-    sub = parser.add_subparsers(dest="command", required=True)
-
+def _add_simulate_parser(sub: argparse._SubParsersAction) -> None:
+    """`digen simulate`: the ablation ladder of one workload, or one mode of it."""
     sim = sub.add_parser("simulate", help="predict step time of every mode (the ablation ladder)")
     _add_source_args(sim)
     sim.add_argument("--generators", type=int, help="override the generator pool size")
@@ -407,6 +405,9 @@ def build_parser() -> argparse.ArgumentParser:
     sim.add_argument("--dump-profile", help="write the cost model (and workload) as a profile YAML/JSON")
     sim.set_defaults(func=cmd_simulate)
 
+
+def _add_plan_parser(sub: argparse._SubParsersAction) -> None:
+    """`digen plan`: the search over splits and policies, for a preset or a recipe's own job."""
     plan = sub.add_parser("plan", help="best split, micro-batch, rows per pass, update size, TAG policy and staleness")
     _add_source_args(plan, strongest=True)
     plan.add_argument("--recipe", help="plan a recipe's job (its batch, model, pools, memory); "
@@ -427,12 +428,18 @@ def build_parser() -> argparse.ArgumentParser:
                       "candidate too)")
     plan.set_defaults(func=cmd_plan)
 
+
+def _add_export_parser(sub: argparse._SubParsersAction) -> None:
+    """`digen export`: a checkpoint as something a diffusers user can load."""
     exp = sub.add_parser("export", help="a deployable export of a checkpoint: diffusers transformer or PEFT adapter")
     exp.add_argument("checkpoint", help="a complete checkpoint directory (.../global_step_<N>)")
     exp.add_argument("out", help="output directory")
     exp.add_argument("--ema", action="store_true", help="export the EMA of the trained weights (actor.ema_decay)")
     exp.set_defaults(func=cmd_export)
 
+
+def _add_plot_parser(sub: argparse._SubParsersAction) -> None:
+    """`digen plot`: a finished run's pictures, redrawn from its trace dir."""
     plot = sub.add_parser("plot", help="draw the Gantt chart and the curves of a run from its trace dir")
     plot.add_argument("trace_dir", help="a run's trainer.trace_dir (<mode>_timeline.json, <mode>_metrics.jsonl)")
     plot.add_argument("--mode", help="only this run's files (default: every mode found)")
@@ -440,6 +447,15 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("--gantt-steps", dest="gantt_steps", type=int, default=3,
                       help="steps shown in the Gantt, from the first (default %(default)s; 0: all)")
     plot.set_defaults(func=cmd_plot)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="digen", description="verl-digen tools")
+    sub = parser.add_subparsers(dest="command", required=True)
+    _add_simulate_parser(sub)
+    _add_plan_parser(sub)
+    _add_export_parser(sub)
+    _add_plot_parser(sub)
     return parser
 
 

@@ -552,46 +552,14 @@ def _fig(pool: PoolMemory) -> str:
 def suggestions(cfg: RunConfig, pool: PoolMemory, size: ModelSize) -> list[str]:
     """What would make ``pool`` fit, led by what addresses its dominant term (``PoolMemory.dominant``),
     each with the figure the plan gives for it ("still over" where it is not enough alone)."""
+    if pool.pool == "generator":
+        return _generator_suggestions(cfg, pool, size)
+
     def trainer_pool(c: RunConfig, **kw) -> PoolMemory:
         return memory_plan(c, size, **kw).pools[-1]
 
-    out: list[str] = []
-    if pool.pool == "generator":
-        mb = cfg.rollout.micro_batch_size
-        if pool.dominant == "activations" and mb > 1:
-            for smaller in range(mb - 1, 0, -1):
-                alt = memory_plan(_set(cfg, "rollout", micro_batch_size=smaller), size).pools[0]
-                if alt.fits or smaller == 1:
-                    out.append(f"rollout.micro_batch_size={smaller} ({_fig(alt)})")
-                    break
-        out.append(f"generator GPUs with at least {pool.total / GIB:.3g} GiB (resources.generator.gpu_memory_gb)")
-        return out
-    a = cfg.actor
-    activations = []
-    if not a.activation_checkpointing:
-        activations.append("actor.activation_checkpointing=true "
-                           f"({_fig(trainer_pool(_set(cfg, 'actor', activation_checkpointing=True)))})")
-    rows, cap = rows_per_rank(cfg), max_rows_per_rank(cfg, size=size)
-    if cap is not None and 1 <= cap < rows:
-        activations.append(f"fewer rows per pass: at most {cap} (sample x step) rows per trainer rank per pass fit, "
-                           f"now {rows} ({_fig(trainer_pool(cfg, rows=cap))}; digen.tsp.rows_per_pass or "
-                           "digen.tsp.degree)")
-    if cap == 0 and a.ulysses_sequence_parallel_size == 1:
-        activations += _ulysses_suggestion(cfg, trainer_pool)
-    state = []
-    if pool.parts.get("optimizer"):
-        state.append(f"actor.optimizer_offload=true ({_fig(trainer_pool(_set(cfg, 'actor', optimizer_offload=True)))})")
-    if "weights" in pool.parts:
-        state.append(f"actor.param_offload=true ({_fig(trainer_pool(_set(cfg, 'actor', param_offload=True)))})")
-    if cfg.trainer.mode != COLOCATED:
-        r = cfg.resources.trainer.workers
-        for more in range(r + 1, 8 * r + 1):
-            alt = trainer_pool(_set(cfg, "resources.trainer", workers=more))
-            if alt.fits or more == 8 * r:
-                state.append(f"more trainer GPUs: resources.trainer.workers={more} ({_fig(alt)})")
-                break
-    if cfg.model.lora_rank == 0:
-        state.append(f"model.lora_rank=64 ({_fig(trainer_pool(_set(cfg, 'model', lora_rank=64)))})")
+    activations = _activation_suggestions(cfg, size, trainer_pool)
+    state = _state_suggestions(cfg, pool, trainer_pool)
     generation = []
     if cfg.trainer.mode == DIGEN and pool.parts.get("text encoders", 0.0) + pool.parts.get("generation copy", 0.0):
         generation.append(f"digen.tag.policy=never: no generation pipeline on the trainer "
@@ -601,6 +569,56 @@ def suggestions(cfg: RunConfig, pool: PoolMemory, size: ModelSize) -> list[str]:
     order = order.get(pool.dominant, (state, generation, activations))
     out = [s for group in order for s in group]
     return out or [f"GPUs with at least {pool.total / GIB:.3g} GiB"]
+
+
+def _generator_suggestions(cfg: RunConfig, pool: PoolMemory, size: ModelSize) -> list[str]:
+    """A generator holds no training state: fewer samples per forward when activations dominate, else more memory."""
+    out: list[str] = []
+    mb = cfg.rollout.micro_batch_size
+    if pool.dominant == "activations" and mb > 1:
+        for smaller in range(mb - 1, 0, -1):
+            alt = memory_plan(_set(cfg, "rollout", micro_batch_size=smaller), size).pools[0]
+            if alt.fits or smaller == 1:
+                out.append(f"rollout.micro_batch_size={smaller} ({_fig(alt)})")
+                break
+    out.append(f"generator GPUs with at least {pool.total / GIB:.3g} GiB (resources.generator.gpu_memory_gb)")
+    return out
+
+
+def _activation_suggestions(cfg: RunConfig, size: ModelSize, trainer_pool) -> list[str]:
+    """What shrinks a trainer rank's activations: recompute them, fewer rows per pass, or a Ulysses cut of each row."""
+    a = cfg.actor
+    out = []
+    if not a.activation_checkpointing:
+        out.append("actor.activation_checkpointing=true "
+                   f"({_fig(trainer_pool(_set(cfg, 'actor', activation_checkpointing=True)))})")
+    rows, cap = rows_per_rank(cfg), max_rows_per_rank(cfg, size=size)
+    if cap is not None and 1 <= cap < rows:
+        out.append(f"fewer rows per pass: at most {cap} (sample x step) rows per trainer rank per pass fit, "
+                   f"now {rows} ({_fig(trainer_pool(cfg, rows=cap))}; digen.tsp.rows_per_pass or "
+                   "digen.tsp.degree)")
+    if cap == 0 and a.ulysses_sequence_parallel_size == 1:
+        out += _ulysses_suggestion(cfg, trainer_pool)
+    return out
+
+
+def _state_suggestions(cfg: RunConfig, pool: PoolMemory, trainer_pool) -> list[str]:
+    """What shrinks the model state per trainer GPU: offload it, shard it over more GPUs, or train a LoRA only."""
+    out = []
+    if pool.parts.get("optimizer"):
+        out.append(f"actor.optimizer_offload=true ({_fig(trainer_pool(_set(cfg, 'actor', optimizer_offload=True)))})")
+    if "weights" in pool.parts:
+        out.append(f"actor.param_offload=true ({_fig(trainer_pool(_set(cfg, 'actor', param_offload=True)))})")
+    if cfg.trainer.mode != COLOCATED:
+        r = cfg.resources.trainer.workers
+        for more in range(r + 1, 8 * r + 1):
+            alt = trainer_pool(_set(cfg, "resources.trainer", workers=more))
+            if alt.fits or more == 8 * r:
+                out.append(f"more trainer GPUs: resources.trainer.workers={more} ({_fig(alt)})")
+                break
+    if cfg.model.lora_rank == 0:
+        out.append(f"model.lora_rank=64 ({_fig(trainer_pool(_set(cfg, 'model', lora_rank=64)))})")
+    return out
 
 
 def _ulysses_suggestion(cfg: RunConfig, trainer_pool) -> list[str]:

@@ -144,6 +144,15 @@ class ResourcePlan:
         return sum(n for name, n, _ in self.pools if name == JUDGE_POOL)
 
     def render(self) -> str:
+        lines = self._layout_lines()
+        if self.predicted_step_s is None:
+            lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
+        else:
+            lines += self._prediction_lines()
+        return "\n".join(lines)
+
+    def _layout_lines(self) -> list[str]:
+        """What the run is made of: its pools, its batch and how it is trained, whatever the profile says."""
         lines = ["resource plan:"]
         for name, n, where in self.pools:
             lines.append(f"  {name:<10} {n:>4} worker(s)  on {where}")
@@ -158,43 +167,49 @@ class ResourcePlan:
             lines.append(f"  log-probs  old: {self.old_log_probs}")
         if self.judge:
             lines.append(f"  judge      {self.judge}")
-        judged = f" (+ the judge's {self.judge_gpus} GPU(s))" if self.judge_gpus else ""
-        if self.predicted_step_s is None:
-            lines.append("  predicted  (set digen.profile to a profile file or preset for a prediction)")
-        else:
-            lines.append(f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)")
-            label, t = self.strongest
-            lines.append(f"  vs best    {t / self.predicted_step_s:.2f}x the strongest baseline, {label} "
-                         f"({t:.2f} s/step): the fastest run a user has without verl-digen")
-            for b, colo in self.predicted_colocated.items():
-                if b in self.unfit:
-                    m = self.baseline_memory[b]
-                    lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} "
-                                 f"workers{judged} if it fit: it DOES NOT FIT ({m.gib:.1f} GiB per GPU against "
-                                 f"{m.usable_gib:.1f} GiB, the planner's headroom on {m.capacity_gib:g} GiB), so it is "
-                                 "no baseline here")
-                    continue
-                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers"
-                             f"{judged} (this run: {colo / self.predicted_step_s:.2f}x its throughput)")
-            if self.heterogeneous:
-                lines += self._subset_lines()
-                if self.separate_s is not None:
-                    lines.append(f"             {self.separate_s:.2f} s/step {SEPARATE_BASELINE} on the same pools "
-                                 "(verl-omni's synchronous separate mode, priced without its recompute) "
-                                 f"(this run: {self.separate_s / self.predicted_step_s:.2f}x its throughput)")
-                lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
-                             "in every phase)")
-            elif self.ceiling_s is not None:
-                lines.append(f"  ceiling    {self.ceiling_s:.2f} s/step: the step's work over all {self.total_workers} "
-                             f"workers (colocated:ideal, best TSP degree); this run reaches "
-                             f"{self.ceiling_s / self.predicted_step_s:.0%} of it")
-            real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL and b not in self.unfit}
-            if real and min(real.values()) < self.predicted_step_s:
-                best = min(real, key=real.get)
-                lines.append(f"  note       colocated:{best} would be faster on this cluster; "
-                             "`digen plan` says why and searches other splits")
-        return "\n".join(lines)
+        return lines
 
+    def _prediction_lines(self) -> list[str]:
+        """The simulator's step time set against every baseline a user could run instead, and the ceiling."""
+        lines = [f"  predicted  {self.predicted_step_s:.2f} s/step (simulator)"]
+        label, t = self.strongest
+        lines.append(f"  vs best    {t / self.predicted_step_s:.2f}x the strongest baseline, {label} "
+                     f"({t:.2f} s/step): the fastest run a user has without verl-digen")
+        lines += self._colocated_lines()
+        if self.heterogeneous:
+            lines += self._subset_lines()
+            if self.separate_s is not None:
+                lines.append(f"             {self.separate_s:.2f} s/step {SEPARATE_BASELINE} on the same pools "
+                             "(verl-omni's synchronous separate mode, priced without its recompute) "
+                             f"(this run: {self.separate_s / self.predicted_step_s:.2f}x its throughput)")
+            lines.append("  ceiling    none from colocated:ideal on mixed hardware (it waits for the slower GPUs "
+                         "in every phase)")
+        elif self.ceiling_s is not None:
+            lines.append(f"  ceiling    {self.ceiling_s:.2f} s/step: the step's work over all {self.total_workers} "
+                         f"workers (colocated:ideal, best TSP degree); this run reaches "
+                         f"{self.ceiling_s / self.predicted_step_s:.0%} of it")
+        real = {b: t for b, t in self.predicted_colocated.items() if b != IDEAL and b not in self.unfit}
+        if real and min(real.values()) < self.predicted_step_s:
+            best = min(real, key=real.get)
+            lines.append(f"  note       colocated:{best} would be faster on this cluster; "
+                         "`digen plan` says why and searches other splits")
+        return lines
+
+    def _colocated_lines(self) -> list[str]:
+        """Each colocated baseline on the same workers, as a ratio, or as not fitting (then it is no baseline)."""
+        judged = f" (+ the judge's {self.judge_gpus} GPU(s))" if self.judge_gpus else ""
+        lines = []
+        for b, colo in self.predicted_colocated.items():
+            if b in self.unfit:
+                m = self.baseline_memory[b]
+                lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} "
+                             f"workers{judged} if it fit: it DOES NOT FIT ({m.gib:.1f} GiB per GPU against "
+                             f"{m.usable_gib:.1f} GiB, the planner's headroom on {m.capacity_gib:g} GiB), so it is "
+                             "no baseline here")
+                continue
+            lines.append(f"             {colo:.2f} s/step colocated:{b} on the same {self.total_workers} workers"
+                         f"{judged} (this run: {colo / self.predicted_step_s:.2f}x its throughput)")
+        return lines
 
     def _subset_lines(self) -> list[str]:
         """The mixed cluster's single-type alternative: ``<s> s/step best-subset`` (colocated:verl-omni on its

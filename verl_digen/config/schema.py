@@ -356,18 +356,17 @@ class RunConfig:
         size = self.actor.ppo_mini_batch_size
         return 1 if size is None else max(1, self.data.train_batch_size // size)
 
-    def worker_config(self) -> WorkerConfig:
-        m, a = self.model, self.actor
+    def reward_spec(self) -> Any:
+        """The workers' reward spec: the named reward or the weights, with the custom function put in, replaced
+        by ``reward.functions`` when set, and the served judge's address given to every custom function."""
         if self.reward.weights:
             reward: Any = dict(self.reward.weights)
         elif self.reward.kwargs:
             reward = {"name": self.reward.name, **self.reward.kwargs}
         else:
             reward = self.reward.name
-        from verl_digen.algo.loss import LossConfig
         from verl_digen.rewards.custom import with_custom_reward, with_served
         from verl_digen.rewards.functions import functions_spec
-        from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
 
         files = {"train": self.data.train_files, "val": self.data.val_files}  # a per-sample function's rows
         reward = with_custom_reward(reward, self.custom_reward_function, files, self.data.prompt_key)
@@ -376,7 +375,14 @@ class RunConfig:
         from verl_digen.config.judge import placement
 
         judge = placement(self)
-        reward = with_served(reward, self.reward.served, judge.replicas if judge and judge.pooled else 0)
+        return with_served(reward, self.reward.served, judge.replicas if judge and judge.pooled else 0)
+
+    def worker_config(self) -> WorkerConfig:
+        from verl_digen.algo.loss import LossConfig
+        from verl_digen.workers.config import ActorMemoryConfig, OptimConfig, PolicyConfig, WorkerConfig
+
+        m, a = self.model, self.actor
+        reward = self.reward_spec()
         return WorkerConfig(
             policy=PolicyConfig(arch=m.arch, pretrained=m.path, dtype=m.dtype, latent_size=m.latent_size,
                                 latent_width=m.latent_width, num_frames=m.num_frames, seed=m.seed,

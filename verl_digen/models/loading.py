@@ -148,22 +148,13 @@ def load_pretrained(
     cls = MODEL_REGISTRY[arch]
     spec = cls.pretrained
     pipe = load_pipeline(arch, path_or_id, dtype, text_encoders=text_encoders, local_files_only=local_files_only)
-    if getattr(pipe, "transformer_2", None) is not None:
-        raise ValueError(
-            f"{path_or_id!r} is a two-expert pipeline (transformer + transformer_2, switched at "
-            f"boundary_ratio={getattr(pipe.config, 'boundary_ratio', None)}, e.g. Wan2.2 A14B); verl-digen trains "
-            f"one transformer: use a single-transformer checkpoint (e.g. Wan2.2 TI2V-5B with model.arch=wan2_2)"
-        )
-    present = [getattr(pipe, n, None) is not None for n in spec.text_encoders]
-    if any(present) and not all(present):
-        missing = [n for n, p in zip(spec.text_encoders, present) if not p]
-        raise ValueError(f"{path_or_id!r} lacks text encoder(s) {missing}; load it with text_encoders=False")
+    has_encoders = _check_pipeline(pipe, spec.text_encoders, path_or_id)
     pipe.to(device)
     transformer = pipe.transformer
     if latent_size is not None and height is None and width is None:
         factor = cls.vae_factors(pipe.vae)[0]
         height, width = latent_size * factor, (latent_width or latent_size) * factor
-    encoder = PipelinePromptEncoder(pipe, cls) if all(present) else hashed_encoder_for(arch, transformer)
+    encoder = PipelinePromptEncoder(pipe, cls) if has_encoders else hashed_encoder_for(arch, transformer)
     shape = latent_shape_for(arch, transformer, pipe.vae, height, width, num_frames)
     scheduler = getattr(pipe, "scheduler", None)
     model = cls(
@@ -177,3 +168,19 @@ def load_pretrained(
     )
     model.pipeline = pipe  # the full pipeline, for users who want its other parts
     return model
+
+
+def _check_pipeline(pipe: Any, text_encoders: tuple[str, ...], path_or_id: str) -> bool:
+    """Refuse a pipeline with two transformers (one is trained) or with only some of its text encoders
+    (prompts would be encoded half-way); True when it has all of them, False when it has none."""
+    if getattr(pipe, "transformer_2", None) is not None:
+        raise ValueError(
+            f"{path_or_id!r} is a two-expert pipeline (transformer + transformer_2, switched at "
+            f"boundary_ratio={getattr(pipe.config, 'boundary_ratio', None)}, e.g. Wan2.2 A14B); verl-digen trains "
+            f"one transformer: use a single-transformer checkpoint (e.g. Wan2.2 TI2V-5B with model.arch=wan2_2)"
+        )
+    present = [getattr(pipe, n, None) is not None for n in text_encoders]
+    if any(present) and not all(present):
+        missing = [n for n, p in zip(text_encoders, present) if not p]
+        raise ValueError(f"{path_or_id!r} lacks text encoder(s) {missing}; load it with text_encoders=False")
+    return all(present)

@@ -157,18 +157,7 @@ def enable_sequence_parallel(model: Any, group: dist.ProcessGroup) -> UlyssesAtt
     layers) for the ranks of ``group``, after checking that its heads and video tokens split evenly; every rank
     of the group must then run the same forwards on the same rows."""
     arch, transformer = model.arch, model.transformer
-    c = transformer.config
-    if isinstance(c.patch_size, (tuple, list)):  # Wan: (t, h, w)
-        temporal, spatial = c.patch_size[0], c.patch_size[1]
-    else:  # HunyuanVideo: spatial, and patch_size_t
-        spatial, temporal = c.patch_size, c.get("patch_size_t", 1)
-    size = dist.get_world_size(group)
-    problem = size_problem(arch, c.num_attention_heads, video_tokens(tuple(model.latent_shape), spatial, temporal),
-                           size)
-    if problem:
-        raise ValueError(f"actor.ulysses_sequence_parallel_size={size}: expected {problem}")
-    if getattr(transformer, "_digen_ulysses", None) is not None:
-        raise RuntimeError("sequence parallelism is already enabled on this transformer")
+    _check_cuttable(model, dist.get_world_size(group))
     plan, attention = plan_for(arch), UlyssesAttention(group)
     if getattr(transformer.config, "image_condition_type", None) == "token_replace":
         raise ValueError("sequence parallelism does not support HunyuanVideo's token-replace (image-to-video) "
@@ -177,6 +166,41 @@ def enable_sequence_parallel(model: Any, group: dist.ProcessGroup) -> UlyssesAtt
     first = next((modules[name] for name in plan.first_blocks if name in modules), None)
     if first is None or plan.rope not in modules or plan.output not in modules:
         raise ValueError(f"{type(transformer).__name__} does not have the modules the {arch} sequence plan cuts")
+    _hook_token_cut(modules, first, plan, attention)
+    routed = 0
+    for name, module in modules.items():
+        if any(fnmatch.fnmatchcase(name, pattern) for pattern in plan.attention):
+            _route_attention(module.processor)
+            module.processor._parallel_config = attention
+            routed += 1
+    if not routed:
+        raise ValueError(f"no attention module of {type(transformer).__name__} matches {plan.attention}")
+    transformer._digen_ulysses = attention
+    return attention
+
+
+def _check_cuttable(model: Any, size: int) -> None:
+    """Refuse a transformer whose heads or video tokens do not split over ``size`` ranks, or one already cut:
+    a second cut would shard the already-sharded tokens."""
+    transformer = model.transformer
+    c = transformer.config
+    if isinstance(c.patch_size, (tuple, list)):  # Wan: (t, h, w)
+        temporal, spatial = c.patch_size[0], c.patch_size[1]
+    else:  # HunyuanVideo: spatial, and patch_size_t
+        spatial, temporal = c.patch_size, c.get("patch_size_t", 1)
+    problem = size_problem(model.arch, c.num_attention_heads,
+                           video_tokens(tuple(model.latent_shape), spatial, temporal), size)
+    if problem:
+        raise ValueError(f"actor.ulysses_sequence_parallel_size={size}: expected {problem}")
+    if getattr(transformer, "_digen_ulysses", None) is not None:
+        raise RuntimeError("sequence parallelism is already enabled on this transformer")
+
+
+def _hook_token_cut(modules: dict[str, nn.Module], first: nn.Module, plan: SequencePlan,
+                    attention: UlyssesAttention) -> None:
+    """Each rank keeps its share of the tokens from the first block on (and of the rotary embedding that goes
+    with them); the output is gathered whole again, so the loss sees every token."""
+    group = attention.group
 
     def slice_rope(module: nn.Module, args: Any, out: tuple[torch.Tensor, ...]) -> tuple[torch.Tensor, ...]:
         return tuple(attention.shard(t, plan.rope_token_dim) for t in out)
@@ -194,13 +218,3 @@ def enable_sequence_parallel(model: Any, group: dist.ProcessGroup) -> UlyssesAtt
     modules[plan.rope].register_forward_hook(slice_rope)
     first.register_forward_pre_hook(slice_tokens)
     modules[plan.output].register_forward_hook(gather_output)
-    routed = 0
-    for name, module in modules.items():
-        if any(fnmatch.fnmatchcase(name, pattern) for pattern in plan.attention):
-            _route_attention(module.processor)
-            module.processor._parallel_config = attention
-            routed += 1
-    if not routed:
-        raise ValueError(f"no attention module of {type(transformer).__name__} matches {plan.attention}")
-    transformer._digen_ulysses = attention
-    return attention

@@ -86,6 +86,19 @@ class ScheduleConfig:
         if self.partition not in PARTITIONS:
             raise bad("partition", self.partition, f"one of {', '.join(PARTITIONS)}",
                       f"unknown partition {self.partition!r}; expected one of {PARTITIONS}")
+        self._check_numbers()
+        self._check_update()
+        self._check_batch_cut()
+        from .tag_policy import parse_policy  # validate the spec early (clear error on typos)
+
+        try:
+            parse_policy(self.policy)
+        except ValueError as err:
+            raise bad("policy", self.policy, f"a registered TAG policy ({err})", str(err)) from None
+
+    def _check_numbers(self) -> None:
+        """Every count a positive integer and the staleness a fraction, before any of them is used."""
+        bad = ScheduleConfigError
         for name in ("prompts", "group_size", "mb_size", "steps", "tsp_degree", "update_units", "mini_batches"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
@@ -97,6 +110,10 @@ class ScheduleConfig:
         if not isinstance(self.staleness, (int, float)) or not 0 <= self.staleness <= 1:
             raise bad("staleness", self.staleness, "a fraction in [0, 1]",
                       f"staleness must be in [0, 1], got {self.staleness!r}")
+
+    def _check_update(self) -> None:
+        """How the trainer updates: TCSS, update granularity and packing exist only where the mode has them."""
+        bad = ScheduleConfigError
         if self.mode != DIGEN and self.staleness:
             raise bad("staleness", self.staleness, f"0 unless the mode is digen (it is {self.mode})",
                       f"TCSS (staleness > 0) needs mode 'digen', not {self.mode!r}")
@@ -110,6 +127,10 @@ class ScheduleConfig:
         if self.train_loop not in TRAIN_LOOPS:
             raise bad("train_loop", self.train_loop, f"one of {', '.join(TRAIN_LOOPS)}",
                       f"unknown train_loop {self.train_loop!r}; expected one of {TRAIN_LOOPS}")
+
+    def _check_batch_cut(self) -> None:
+        """The step's prompts cut into whole micro-batches, and those into equal mini-batches."""
+        bad = ScheduleConfigError
         try:
             validate(self.prompts, self.group_size, self.mb_size, 1, self.partition)
         except ValueError as err:  # the sizes are positive: what is left is the micro-batch layout
@@ -123,12 +144,6 @@ class ScheduleConfig:
                       f"{self.mini_batches} mini-batches do not cut the step's {self.prompts} prompts "
                       f"({self.micro_batches} micro-batches of {self.mb_size} samples) into equal mini-batches of "
                       "whole micro-batches")
-        from .tag_policy import parse_policy  # validate the spec early (clear error on typos)
-
-        try:
-            parse_policy(self.policy)
-        except ValueError as err:
-            raise bad("policy", self.policy, f"a registered TAG policy ({err})", str(err)) from None
 
     @property
     def batch(self) -> int:

@@ -95,6 +95,16 @@ class Decision:
     predicted_end: float | None = None  # BTS: predicted end of the step's optimizer step
 
 
+def _check_pools(config: ScheduleConfig, gen_workers: int, trainer_ranks: int) -> None:
+    """Refuse a run this scheduler cannot pipeline: colocated mode (one pool), or an empty pool."""
+    if config.mode == COLOCATED:
+        raise ValueError("colocated mode has no pipeline to schedule; use colocated.ColocatedScheduler")
+    if not isinstance(gen_workers, int) or gen_workers < 1:
+        raise ValueError(f"the generator pool needs at least one worker, got {gen_workers!r}")
+    if not isinstance(trainer_ranks, int) or trainer_ranks < 1:
+        raise ValueError(f"the trainer pool needs at least one rank, got {trainer_ranks!r}")
+
+
 class StepScheduler:
     """Two-queue scheduler over ``config.steps`` global steps (see module docstring)."""
 
@@ -107,12 +117,7 @@ class StepScheduler:
         profiler: Profiler | None = None,
         trainer_ranks: int = 1,
     ) -> None:
-        if config.mode == COLOCATED:
-            raise ValueError("colocated mode has no pipeline to schedule; use colocated.ColocatedScheduler")
-        if not isinstance(gen_workers, int) or gen_workers < 1:
-            raise ValueError(f"the generator pool needs at least one worker, got {gen_workers!r}")
-        if not isinstance(trainer_ranks, int) or trainer_ranks < 1:
-            raise ValueError(f"the trainer pool needs at least one rank, got {trainer_ranks!r}")
+        _check_pools(config, gen_workers, trainer_ranks)
         self.config = config
         self.partition = config.make_partition(gen_workers)
         self.M = self.partition.count
@@ -126,6 +131,7 @@ class StepScheduler:
         self.R = trainer_ranks
         self.gens = [gen_worker(i) for i in range(gen_workers)]
         self.slots = [tag_slot(j) for j in range(trainer_ranks)]
+        self._slot_names = frozenset(self.slots)
         if policy is None:
             policy = config.policy
         self.policy: TagPolicy = parse_policy(policy) if isinstance(policy, str) else policy
@@ -136,9 +142,13 @@ class StepScheduler:
         self.timeline = Timeline(self.gens + [TRAINER] + self.slots, self.M, config.steps, config.mode,
                                  staleness=config.staleness, trainer_ranks=trainer_ranks,
                                  mini_batches=config.mini_batches)
+        self._start_run_state()
+
+    def _start_run_state(self) -> None:
+        """What the run changes as it goes, each at its start: who is busy, which steps are live, the queues,
+        the versions and the trainer's mode."""
         self.decisions: list[Decision] = []
         self._busy: dict[str, Action | None] = {w: None for w in self.timeline.workers}
-        self._slot_names = frozenset(self.slots)
         self._slots_busy = 0  # TAG slots with an action: kept with ``_busy`` so no check scans all R slots
         # per-step state, made when a step is first touched and dropped at its optimizer step (``_step``), so
         # the scheduler holds two steps' state however long the run

@@ -162,13 +162,7 @@ def search(
     with ``colocated_cap`` rows per rank per pass at most (0: it does not fit; None: not known). They are
     simulated first, so the disaggregated candidates must beat them to be simulated at all.
     """
-    if total < 2:
-        raise ValueError(f"a disaggregated run needs at least 2 GPUs, got {total}")
-    if fixed_split and total != model.total_workers:
-        raise ValueError(f"the pools of this cluster are fixed by its hardware ({model.generator.workers} + "
-                         f"{model.trainer.workers} GPUs); --gpus {total} would be another cluster")
-    if keep is not None and keep < 1:
-        raise ValueError(f"keep must be >= 1 (or None for every configuration), got {keep}")
+    _check_search(model, total, fixed_split, keep)
     if stalenesses is None:
         stalenesses = tuple(sorted({0.0, workload.staleness}))
     say = progress or (lambda _msg: None)
@@ -182,31 +176,62 @@ def search(
         f"{total - min_trainers} splits" if coarse else "") + "; simulating from the cheapest")
     best: list[float] = []  # max-heap (negated) of the keep best step times
     if colocated:
-        colo = _colocated_rows(on_budget(model, total) if not fixed_split else model, workload, total,
-                               colocated_cap, plan)
-        for row in colo:
-            _keep_best(best, row.result.step_time, keep)
-        plan.rows += colo
-        plan.simulated += len(colo)
+        _add_colocated(on_budget(model, total) if not fixed_split else model, workload, total, colocated_cap,
+                       plan, best, keep)
     _simulate_cheapest(cands, space, plan, best, keep, say)
-    if coarse:  # every split between the grid points around each kept row's split, then the same search
-        near = sorted({g for top in _best_splits(plan.rows, keep) for g in _between(grid, top)} - set(grid))
-        more = space.price(near, plan)
-        say(f"refining {len(near)} splits near the best: {len(more)} more configurations")
-        _simulate_cheapest(more, space, plan, best, keep, say)
-        plan.notes.append(f"{total} GPUs: splits searched on a grid of {len(grid)} and refined over {len(near)} "
-                          "splits around the best (every split up to "
-                          f"{EXACT_SPLITS} GPUs)")
-    plan.candidates = len(cands) + (len(more) if coarse else 0) + sum(r.mode == COLOCATED for r in plan.rows)
+    refined = _refine_near_best(space, grid, plan, best, keep, say) if coarse else 0
+    _finish(plan, len(cands) + refined, keep, say)
+    return plan
+
+
+def _check_search(model: CostModel, total: int, fixed_split: bool, keep: int | None) -> None:
+    """Refuse a search with nothing to split, a fixed cluster asked for another GPU count, or nothing to keep."""
+    if total < 2:
+        raise ValueError(f"a disaggregated run needs at least 2 GPUs, got {total}")
+    if fixed_split and total != model.total_workers:
+        raise ValueError(f"the pools of this cluster are fixed by its hardware ({model.generator.workers} + "
+                         f"{model.trainer.workers} GPUs); --gpus {total} would be another cluster")
+    if keep is not None and keep < 1:
+        raise ValueError(f"keep must be >= 1 (or None for every configuration), got {keep}")
+
+
+def _add_colocated(model: CostModel, workload: Workload, total: int, cap: int | None, plan: Plan,
+                   best: list[float], keep: int | None) -> None:
+    """The colocated rows, simulated before any split, so that a split must beat them to be simulated at all."""
+    colo = _colocated_rows(model, workload, total, cap, plan)
+    for row in colo:
+        _keep_best(best, row.result.step_time, keep)
+    plan.rows += colo
+    plan.simulated += len(colo)
+
+
+def _refine_near_best(space: _Space, grid: list[int], plan: Plan, best: list[float], keep: int | None,
+                      say: Callable[[str], object]) -> int:
+    """After a coarse grid: every split between the grid points around each kept row's split, searched the
+    same way; returns how many configurations it priced."""
+    total = space.total
+    near = sorted({g for top in _best_splits(plan.rows, keep) for g in _between(grid, top)} - set(grid))
+    more = space.price(near, plan)
+    say(f"refining {len(near)} splits near the best: {len(more)} more configurations")
+    _simulate_cheapest(more, space, plan, best, keep, say)
+    plan.notes.append(f"{total} GPUs: splits searched on a grid of {len(grid)} and refined over {len(near)} "
+                      "splits around the best (every split up to "
+                      f"{EXACT_SPLITS} GPUs)")
+    return len(more)
+
+
+def _finish(plan: Plan, priced: int, keep: int | None, say: Callable[[str], object]) -> None:
+    """Count the candidates (``priced`` splits' and the colocated rows) and keep the best ``keep`` rows, ranked;
+    the search simulates unchecked, so what it returns is checked here against every timeline invariant."""
+    plan.candidates = priced + sum(r.mode == COLOCATED for r in plan.rows)
     if plan.unfit:
         plan.notes.append(f"{plan.unfit} configuration(s) do not fit the GPUs' memory")
     plan.rows.sort(key=_rank)
     if keep is not None:
         plan.rows = plan.rows[:keep]
-    for row in plan.rows:  # the search simulates unchecked; what it returns holds every invariant
+    for row in plan.rows:
         check_timeline(row.result.timeline, row.staleness)
     say(f"simulated {plan.simulated} of {plan.candidates}; the rest cannot beat the best {keep or plan.candidates}")
-    return plan
 
 
 def split_grid(total: int, min_trainers: int = 1, coarse: bool = False) -> list[int]:
@@ -315,56 +340,71 @@ class _Space:
 
     def price(self, splits: Iterable[int], plan: Plan) -> list[tuple[float, int, int, ScheduleConfig]]:
         """(lower bound, tie-break, generators, configuration) of every configuration on ``splits``."""
-        model, workload, total, K = self.model, self.workload, self.total, self.model.steps_trained
-        n, policies, stalenesses, row_cap = workload.group_size, self.policies, self.stalenesses, self.row_cap
-        tsps = sorted(set(self.tsp_degrees) if self.tsp_degrees is not None else tsp_degrees_for(workload, K),
-                      reverse=True)
-        tags = sorted({p != "never" for p in policies})
+        model, workload, total = self.model, self.workload, self.total
+        tsps = sorted(set(self.tsp_degrees) if self.tsp_degrees is not None
+                      else tsp_degrees_for(workload, model.steps_trained), reverse=True)
+        tags = sorted({p != "never" for p in self.policies})
         cands: list[tuple[float, int, int, ScheduleConfig]] = []
         for g in splits:
             m = self.models[g] = model if self.fixed_split else model.with_workers(g, total - g)
-            r = m.trainer.workers
-            if r % m.sequence_parallel:
+            if m.trainer.workers % m.sequence_parallel:
                 continue  # the trainer pool must split into whole Ulysses groups
             for mb in (sorted(set(self.mb_sizes)) if self.mb_sizes is not None else mb_sizes_for(workload, g)):
-                try:
-                    shape = ScheduleConfig(prompts=workload.prompts, group_size=n, mb_size=mb, steps=workload.steps,
-                                           mode=DIGEN, mini_batches=workload.mini_batches,
-                                           recompute=workload.recompute, row_forwards=workload.row_forwards)
-                    shape.check_update_units(g)  # a mini-batch of whole release units
-                except ScheduleConfigError:
-                    continue  # a layout this batch cannot have
-                unit = shape.unit_size
+                shape = self._shape(g, mb)
+                if shape is None:
+                    continue
                 units = update_units_for(shape, g)
                 if self.update_units is not None:
                     units = [u for u in units if u in set(self.update_units)]
                 for tag in tags:
-                    cap = row_cap(r, mb, tag) if row_cap else None
-                    mine = [p for p in policies if (p != "never") == tag]
-                    if cap == 0:
-                        plan.unfit += len(units) * len(tsps) * len(stalenesses) * len(mine)
-                        continue
-                    for u in units:
-                        seen: set[float] = set()  # TSP degrees that give the same rows per pass cost the same
-                        for tsp in tsps:
-                            cfg = replace(shape, tsp_degree=min(tsp, K), update_units=u)
-                            if cap is not None:
-                                cfg = replace(cfg, rows_per_pass=_rows_per_pass(m, cfg, g, cap))
-                            costs = cfg.stage_costs(m, g)
-                            if costs.update in seen:
-                                continue
-                            seen.add(costs.update)
-                            for st in stalenesses:
-                                sync = stale_budget(st, cfg.micro_batches) == 0
-                                bound = max(step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
-                                                        cfg.update_size(unit), r, synchronous=sync,
-                                                        mini_batches=cfg.mini_batches).ideal,
-                                            tag_wave_area(costs, cfg.micro_batches, g, cfg.steps,
-                                                          cfg.update_size(unit), r, synchronous=sync,
-                                                          mini_batches=cfg.mini_batches, tag=tag))
-                                for pol in mine:
-                                    self._seq += 1
-                                    cands.append((bound, self._seq, g, replace(cfg, staleness=st, policy=pol)))
+                    cands += self._price_shape(m, g, shape, units, tsps, tag, plan)
+        return cands
+
+    def _shape(self, g: int, mb: int) -> ScheduleConfig | None:
+        """The step cut into micro-batches of ``mb`` samples, None where this batch cannot have that layout
+        or a mini-batch would not be whole release units on ``g`` generators."""
+        w = self.workload
+        try:
+            shape = ScheduleConfig(prompts=w.prompts, group_size=w.group_size, mb_size=mb, steps=w.steps,
+                                   mode=DIGEN, mini_batches=w.mini_batches, recompute=w.recompute,
+                                   row_forwards=w.row_forwards)
+            shape.check_update_units(g)  # a mini-batch of whole release units
+        except ScheduleConfigError:
+            return None
+        return shape
+
+    def _price_shape(self, m: CostModel, g: int, shape: ScheduleConfig, units: list[int], tsps: list[int],
+                     tag: bool, plan: Plan) -> list[tuple[float, int, int, ScheduleConfig]]:
+        """The lower bound of every update size, TSP degree, staleness and policy on one layout, with TAG or
+        without; one that cannot fit a single row per pass is counted unfit and not priced."""
+        K, r, unit = self.model.steps_trained, m.trainer.workers, shape.unit_size
+        cap = self.row_cap(r, shape.mb_size, tag) if self.row_cap else None
+        mine = [p for p in self.policies if (p != "never") == tag]
+        if cap == 0:
+            plan.unfit += len(units) * len(tsps) * len(self.stalenesses) * len(mine)
+            return []
+        cands: list[tuple[float, int, int, ScheduleConfig]] = []
+        for u in units:
+            seen: set[float] = set()  # TSP degrees that give the same rows per pass cost the same
+            for tsp in tsps:
+                cfg = replace(shape, tsp_degree=min(tsp, K), update_units=u)
+                if cap is not None:
+                    cfg = replace(cfg, rows_per_pass=_rows_per_pass(m, cfg, g, cap))
+                costs = cfg.stage_costs(m, g)
+                if costs.update in seen:
+                    continue
+                seen.add(costs.update)
+                for st in self.stalenesses:
+                    sync = stale_budget(st, cfg.micro_batches) == 0
+                    bound = max(step_bounds(costs, cfg.micro_batches, g, cfg.steps, unit * u,
+                                            cfg.update_size(unit), r, synchronous=sync,
+                                            mini_batches=cfg.mini_batches).ideal,
+                                tag_wave_area(costs, cfg.micro_batches, g, cfg.steps,
+                                              cfg.update_size(unit), r, synchronous=sync,
+                                              mini_batches=cfg.mini_batches, tag=tag))
+                    for pol in mine:
+                        self._seq += 1
+                        cands.append((bound, self._seq, g, replace(cfg, staleness=st, policy=pol)))
         return cands
 
 

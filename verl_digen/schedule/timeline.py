@@ -192,9 +192,17 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
         staleness_bound = timeline.staleness
     if not 0 <= staleness_bound <= 1:
         raise ValueError(f"staleness bound must be in [0, 1], got {staleness_bound}")
-    recs = timeline.records
-    m, steps = timeline.micro_batches, timeline.steps
-    # 1. no overlap per worker
+    _check_no_overlap(timeline)
+    if timeline.mode == "colocated":
+        return
+    _check_tag_windows(timeline)
+    seen = _check_once_in_order(timeline)
+    _check_scoring_priority(timeline, seen)
+    _check_versions(timeline, staleness_bound)
+
+
+def _check_no_overlap(timeline: Timeline) -> None:
+    """One thing at a time on each worker, and nothing that ends before it starts."""
     for w, rs in timeline.by_worker().items():
         for a, b in zip(rs, rs[1:]):
             if b.start < a.end - EPS:
@@ -203,10 +211,13 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
         for r in rs:
             if r.end < r.start - EPS:
                 _fail(f"{w}: {r.kind} ends before it starts ({r.start} > {r.end})")
-    if timeline.mode == "colocated":
-        return
-    _check_tag_windows(timeline)
-    # 2. exactly-once per stage, in order
+
+
+def _check_once_in_order(timeline: Timeline) -> dict[tuple[str, int, int], list[Record]]:
+    """Each micro-batch generated, scored and updated exactly once, in that order, by its step's version,
+    and each step's optimizer step after its updates; returns the records by (stage, step, micro-batch)."""
+    recs = timeline.records
+    m, steps = timeline.micro_batches, timeline.steps
     seen: dict[tuple[str, int, int], list[Record]] = defaultdict(list)
     for r in recs:
         if r.kind in (GENERATE, TAG_GENERATE):
@@ -240,12 +251,17 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
     extra = {k for k in seen if not (0 <= k[1] < steps and 0 <= k[2] < m)}
     if extra:
         _fail(f"records for unknown micro-batches: {sorted(extra)[:5]}")
-    # 3. scoring priority: a generation on a generator worker must not start while something waits
-    # (a zero-length generation dispatched at the same instant was not there to be seen)
+    return seen
+
+
+def _check_scoring_priority(timeline: Timeline, seen: dict[tuple[str, int, int], list[Record]]) -> None:
+    """Scoring first: a generator worker starts no generation while a generated micro-batch waits for
+    scoring (a zero-length generation dispatched at the same instant was not there to be seen)."""
+    m, steps = timeline.micro_batches, timeline.steps
     gen = {(s, i): seen[("gen", s, i)][0] for s in range(steps) for i in range(m)}
     score_start = {(s, i): seen[(SCORE, s, i)][0].start for s in range(steps) for i in range(m)}
     waiting = sorted((g.end, g.start, score_start[k], k) for k, g in gen.items())
-    for r in recs:
+    for r in timeline.records:
         if r.kind != GENERATE:
             continue
         t = r.start
@@ -255,7 +271,12 @@ def check_timeline(timeline: Timeline, staleness_bound: float | None = None) -> 
             if ss > t + EPS and gs < t - EPS:
                 _fail(f"{r.worker} started generating step {r.step} mb {r.mb} at {t:.6g} while step {k[0]} "
                       f"mb {k[1]} waited for scoring (generated {ge:.6g}, scored {ss:.6g})")
-    # 4. versions: generation uses the worker's current weights, never across a sync
+
+
+def _check_versions(timeline: Timeline, staleness_bound: float) -> None:
+    """Generation uses its worker's current weights, never across a sync; at most one version stale, and
+    no more stale micro-batches per step than the bound allows."""
+    m = timeline.micro_batches
     stale_count: dict[int, int] = defaultdict(int)
     for w, rs in timeline.by_worker().items():
         version = 0

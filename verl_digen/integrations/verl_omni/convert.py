@@ -949,24 +949,7 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     raw = _as_dict(config)
     notes: list[str] = []
     used: set[str] = set()
-    resources = raw.get("resources")
-    standalone = _standalone_rollout_gpus(raw)
-    actor_gpus = int(_get(raw, "trainer.nnodes", 1) or 1) * int(_get(raw, "trainer.n_gpus_per_node", 1) or 1)
-    pool_keys = f"{ARR}.rollout.nnodes x {ARR}.rollout.n_gpus_per_node"
-    if standalone and not isinstance(resources, Mapping):  # separate_async: the standalone rollout generates
-        resources = {"generator": {"workers": standalone}, "trainer": {"workers": actor_gpus}}
-        raw = {**raw, "resources": resources}
-        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool becomes the generator pool "
-                     f"(resources.generator.workers={standalone}); trainer.nnodes x trainer.n_gpus_per_node="
-                     f"{actor_gpus} the trainer pool (resources.trainer.workers={actor_gpus})")
-    elif standalone:
-        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool is replaced by resources.generator."
-                     f"workers={_get(raw, 'resources.generator.workers')}")
-    if standalone:
-        used.update({f"{ARR}.rollout.nnodes", f"{ARR}.rollout.n_gpus_per_node"})
-    if not isinstance(resources, Mapping) or not {"generator", "trainer"} <= set(resources):
-        raise ConfigError("resources", resources, "+resources.generator.workers=G +resources.trainer.workers=R "
-                          f"(verl-digen splits verl-omni's {actor_gpus} GPUs into a generator and a trainer pool)")
+    raw = _pools(raw, notes, used)
     sources: dict[str, str] = {}
     trainer_workers = int(_get(raw, "resources.trainer.workers", 1))
     flat = from_verl_omni_config(raw, trainer_workers=trainer_workers, notes=notes, used=used, sources=sources)
@@ -990,19 +973,51 @@ def to_run_config(config: Any, log: Callable[[str], Any] = logger.warning) -> An
     cfg = load(OmegaConf.merge(OmegaConf.create(_nested(flat)), OmegaConf.create(native)))
     for note in notes:
         log(f"verl-omni -> verl-digen: {note}")
-    changed, at_default, considered = _classify(raw, used, verl_omni_defaults())
-    for key, value in changed.items():
-        log(f"verl-omni -> verl-digen: {key}={value!r} is not converted (no verl-digen counterpart); ignored")
-    if at_default:  # hundreds of keys: counted here, named at DEBUG (one 8,000-character line buried the notes)
-        log(f"verl-omni -> verl-digen: {len(at_default)} verl-omni keys at their defaults have no verl-digen "
-            f"counterpart and are ignored (hydra.verbose={__name__} names them)")
-        logger.debug("verl-omni keys at their defaults with no verl-digen counterpart: %s",
-                     ", ".join(collapse_keys(at_default, considered)))
+    _log_unconverted(raw, used, log)
     try:
         validate(cfg)
     except ConfigError as err:
         raise in_verl_omni_keys(err, raw, sources, native) from None
     return cfg
+
+
+def _pools(raw: dict, notes: list[str], used: set[str]) -> dict:
+    """``raw`` with verl-digen's generator / trainer pool split: taken from ``resources`` (verl-omni has no
+    such key), or from a standalone rollout pool (separate_async), which becomes the generator pool."""
+    from verl_digen.config import ConfigError
+
+    resources = raw.get("resources")
+    standalone = _standalone_rollout_gpus(raw)
+    actor_gpus = int(_get(raw, "trainer.nnodes", 1) or 1) * int(_get(raw, "trainer.n_gpus_per_node", 1) or 1)
+    pool_keys = f"{ARR}.rollout.nnodes x {ARR}.rollout.n_gpus_per_node"
+    if standalone and not isinstance(resources, Mapping):  # separate_async: the standalone rollout generates
+        resources = {"generator": {"workers": standalone}, "trainer": {"workers": actor_gpus}}
+        raw = {**raw, "resources": resources}
+        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool becomes the generator pool "
+                     f"(resources.generator.workers={standalone}); trainer.nnodes x trainer.n_gpus_per_node="
+                     f"{actor_gpus} the trainer pool (resources.trainer.workers={actor_gpus})")
+    elif standalone:
+        notes.append(f"{pool_keys}={standalone}: the standalone rollout pool is replaced by resources.generator."
+                     f"workers={_get(raw, 'resources.generator.workers')}")
+    if standalone:
+        used.update({f"{ARR}.rollout.nnodes", f"{ARR}.rollout.n_gpus_per_node"})
+    if not isinstance(resources, Mapping) or not {"generator", "trainer"} <= set(resources):
+        raise ConfigError("resources", resources, "+resources.generator.workers=G +resources.trainer.workers=R "
+                          f"(verl-digen splits verl-omni's {actor_gpus} GPUs into a generator and a trainer pool)")
+    return raw
+
+
+def _log_unconverted(raw: dict, used: set[str], log: Callable[[str], Any]) -> None:
+    """Name every verl-omni key set away from its default that verl-digen ignores; count those at their
+    defaults (hundreds: named at DEBUG only, so that the notes that change results stay in sight)."""
+    changed, at_default, considered = _classify(raw, used, verl_omni_defaults())
+    for key, value in changed.items():
+        log(f"verl-omni -> verl-digen: {key}={value!r} is not converted (no verl-digen counterpart); ignored")
+    if at_default:
+        log(f"verl-omni -> verl-digen: {len(at_default)} verl-omni keys at their defaults have no verl-digen "
+            f"counterpart and are ignored (hydra.verbose={__name__} names them)")
+        logger.debug("verl-omni keys at their defaults with no verl-digen counterpart: %s",
+                     ", ".join(collapse_keys(at_default, considered)))
 
 
 def in_verl_omni_keys(err: Any, raw: Mapping[str, Any], sources: Mapping[str, str], native: Mapping[str, Any]) -> Any:
