@@ -82,3 +82,35 @@ def test_no_module_of_the_package_imports_itself_back_through_others():
         if m not in state:
             visit(m, [m])
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
+
+
+#: docs/architecture.md's "Dependency direction" as layers: a unit (a subpackage, or a top-level module) imports
+#: only units of a lower layer, lazily inside a function too. Peers share a layer and never import each other.
+LAYERS = (
+    ("verl_digen", "registry", "defaults", "dtypes", "data", "compat"),  # the standard library only
+    ("archs",),
+    ("schedule", "models", "rewards"),
+    ("algo",),
+    ("rollout",),
+    ("workers",),
+    ("config",),
+    ("reporting",),
+    ("driver",),
+    ("main", "cli"),
+    ("integrations",),
+    ("plugin",),
+)
+LAYER = {unit: n for n, units in enumerate(LAYERS) for unit in units}
+
+
+def _unit(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else parts[0]
+
+
+def test_every_import_runs_down_the_layers():
+    graph = {m: _imports(m) for m in MODULES}
+    assert {_unit(m) for m in MODULES} == set(LAYER), "a unit of the package is missing from LAYERS, or gone"
+    upward = [f"{m} -> {d}" for m, deps in sorted(graph.items()) for d in sorted(deps)
+              if _unit(m) != _unit(d) and LAYER[_unit(d)] >= LAYER[_unit(m)]]
+    assert not upward, "imports against docs/architecture.md's dependency direction:\n" + "\n".join(upward)

@@ -373,8 +373,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
 
 def cmd_export(args: argparse.Namespace) -> int:
     """``digen export <checkpoint> <dir>``: a diffusers transformer (full fine-tune) or a PEFT adapter (LoRA)."""
-    from verl_digen.export import export_checkpoint
     from verl_digen.workers.checkpoint import CheckpointError
+    from verl_digen.workers.export import export_checkpoint
 
     try:
         info = export_checkpoint(args.checkpoint, args.out, ema=args.ema)

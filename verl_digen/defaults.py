@@ -32,3 +32,7 @@ TRAIN_STEPS = 4
 #: The reward a tiny random-weight model learns within a few GRPO steps: the final-latent mean moves
 #: directly with the policy output (no decoder in between) and is monotone, so it cannot saturate.
 DEFAULT_LEARNABLE_REWARD = "latent_mean"
+
+# -- reporting.run_log -------------------------------------------------------------------------------
+#: the console log's forms: a block per step, or one line per step for cluster logs (``trainer.log_format``)
+LOG_FORMATS = ("block", "line")

@@ -11,10 +11,10 @@ from PIL import Image
 from runtime_helpers import compose_run
 
 from verl_digen.driver.runtime import DigenRuntime
-from verl_digen.export import load_trained_policy
 from verl_digen.reporting.trace_stream import read_stream
 from verl_digen.rewards import build_reward
 from verl_digen.workers import policy as P
+from verl_digen.workers.export import load_trained_policy
 
 pytestmark = pytest.mark.ray
 

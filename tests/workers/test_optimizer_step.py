@@ -70,7 +70,7 @@ def test_ema_equals_its_closed_form_and_travels_through_checkpoint_validation_an
     import diffusers
 
     from verl_digen.config import checks, compose
-    from verl_digen.export import export_checkpoint
+    from verl_digen.workers.export import export_checkpoint
 
     for key, value in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
                        "MASTER_PORT": "29534"}.items():

@@ -16,9 +16,8 @@ from omegaconf.errors import ConfigKeyError
 
 from verl_digen.algo.algorithms import ALGORITHMS, loss_mode
 from verl_digen.config.errors import ConfigError
-from verl_digen.defaults import CLIP_RANGE, DEFAULT_LEARNABLE_REWARD, NUM_STEPS, TRAIN_STEPS
+from verl_digen.defaults import CLIP_RANGE, DEFAULT_LEARNABLE_REWARD, LOG_FORMATS, NUM_STEPS, TRAIN_STEPS
 from verl_digen.dtypes import BYTES
-from verl_digen.reporting.run_log import LOG_FORMATS
 from verl_digen.schedule import ScheduleConfig
 from verl_digen.schedule.config import COLOCATED, DIGEN, SEPARATE, ScheduleConfigError
 

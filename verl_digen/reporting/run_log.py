@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from verl_digen.defaults import LOG_FORMATS
 from verl_digen.reporting import metric_names as names
 
 CONFIG_FILE = "config.yaml"
@@ -138,7 +139,6 @@ LINE_FIELDS = ((names.REWARD_MEAN, "reward"), (names.actor("loss"), "loss"), (na
                (names.STALE_FRACTION, "stale"), (names.VAL_REWARD_MEAN, "val_reward"), (names.RETRIES, "retries"),
                (names.RESTARTS, "restarts"))
 ONLY_WHEN_NONZERO = (names.RETRIES, names.RESTARTS)  # faults: shown in the steps that had some
-LOG_FORMATS = ("block", "line")
 
 
 def format_line(metrics: dict[str, Any], step: int, total: int | None = None) -> str:

@@ -507,7 +507,7 @@ class TSPActorWorker(Worker):
             }
         ckpt.save(path, self.dist_rank, payload, dict(extra or {}), lambda: fsdp.barrier(self.sharded), keep)
         if export and self.dist_rank == 0:
-            from verl_digen.export import export_into_checkpoint
+            from verl_digen.workers.export import export_into_checkpoint
 
             export_into_checkpoint(path, ema=self.ema is not None)
 
