@@ -12,10 +12,13 @@ mixed GPUs, where colocated:ideal bounds nothing). The "as shipped" rows (the se
 colocated or digen) lead with ``vs_strongest`` against ``strongest_baseline``, the fastest run a user has
 without verl-digen (config/plan.py ``ResourcePlan.strongest``), and also carry ``vs_verl_omni``,
 ``vs_verl_omni_bypass`` (verl-omni as its examples ship it, no old-log-prob recompute), ``vs_colocated_ideal``
-(this project's ``trainer=colocated`` on the same GPUs) and, for mixed pools, ``vs_best_subset`` (colocated:
-verl-omni on the fastest single-type pool alone that fits its memory; ``vs_best_subset_bypass`` and
-``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool; null where no pool fits) and
-``vs_separate_verl_omni_bypass`` (verl-omni's synchronous separate mode on the same pools, without its recompute).
+(this project's ``trainer=colocated`` on the same GPUs), ``bound_s`` (a disaggregated layout's own lower bound,
+``bounds.step_bounds``: no schedule of that layout is faster; null for a colocated one) with
+``vs_strongest_bound`` (the strongest baseline over it: the most that layout could reach) and, for mixed pools,
+``vs_best_subset`` (colocated:verl-omni on the fastest single-type pool alone that fits its memory;
+``vs_best_subset_bypass`` and ``vs_best_subset_ideal`` the other two runs there, ``best_subset_pool`` which pool;
+null where no pool fits) and ``vs_separate_verl_omni_bypass`` (verl-omni's synchronous separate mode on the
+same pools, without its recompute).
 A baseline that does not fit every GPU by the memory plan (config/colocated_memory.py ``baseline_memory``: the same plan
 and the same 90 % headroom that refuse this project's own colocated layout) has a null ratio, is listed in
 ``unfit_baselines`` and is never the strongest; ``baseline_memory`` gives each baseline's GiB per GPU against its
@@ -92,7 +95,10 @@ def recipe_rows(steps: int) -> list[dict]:
         for r in part:  # whether a colocated rung fits the recipe's GPUs by the memory plan
             if r["rung"].startswith("colocated:"):
                 r["fits"] = r["rung"].split(":", 1)[1] not in plan.unfit
-        t = simulate(cfg.schedule_config(steps=steps), cluster_costs(cfg)).step_time
+        shipped = simulate(cfg.schedule_config(steps=steps), cluster_costs(cfg))
+        t = shipped.step_time
+        # no schedule of the shipped layout beats its own bound (bounds.step_bounds): what it could reach at best
+        bound = None if shipped.bounds is None else shipped.bounds.ideal
         naive = next(r["step_s"] for r in part if r["rung"] == "naive (separate)")
         # the baselines as the dry run prices them: every GPU, as many rows per pass as their memory holds; one
         # that does not fit by the memory plan is no ratio (null) and no candidate for the strongest
@@ -105,6 +111,7 @@ def recipe_rows(steps: int) -> list[dict]:
                      "speedup_vs_naive": naive / t, "speedup_vs_colocated": vs(VERL_OMNI),
                      **{f"speedup_vs_colocated_{b.replace('-', '_')}": vs(b) for b in BASELINES},
                      "ceiling_s": top, "of_ceiling": None if top is None else top / t,
+                     "bound_s": bound, "vs_strongest_bound": None if bound is None else strong / bound,
                      "vs_verl_omni": vs(VERL_OMNI), "vs_verl_omni_bypass": vs(VERL_OMNI_BYPASS),
                      "vs_colocated_ideal": vs(IDEAL),
                      "baseline_step_s": dict(colo), "unfit_baselines": sorted(unfit),
@@ -194,10 +201,12 @@ def main() -> None:
                    else f"{r['of_ceiling']:.0%} of the ceiling ({r['ceiling_s']:.1f} s/step)")
             subset = ("" if r.get("vs_best_subset") is None else
                       f", {r['vs_best_subset']:.2f}x best-subset (verl-omni on the {r['best_subset_pool']} pool alone)")
+            bound = ("" if r["bound_s"] is None else
+                     f"; its layout's bound {r['bound_s']:.1f} s/step, at most {r['vs_strongest_bound']:.2f}x")
             print(f"recipe {r['preset']} as shipped ({r['mode']}): {r['step_s']:.1f} s/step, {r['vs_strongest']:.2f}x "
                   f"the strongest baseline ({r['strongest_baseline']}), {_ratio(r['vs_verl_omni'], 'x')} "
                   f"colocated:verl-omni, {_ratio(r['vs_verl_omni_bypass'], 'x')} colocated:verl-omni-bypass, "
-                  f"{_ratio(r['vs_colocated_ideal'], 'x')} colocated:ideal{subset}, {top}")
+                  f"{_ratio(r['vs_colocated_ideal'], 'x')} colocated:ideal{subset}, {top}{bound}")
             for b in r["unfit_baselines"]:
                 m = r["baseline_memory"][b]
                 print(f"  colocated:{b} does not fit: {m['gib']:.1f} GiB per GPU against {m['usable_gib']:.1f} GiB "

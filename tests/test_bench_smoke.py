@@ -60,6 +60,10 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
                                                                   r.get("vs_best_subset_bypass"),
                                                                   r.get("vs_best_subset")) if x is not None)), name
         assert r["mode"] in ("colocated", "digen") and r["strongest_baseline"], name
+        # a disaggregated layout's own bound: no schedule of it is faster, so its ratio is the most it could reach
+        assert (r["bound_s"] is None) == (r["mode"] == "colocated"), name
+        if r["bound_s"] is not None:
+            assert 0 < r["bound_s"] <= r["step_s"] + 1e-9 and r["vs_strongest_bound"] >= r["vs_strongest"], name
     # HunyuanVideo on 48 GB cards: verl-omni holds a generation copy + text encoders like trainer=colocated, over
     # the planner's 90 % on every GPU: the strongest that fits is the native loop
     for name in ("hunyuanvideo-13b-16", "hunyuanvideo-13b-32"):
