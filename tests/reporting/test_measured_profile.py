@@ -5,9 +5,9 @@ from dataclasses import replace
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile
+from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile, sharding_adds
 from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
-from verl_digen.schedule.costs import Sharded
+from verl_digen.schedule.costs import Affine, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
@@ -125,8 +125,47 @@ def test_a_one_rank_profile_prices_what_sharding_the_trainer_adds():
     assert col.sharded == Sharded()
 
 
+#: the probe's own work sharded over two processes (``collective_probe.time_sharded``): a training pass at 2 and 8
+#: rows per rank (alone, unsharded with both busy, sharded with both busy), the switch's gather, the optimizer step
+WORK = [{"kind": "sharded_work", "work": "pass", "size": 2, "alone": 0.010, "plain": 0.015, "sharded": 0.027},
+        {"kind": "sharded_work", "work": "pass", "size": 8, "alone": 0.020, "plain": 0.030, "sharded": 0.048},
+        {"kind": "sharded_work", "work": "switch", "alone": 0.001, "plain": 0.002, "sharded": 0.050},
+        {"kind": "sharded_work", "work": "step", "alone": 0.002, "plain": 0.003, "sharded": 0.011}]
+
+
+def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
+    """Sharding adds per pass the time alone x (sharded / unsharded - 1), both busy (the simulator slows the time
+    alone by the host's contention): 0.010 x 0.8 at 2 rows, 0.020 x 0.6 at 8, the median 0.010; the switch its
+    whole sharded gather (an unsharded rank gathers nothing), the step sharded - unsharded (0.008). Each work's
+    collectives share what is left after the bytes (0.125 us each)."""
+    assert sharding_adds(WORK) == pytest.approx({"pass": 0.010, "switch": 0.050, "step": 0.008})
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
+    sh = model.sharded
+    assert sh.pass_latency == pytest.approx((0.010 - 1.25e-7 * 3000) / 8)
+    assert sh.switch_latency == pytest.approx((0.050 - 1.25e-7 * 1000) / 66)
+    assert sh.step_latency == pytest.approx(0.008)
+    two = model.with_workers(1, 2).stage_costs(2)  # two ranks: what the probe measured, on the run's costs
+    assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 0.050)
+    assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.008)
+    plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
+    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.010)
+
+
+def test_from_probe_scales_each_works_latency_over_more_ranks():
+    counts = {"pass_calls": 8, "pass_bytes": 4000, "switch_calls": 10, "switch_bytes": 2000, "step_calls": 2}
+    sh = Sharded.from_probe(Affine(0.001, 1e-6), counts, {"pass": 0.020, "step": 0.0})
+    assert sh.pass_latency == pytest.approx((0.020 - 0.004) / 8)
+    assert sh.switch_latency == 0.0 and sh.switch(2) == pytest.approx(10 * 0.001 + 0.002)  # not timed: the bare
+    assert sh.step_latency == 0.0  # nothing added: the bare all-gather's latency stands in
+    # over W ranks a ring pays each collective's latency W - 1 times and 2 (W - 1) / W of the bytes
+    assert sh.per_pass(4) == pytest.approx(8 * 0.002 * 3 + 1e-6 * 4000 * 1.5)
+    assert sh.per_pass(1) == 0.0
+    with pytest.raises(ValueError, match="pass_latency"):
+        Sharded(pass_latency=-1.0)
+
+
 def test_the_sharded_term_survives_the_profile_file(tmp_path):
-    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
     dump_profile(model, tmp_path / "p.json", workload=workload)
     assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()
 

@@ -15,7 +15,18 @@ from verl_digen.reporting.metric_names import TIME_KEYS
 from verl_digen.schedule.actions import GENERATE, SCORE, TAG_GENERATE, UPDATE, WEIGHT_SYNC
 from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS, CostModel, Hardware, Pool, Sharded
+from verl_digen.schedule.costs import (
+    ALL_GATHER,
+    PASS,
+    SHARDED_CALLS,
+    SHARDED_WORK,
+    STEP,
+    SWITCH,
+    CostModel,
+    Hardware,
+    Pool,
+    Sharded,
+)
 from verl_digen.schedule.profile_io import Workload, fit_points, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
@@ -162,6 +173,26 @@ def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
     return alone
 
 
+def sharding_adds(work: list[dict[str, Any]]) -> dict[str, float]:
+    """Per work (``costs.PASS``, ``SWITCH``, ``STEP``), the seconds sharding it over two of the run's processes
+    added, from the probe's timings (``collective_probe.time_sharded``), each in the terms the simulator prices
+    it in. A training pass: its time alone x (sharded / unsharded - 1) with both processes busy, the median over
+    the sizes, as an update's time alone is what the simulator slows by the host's contention. The switch:
+    the sharded gather with both busy (an unsharded rank generates from its own weights and gathers nothing).
+    The optimizer step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed)."""
+    by = defaultdict(list)
+    for w in work:
+        by[w["work"]].append(w)
+    out = {}
+    if by[PASS]:
+        out[PASS] = statistics.median(max(0.0, w["alone"] * (w["sharded"] / w["plain"] - 1)) for w in by[PASS])
+    if by[SWITCH]:
+        out[SWITCH] = statistics.median(w["sharded"] for w in by[SWITCH])
+    if by[STEP]:
+        out[STEP] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[STEP])
+    return out
+
+
 def measured_profile(cfg: RunConfig, timeline: Timeline,
                      probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
@@ -175,8 +206,10 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
     scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
     from both pools' samples. A profile of one unsharded trainer rank also gets the probe's all-gather
-    (latency + per byte) and the trainer's collective counts (``costs.Sharded``): what a sharded trainer
-    (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never ran."""
+    (latency + per byte), the trainer's collective counts and the probe's pass, switch and optimizer step run
+    sharded over two of the run's processes (``sharding_adds``, ``costs.Sharded.from_probe``): what a sharded
+    trainer (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never
+    ran, priced per collective it issues."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -188,10 +221,12 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     if probes:
         gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
         counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
-        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS)]
+        work = [p for p in probes if p.get("kind") == SHARDED_WORK]
+        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS, SHARDED_WORK)]
         # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
         if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
-            sharded = Sharded(fit_points(gathers), **{c: int(v) for c, v in counts.items() if c != "kind"})
+            sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
+                                         sharding_adds(work))
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     samples = []
     contention: dict[str, float] = {}
