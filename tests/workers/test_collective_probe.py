@@ -22,6 +22,7 @@ def test_the_counts_follow_the_units_and_tensors_of_the_module():
     assert counts["switch_calls"] == len(transformer.state_dict()) and counts["switch_bytes"] >= params
     transformer.requires_grad_(False)  # frozen weights are gathered but reduce nothing
     assert sharded_calls(transformer)["pass_bytes"] == 2 * params
+    assert counts["step_calls"] == 2  # the gradient norm's reduction and the ranks' skip verdict (actor._agree)
 
 
 def test_an_all_gather_between_two_members_is_timed_per_size():
