@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile, sharding_adds
+from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile, paired_update_contention, sharding_adds
 from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
 from verl_digen.schedule.costs import Affine, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
@@ -149,6 +149,17 @@ def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
     assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.008)
     plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
     assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.010)
+
+
+def test_the_probes_paired_pass_sets_the_updates_host_contention():
+    """The probe's pass on both processes at once took 1.5x its time alone at both sizes: each other busy process
+    slows an update by half, whatever the run's overlaps (here: none) estimate; without it, nothing."""
+    assert paired_update_contention(WORK) == pytest.approx(0.5)
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
+    assert dict(model.host_contention)["update"] == pytest.approx(0.5)
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    assert "update" not in dict(model.host_contention)
+    assert paired_update_contention([]) is None
 
 
 def test_from_probe_scales_each_works_latency_over_more_ranks():

@@ -193,6 +193,14 @@ def sharding_adds(work: list[dict[str, Any]]) -> dict[str, float]:
     return out
 
 
+def paired_update_contention(work: list[dict[str, Any]]) -> float | None:
+    """How much one other busy process slows a training pass on a shared host (``CostModel.host_contention``'s
+    update), from the probe's unsharded pass alone and on both processes at once (``collective_probe.time_sharded``):
+    the median over its sizes of ``plain / alone - 1``; ``None`` without such timings."""
+    ratios = [w["plain"] / w["alone"] - 1 for w in work if w.get("work") == PASS and w.get("alone", 0) > 0]
+    return max(0.0, statistics.median(ratios)) if ratios else None
+
+
 def measured_profile(cfg: RunConfig, timeline: Timeline,
                      probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
@@ -209,7 +217,8 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     (latency + per byte), the trainer's collective counts and the probe's pass, switch and optimizer step run
     sharded over two of the run's processes (``sharding_adds``, ``costs.Sharded.from_probe``): what a sharded
     trainer (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never
-    ran, priced per collective it issues."""
+    ran, priced per collective it issues. On a CPU host the update's contention is the probe's paired pass
+    (``paired_update_contention``) where it ran one."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -217,7 +226,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
-    sharded = Sharded()
+    sharded, work = Sharded(), []
     if probes:
         gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
         counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
@@ -259,6 +268,11 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
                 for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
                     if a in contention and b not in contention:
                         contention[b] = contention[a]
+            # the probe timed the training pass alone and beside the same pass on the other process: a controlled
+            # measurement of what one other busy process adds, which the run's overlaps only estimate
+            paired = paired_update_contention(work)
+            if paired is not None:
+                contention[UPDATE] = paired
         # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
         # alone): the run's, divided by a median slowdown, only add its noise
         alone_by_probe = set(contention) if probes else set()
