@@ -5,7 +5,13 @@ from dataclasses import replace
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile, paired_update_contention, sharding_adds
+from verl_digen.reporting.metrics import (
+    busy_others,
+    host_contention,
+    measured_profile,
+    paired_update_contention,
+    sharding_adds,
+)
 from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
 from verl_digen.schedule.costs import Affine, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
