@@ -9,7 +9,6 @@ from verl_digen.reporting.metrics import (
     busy_others,
     host_contention,
     measured_profile,
-    paired_update_contention,
     sharding_adds,
 )
 from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
@@ -140,32 +139,24 @@ WORK = [{"kind": "sharded_work", "work": "pass", "size": 2, "alone": 0.010, "pla
 
 
 def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
-    """Sharding adds per pass the time alone x (sharded / unsharded - 1), both busy (the simulator slows the time
-    alone by the host's contention): 0.010 x 0.8 at 2 rows, 0.020 x 0.6 at 8, the median 0.010; the switch its
-    whole sharded gather (an unsharded rank gathers nothing), the step sharded - unsharded (0.008). Each work's
-    collectives share what is left after the bytes (0.125 us each)."""
-    assert sharding_adds(WORK) == pytest.approx({"pass": 0.010, "switch": 0.050, "step": 0.008})
+    """Sharding adds per pass the sharded pass (both processes busy) less the time alone, in time-alone units (the
+    simulator slows both by the update's contention, so it prices the probe's sharded pass): with no contention
+    0.017 at 2 rows and 0.028 at 8, the median 0.0225; at contention 0.5, 0.027 / 1.5 - 0.010 and 0.048 / 1.5 -
+    0.020. The switch adds its whole sharded gather (an unsharded rank gathers nothing), the step sharded -
+    unsharded (0.008). Each work's collectives share what is left after the bytes (0.125 us each)."""
+    assert sharding_adds(WORK) == pytest.approx({"pass": 0.0225, "switch": 0.050, "step": 0.008})
+    assert sharding_adds(WORK, 0.5)["pass"] == pytest.approx(0.010)
     model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
+    assert "update" not in dict(model.host_contention)  # this run's update never overlapped anything
     sh = model.sharded
-    assert sh.pass_latency == pytest.approx((0.010 - 1.25e-7 * 3000) / 8)
+    assert sh.pass_latency == pytest.approx((0.0225 - 1.25e-7 * 3000) / 8)
     assert sh.switch_latency == pytest.approx((0.050 - 1.25e-7 * 1000) / 66)
-    assert sh.step_latency == pytest.approx(0.008)
+    assert sh.step_latency == pytest.approx(0.008)  # SHARDING counts one reduction
     two = model.with_workers(1, 2).stage_costs(2)  # two ranks: what the probe measured, on the run's costs
     assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 0.050)
     assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.008)
     plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
-    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.010)
-
-
-def test_the_probes_paired_pass_sets_the_updates_host_contention():
-    """The probe's pass on both processes at once took 1.5x its time alone at both sizes: each other busy process
-    slows an update by half, whatever the run's overlaps (here: none) estimate; without it, nothing."""
-    assert paired_update_contention(WORK) == pytest.approx(0.5)
-    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
-    assert dict(model.host_contention)["update"] == pytest.approx(0.5)
-    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
-    assert "update" not in dict(model.host_contention)
-    assert paired_update_contention([]) is None
+    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.0225)
 
 
 def test_from_probe_scales_each_works_latency_over_more_ranks():
@@ -215,6 +206,12 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
     assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
     gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
     assert gpu.host_contention == () and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
+    # the probe's update alone: 0.1 s at 2 samples, so beside generation (0.15 s) each other process adds half,
+    # and the sharded pass is priced in time-alone units at that contention (sharding_adds(WORK, 0.5))
+    updates = [{"kind": "update", "size": n, "tsp_degree": 2, "seconds": t} for n, t in ((2, 0.1), (4, 0.15))]
+    probed, _ = measured_profile(compose(BASE), tl, PROBES + updates + SHARDING + WORK)
+    assert dict(probed.host_contention)[UPDATE] == pytest.approx(0.5)
+    assert probed.sharded.pass_latency == pytest.approx((0.010 - 1.25e-7 * 3000) / 8)
 
 
 def test_the_simulator_shares_the_host_between_busy_processes():

@@ -173,32 +173,26 @@ def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
     return alone
 
 
-def sharding_adds(work: list[dict[str, Any]]) -> dict[str, float]:
+def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) -> dict[str, float]:
     """Per work (``costs.PASS``, ``SWITCH``, ``STEP``), the seconds sharding it over two of the run's processes
     added, from the probe's timings (``collective_probe.time_sharded``), each in the terms the simulator prices
-    it in. A training pass: its time alone x (sharded / unsharded - 1) with both processes busy, the median over
-    the sizes, as an update's time alone is what the simulator slows by the host's contention. The switch:
-    the sharded gather with both busy (an unsharded rank generates from its own weights and gathers nothing).
-    The optimizer step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed)."""
+    it in. A training pass: the sharded pass (both processes busy, as a colocated update runs) less the time alone,
+    in time-alone units: the simulator slows an update's time alone, sharded term included, by the host's
+    contention (``update_contention``: one other busy process), so the priced pass is the probe's sharded one;
+    the median over the sizes. The switch: the sharded gather with both busy (an unsharded rank generates from its
+    own weights and gathers nothing). The optimizer step: sharded - unsharded, both busy (switches and steps are
+    priced as measured, not slowed)."""
     by = defaultdict(list)
     for w in work:
         by[w["work"]].append(w)
     out = {}
     if by[PASS]:
-        out[PASS] = statistics.median(max(0.0, w["alone"] * (w["sharded"] / w["plain"] - 1)) for w in by[PASS])
+        out[PASS] = statistics.median(max(0.0, w["sharded"] / (1 + update_contention) - w["alone"]) for w in by[PASS])
     if by[SWITCH]:
         out[SWITCH] = statistics.median(w["sharded"] for w in by[SWITCH])
     if by[STEP]:
         out[STEP] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[STEP])
     return out
-
-
-def paired_update_contention(work: list[dict[str, Any]]) -> float | None:
-    """How much one other busy process slows a training pass on a shared host (``CostModel.host_contention``'s
-    update), from the probe's unsharded pass alone and on both processes at once (``collective_probe.time_sharded``):
-    the median over its sizes of ``plain / alone - 1``; ``None`` without such timings."""
-    ratios = [w["plain"] / w["alone"] - 1 for w in work if w.get("work") == PASS and w.get("alone", 0) > 0]
-    return max(0.0, statistics.median(ratios)) if ratios else None
 
 
 def measured_profile(cfg: RunConfig, timeline: Timeline,
@@ -217,8 +211,7 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     (latency + per byte), the trainer's collective counts and the probe's pass, switch and optimizer step run
     sharded over two of the run's processes (``sharding_adds``, ``costs.Sharded.from_probe``): what a sharded
     trainer (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never
-    ran, priced per collective it issues. On a CPU host the update's contention is the probe's paired pass
-    (``paired_update_contention``) where it ran one."""
+    ran, priced per collective it issues."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -226,16 +219,12 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
-    sharded, work = Sharded(), []
+    gathers, counts, work = [], None, []
     if probes:
         gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
         counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
         work = [p for p in probes if p.get("kind") == SHARDED_WORK]
         probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS, SHARDED_WORK)]
-        # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
-        if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
-            sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
-                                         sharding_adds(work))
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     samples = []
     contention: dict[str, float] = {}
@@ -268,11 +257,6 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
                 for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
                     if a in contention and b not in contention:
                         contention[b] = contention[a]
-            # the probe timed the training pass alone and beside the same pass on the other process: a controlled
-            # measurement of what one other busy process adds, which the run's overlaps only estimate
-            paired = paired_update_contention(work)
-            if paired is not None:
-                contention[UPDATE] = paired
         # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
         # alone): the run's, divided by a median slowdown, only add its noise
         alone_by_probe = set(contention) if probes else set()
@@ -295,5 +279,10 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
                         policy=d.tag.policy, mini_batches=cfg.mini_batches())
+    sharded = Sharded()
+    # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
+    if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
+        sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
+                                     sharding_adds(work, contention.get(UPDATE, 0.0)))
     return replace(fit_samples(base, samples), sharded=sharded,
                    host_contention=tuple(sorted(contention.items()))), workload
