@@ -141,22 +141,27 @@ WORK = [{"kind": "sharded_work", "work": "pass", "size": 2, "alone": 0.010, "pla
 def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
     """Sharding adds per pass the sharded pass (both processes busy) less the time alone, in time-alone units (the
     simulator slows both by the update's contention, so it prices the probe's sharded pass): with no contention
-    0.017 at 2 rows and 0.028 at 8, the median 0.0225; at contention 0.5, 0.027 / 1.5 - 0.010 and 0.048 / 1.5 -
-    0.020. The switch adds its whole sharded gather (an unsharded rank gathers nothing), the step sharded -
-    unsharded (0.008). Each work's collectives share what is left after the bytes (0.125 us each)."""
-    assert sharding_adds(WORK) == pytest.approx({"pass": 0.0225, "switch": 0.050, "step": 0.008})
-    assert sharding_adds(WORK, 0.5)["pass"] == pytest.approx(0.010)
+    0.017 at 2 rows and 0.028 at 8 (per pass 0.04 / 3, per row 0.011 / 6); at contention 0.5, 0.027 / 1.5 - 0.010
+    and 0.048 / 1.5 - 0.020. The switch adds its whole sharded gather (an unsharded rank gathers nothing), the
+    step sharded - unsharded (0.008). Each work's collectives share what is left after the bytes (0.125 us each)."""
+    added, per_row = sharding_adds(WORK)
+    assert added == pytest.approx({"pass": 0.04 / 3, "switch": 0.050, "step": 0.008})
+    assert per_row == pytest.approx(0.011 / 6)
+    assert sharding_adds(WORK, 0.5) == (pytest.approx({"pass": 0.02 / 3, "switch": 0.050, "step": 0.008}),
+                                        pytest.approx(0.004 / 6))
     model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
     assert "update" not in dict(model.host_contention)  # this run's update never overlapped anything
     sh = model.sharded
-    assert sh.pass_latency == pytest.approx((0.0225 - 1.25e-7 * 3000) / 8)
+    assert sh.pass_latency == pytest.approx((0.04 / 3 - 1.25e-7 * 3000) / 8)
+    assert sh.pass_per_row == pytest.approx(0.011 / 6)
     assert sh.switch_latency == pytest.approx((0.050 - 1.25e-7 * 1000) / 66)
     assert sh.step_latency == pytest.approx(0.008)  # SHARDING counts one reduction
     two = model.with_workers(1, 2).stage_costs(2)  # two ranks: what the probe measured, on the run's costs
     assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 0.050)
     assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.008)
     plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
-    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.0225)
+    # 2 passes of 2 rows (a sample per rank, K = 2): the probe's sharded pass at 2 rows each
+    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.017)
 
 
 def test_from_probe_scales_each_works_latency_over_more_ranks():
@@ -168,6 +173,8 @@ def test_from_probe_scales_each_works_latency_over_more_ranks():
     # over W ranks a ring pays each collective's latency W - 1 times and 2 (W - 1) / W of the bytes
     assert sh.per_pass(4) == pytest.approx(8 * 0.002 * 3 + 1e-6 * 4000 * 1.5)
     assert sh.per_pass(1) == 0.0
+    rows = replace(sh, pass_per_row=1e-4)  # a per-row part: per extra rank, as the latency
+    assert rows.per_pass(4, 10) == pytest.approx(sh.per_pass(4) + 1e-4 * 10 * 3) and rows.per_pass(1, 10) == 0.0
     with pytest.raises(ValueError, match="pass_latency"):
         Sharded(pass_latency=-1.0)
 
@@ -211,7 +218,7 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
     updates = [{"kind": "update", "size": n, "tsp_degree": 2, "seconds": t} for n, t in ((2, 0.1), (4, 0.15))]
     probed, _ = measured_profile(compose(BASE), tl, PROBES + updates + SHARDING + WORK)
     assert dict(probed.host_contention)[UPDATE] == pytest.approx(0.5)
-    assert probed.sharded.pass_latency == pytest.approx((0.010 - 1.25e-7 * 3000) / 8)
+    assert probed.sharded.pass_latency == pytest.approx((0.02 / 3 - 1.25e-7 * 3000) / 8)
 
 
 def test_the_simulator_shares_the_host_between_busy_processes():

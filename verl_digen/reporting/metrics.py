@@ -173,26 +173,28 @@ def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
     return alone
 
 
-def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) -> dict[str, float]:
+def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) -> tuple[dict[str, float], float]:
     """Per work (``costs.PASS``, ``SWITCH``, ``STEP``), the seconds sharding it over two of the run's processes
     added, from the probe's timings (``collective_probe.time_sharded``), each in the terms the simulator prices
     it in. A training pass: the sharded pass (both processes busy, as a colocated update runs) less the time alone,
     in time-alone units: the simulator slows an update's time alone, sharded term included, by the host's
     contention (``update_contention``: one other busy process), so the priced pass is the probe's sharded one;
-    the median over the sizes. The switch: the sharded gather with both busy (an unsharded rank generates from its
-    own weights and gathers nothing). The optimizer step: sharded - unsharded, both busy (switches and steps are
-    priced as measured, not slowed)."""
+    fitted per pass + per row over the sizes (the second value returned: per row). The switch: the sharded
+    gather with both busy (an unsharded rank generates from its own weights and gathers nothing). The optimizer
+    step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed)."""
     by = defaultdict(list)
     for w in work:
         by[w["work"]].append(w)
-    out = {}
+    out, per_row = {}, 0.0
     if by[PASS]:
-        out[PASS] = statistics.median(max(0.0, w["sharded"] / (1 + update_contention) - w["alone"]) for w in by[PASS])
+        fit = fit_points([(float(w["size"]), max(0.0, w["sharded"] / (1 + update_contention) - w["alone"]))
+                          for w in by[PASS]])
+        out[PASS], per_row = fit.fixed, fit.per_unit
     if by[SWITCH]:
         out[SWITCH] = statistics.median(w["sharded"] for w in by[SWITCH])
     if by[STEP]:
         out[STEP] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[STEP])
-    return out
+    return out, per_row
 
 
 def measured_profile(cfg: RunConfig, timeline: Timeline,
@@ -282,7 +284,8 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     sharded = Sharded()
     # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
     if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
+        added, per_row = sharding_adds(work, contention.get(UPDATE, 0.0))
         sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
-                                     sharding_adds(work, contention.get(UPDATE, 0.0)))
+                                     added, per_row)
     return replace(fit_samples(base, samples), sharded=sharded,
                    host_contention=tuple(sorted(contention.items()))), workload

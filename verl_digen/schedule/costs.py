@@ -206,6 +206,8 @@ class Sharded:
     pass_latency: float = 0.0
     switch_latency: float = 0.0
     step_latency: float = 0.0
+    pass_per_row: float = 0.0  # what a sharded pass adds per row per extra rank beyond its collectives (the probe's
+    # pass at two sizes: a sharded rank's compute waits on its peer's, which grows with the rows)
 
     def __post_init__(self) -> None:
         for name in ("pass_calls", "pass_bytes", "switch_calls", "switch_bytes", "step_calls"):
@@ -214,6 +216,7 @@ class Sharded:
                 raise ValueError(f"sharded.{name} must be a non-negative integer, got {v!r}")
         for work in (PASS, SWITCH, STEP):
             _check_cost(f"sharded.{work}_latency", getattr(self, f"{work}_latency"))
+        _check_cost("sharded.pass_per_row", self.pass_per_row)
 
     def seconds(self, calls: int, nbytes: int, ranks: int, latency: float = 0.0) -> float:
         """Seconds of ``calls`` collectives moving ``nbytes`` (gathered) over ``ranks`` ranks; 0 unsharded.
@@ -227,8 +230,11 @@ class Sharded:
         nbytes = 0 if work == STEP else getattr(self, f"{work}_bytes")
         return self.seconds(getattr(self, f"{work}_calls"), nbytes, ranks, getattr(self, f"{work}_latency"))
 
-    def per_pass(self, ranks: int) -> float:
-        return self._work(PASS, ranks)
+    def per_pass(self, ranks: int, rows: int = 0) -> float:
+        """What sharding over ``ranks`` adds to a pass of ``rows`` rows per rank."""
+        if ranks <= 1:
+            return 0.0
+        return self._work(PASS, ranks) + self.pass_per_row * rows * (ranks - 1)
 
     def switch(self, ranks: int) -> float:
         return self._work(SWITCH, ranks)
@@ -237,12 +243,14 @@ class Sharded:
         return self._work(STEP, ranks)
 
     @classmethod
-    def from_probe(cls, collective: Affine, counts: dict[str, int], added: dict[str, float]) -> Sharded:
+    def from_probe(cls, collective: Affine, counts: dict[str, int], added: dict[str, float],
+                   pass_per_row: float = 0.0) -> Sharded:
         """The term from the probe: ``added`` holds, per work (``PASS``, ``SWITCH``, ``STEP``), the seconds sharding
-        it over two ranks added; each collective of that work (``counts``) gets the latency that leaves, the
-        bytes priced by the bare all-gather's ``per_unit`` (at least 0; 0 falls back to the bare all-gather's
-        latency). A work the probe did not time keeps the bare all-gather's latency."""
-        base = cls(collective, **counts)
+        it over two ranks added (a pass: per call, ``pass_per_row`` more per row); each collective of that work
+        (``counts``) gets the latency that leaves, the bytes priced by the bare all-gather's ``per_unit`` (at least
+        0; 0 falls back to the bare all-gather's latency). A work the probe did not time keeps the bare
+        all-gather's latency."""
+        base = cls(collective, **counts, pass_per_row=pass_per_row)
         latency = {}
         for work, seconds in added.items():
             calls = counts.get(f"{work}_calls", 0)
@@ -311,11 +319,12 @@ class CostModel:
         """Forward+backward of ``samples`` generated samples on ``ranks`` GPUs, data-parallel over their
         Ulysses groups (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
         ``rows_per_pass``: rows per rank per pass, ``rows.row_plan``'s ``cap``)."""
-        extra = self.sharded.per_pass(ranks)
+        sh = self.sharded
         if per_sample:
             each = math.ceil(samples * self.keep_fraction / self.data_parallel(ranks) - 1e-9)
-            return each * sum(hw.train_pass(d) + extra for d in passes(self.steps_trained, tsp_degree))
-        return sum(hw.train_pass(r) + extra for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
+            return each * sum(hw.train_pass(d) + sh.per_pass(ranks, d) for d in passes(self.steps_trained, tsp_degree))
+        return sum(hw.train_pass(r) + sh.per_pass(ranks, r)
+                   for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
 
     def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None,
                     per_sample: bool = False, rows_per_pass: int | None = None) -> StageCosts:
