@@ -48,7 +48,7 @@ def time_all_gather(host: str, port: int, rank: int, world: int, numels: list[in
 #: what :func:`time_sharded` times, each sharded as the trainer shards (``fsdp.shard_transformer``) against the same
 #: work on an unsharded copy: a training pass (forward + backward), the switch's gather of the generation copy
 #: (``fsdp.copy_full_state``) and the optimizer step (gradient-norm clip, the ranks' skip verdict, AdamW)
-SHARDED_WORK = ("pass", "switch", "step")
+TIMED_WORK = ("pass", "switch", "step")
 
 
 def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: list[int], reps: int = 9,
@@ -56,11 +56,12 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
     """What sharding the trainer adds, timed on this process and ``world - 1`` others of the run (all call it at
     once): fresh copies of the policy (``policy.build_policy``), one sharded over a gloo group of these processes
     (the process's default group for the call, as FSDP2 needs one; gone after), one not. Per item of
-    :data:`SHARDED_WORK` (the pass at each size of ``rows``, rows per rank), the median seconds of ``reps`` runs
+    :data:`TIMED_WORK` (the pass at each size of ``rows``, rows per rank), the median seconds of ``reps`` runs
     after two warm-ups: ``alone`` (the unsharded work on rank 0, the others idle), ``plain`` (the unsharded work
     on every process at once: the host shared as a sharded run shares it) and ``sharded`` (the sharded work on
-    every process at once, its collectives included). Rank 0's figures; ``[]`` on the others and where this
-    process already has a default group (a sharded trainer, whose own costs hold its collectives)."""
+    every process at once, its collectives included). Rank 0's figures; ``[]`` on the others, where this
+    process already has a default group (a sharded trainer, whose own costs hold its collectives), and where the
+    group does not form within ``timeout_s`` (a peer that had one)."""
     from verl_digen.workers import fsdp
     from verl_digen.workers import policy as P
 
@@ -75,6 +76,11 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
         else:
             store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    except RuntimeError:  # no group (a DistError is one): the profile keeps the bare all-gather's latency
+        if listener is not None:
+            listener.close()
+        return []
+    try:
         try:
             return _time_sharded(cfg, rank, world, rows, reps, fsdp, P)
         finally:
