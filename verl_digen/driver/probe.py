@@ -59,10 +59,10 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     here enters the timeline or the step reports. Run alone, these calls do not contend with the
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
     the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
-    counts, an all-gather between it and generator 0 at two sizes, and a training pass (at the micro-batch size and
-    4x it), the switch's gather and an optimizer step run sharded over the two against unsharded (``costs.Sharded``:
-    what sharding the trainer adds). ``pools``: the run's ``RunPools``; ``rows_of`` maps (prompt-in-step, sample)
-    pairs to rows as the run did (``Prompts.rows``)."""
+    counts, an all-gather between it and generator 0 at two sizes, and a training pass (a micro-batch's rows and
+    the largest update's at the TSP degree, per rank), the switch's gather and an optimizer step run sharded over
+    the two against unsharded (``costs.Sharded``: what sharding the trainer adds). ``pools``: the run's
+    ``RunPools``; ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``Prompts.rows``)."""
     gen_wg, trn_wg = pools.gen_wg, pools.trn_wg
     held = (ray.get(gen_wg.workers[0].weights_version.remote()) - step,
             ray.get(trn_wg.workers[0].weights_version.remote()) - step)  # as versions relative to ``step``
@@ -78,8 +78,11 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
     # gloo, as timed here; a GPU pool's NCCL is not)
     if len(trn_wg.workers) == 1 and cfg.trainer.device == "cpu":
-        mb = cfg.rollout.micro_batch_size
-        out += _sharded_samples(trn_wg.workers[0], gen_wg.workers[0], [mb, 4 * mb])
+        # rows per rank: one micro-batch's timestep, and the probe's largest update (up to 4 micro-batches) at the
+        # run's TSP degree split over the two (a colocated TSP pass is that big)
+        mb, degree = cfg.rollout.micro_batch_size, cfg.digen.tsp.degree or cfg.trained_steps()
+        out += _sharded_samples(trn_wg.workers[0], gen_wg.workers[0],
+                                sorted({mb, max(mb + 1, min(cfg.batch, 4 * mb) * degree // 2)}))
     return out
 
 
