@@ -1,8 +1,9 @@
 """What sharding adds to one training pass on this host: the tiny model's forward + backward as FSDP2 runs it
 over 2 gloo ranks (two processes, like trainer=colocated on the CPU bench) against the same pass unsharded in one
 process, at two row sizes. The cost model prices a sharded pass as ``costs.Sharded.per_pass``: the trainer's
-collective count times one all-gather's latency, which the runtime's probe times between two idle processes; this
-measures the pass itself, so the two can be set side by side (issue 41: the colocated cross-mode error).
+collective count times each collective's latency as the runtime's probe measured it, running the same pass sharded
+over two of the run's processes (``collective_probe.time_sharded``); this measures it standalone, in processes of
+its own, so the two can be set side by side (issue 41: the colocated cross-mode error).
 
     python bench/sharded_pass.py --json [--arch flux] [--rows 4 16] [--reps 6]   # one JSON object, the last line
 """

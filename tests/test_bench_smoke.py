@@ -92,7 +92,14 @@ def test_e2e_bench_predicts_every_mode_from_the_digen_profile(tmp_path):
     assert all(r["step_s"] > 0 and r["predicted_step_s"] > 0 and r["cross_predicted_step_s"] > 0 for r in rows)
     # the digen row's cross prediction is its own profile's prediction
     assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"] and rows[0]["transfer_error"] == 0
-    assert (tmp_path / "round1" / "digen" / "digen_probes.json").exists()  # the probe's samples are kept
+    probes = json.loads((tmp_path / "round1" / "digen" / "digen_probes.json").read_text())["samples"]
+    # the probe ran the trainer's own pass (2 sizes), switch gather and optimizer step sharded over 2 of the run's
+    # processes, and the digen profile prices each per collective from them
+    work = [p for p in probes if p["kind"] == "sharded_work"]
+    assert sorted(p["work"] for p in work) == ["pass", "pass", "step", "switch"]
+    assert all(p["sharded"] > 0 and p["plain"] > 0 and p["alone"] > 0 for p in work)
+    sharded = json.loads((tmp_path / "round1" / "digen" / "digen_profile.json").read_text())["sharded"]
+    assert sharded["switch_latency"] > 0 and sharded["step_calls"] == 2
     # the same table again from what the run kept, every profile fitted again: the same steps and predictions
     again = _last_json([*args, "--refit", str(tmp_path)])
     for key in ("step_s", "predicted_step_s", "cross_predicted_step_s"):

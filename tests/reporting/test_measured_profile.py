@@ -5,9 +5,14 @@ from dataclasses import replace
 import pytest
 
 from verl_digen.config import compose
-from verl_digen.reporting.metrics import busy_others, host_contention, measured_profile
+from verl_digen.reporting.metrics import (
+    busy_others,
+    host_contention,
+    measured_profile,
+    sharding_adds,
+)
 from verl_digen.schedule.actions import GENERATE, OPTIMIZER_STEP, SCORE, TAG_GENERATE, UPDATE
-from verl_digen.schedule.costs import Sharded
+from verl_digen.schedule.costs import Affine, Sharded
 from verl_digen.schedule.profile_io import dump_profile, load
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
@@ -125,8 +130,57 @@ def test_a_one_rank_profile_prices_what_sharding_the_trainer_adds():
     assert col.sharded == Sharded()
 
 
+#: the probe's own work sharded over two processes (``collective_probe.time_sharded``): a training pass at 2 and 8
+#: rows per rank (alone, unsharded with both busy, sharded with both busy), the switch's gather, the optimizer step
+WORK = [{"kind": "sharded_work", "work": "pass", "size": 2, "alone": 0.010, "plain": 0.015, "sharded": 0.027},
+        {"kind": "sharded_work", "work": "pass", "size": 8, "alone": 0.020, "plain": 0.030, "sharded": 0.048},
+        {"kind": "sharded_work", "work": "switch", "alone": 0.001, "plain": 0.002, "sharded": 0.050},
+        {"kind": "sharded_work", "work": "step", "alone": 0.002, "plain": 0.003, "sharded": 0.011}]
+
+
+def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
+    """Sharding adds per pass the sharded pass (both processes busy) less the time alone, in time-alone units (the
+    simulator slows both by the update's contention, so it prices the probe's sharded pass): with no contention
+    0.017 at 2 rows and 0.028 at 8 (per pass 0.04 / 3, per row 0.011 / 6); at contention 0.5, 0.027 / 1.5 - 0.010
+    and 0.048 / 1.5 - 0.020. The switch adds its whole sharded gather (an unsharded rank gathers nothing), the
+    step sharded - unsharded (0.008). Each work's collectives share what is left after the bytes (0.125 us each)."""
+    added, per_row = sharding_adds(WORK)
+    assert added == pytest.approx({"pass": 0.04 / 3, "switch": 0.050, "step": 0.008})
+    assert per_row == pytest.approx(0.011 / 6)
+    assert sharding_adds(WORK, 0.5) == (pytest.approx({"pass": 0.02 / 3, "switch": 0.050, "step": 0.008}),
+                                        pytest.approx(0.004 / 6))
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
+    assert "update" not in dict(model.host_contention)  # this run's update never overlapped anything
+    sh = model.sharded
+    assert sh.pass_latency == pytest.approx((0.04 / 3 - 1.25e-7 * 3000) / 8)
+    assert sh.pass_per_row == pytest.approx(0.011 / 6)
+    assert sh.switch_latency == pytest.approx((0.050 - 1.25e-7 * 1000) / 66)
+    assert sh.step_latency == pytest.approx(0.008)  # SHARDING counts one reduction
+    two = model.with_workers(1, 2).stage_costs(2)  # two ranks: what the probe measured, on the run's costs
+    assert two.switch_to_gen == pytest.approx(model.switch_to_gen + 0.050)
+    assert two.optimizer_step == pytest.approx(model.optimizer_step + 0.008)
+    plain = replace(model, sharded=Sharded()).colocated_phases(4, tsp_degree=1)
+    # 2 passes of 2 rows (a sample per rank, K = 2): the probe's sharded pass at 2 rows each
+    assert model.colocated_phases(4, tsp_degree=1)["update"] - plain["update"] == pytest.approx(2 * 0.017)
+
+
+def test_from_probe_scales_each_works_latency_over_more_ranks():
+    counts = {"pass_calls": 8, "pass_bytes": 4000, "switch_calls": 10, "switch_bytes": 2000, "step_calls": 2}
+    sh = Sharded.from_probe(Affine(0.001, 1e-6), counts, {"pass": 0.020, "step": 0.0})
+    assert sh.pass_latency == pytest.approx((0.020 - 0.004) / 8)
+    assert sh.switch_latency == 0.0 and sh.switch(2) == pytest.approx(10 * 0.001 + 0.002)  # not timed: the bare
+    assert sh.step_latency == 0.0  # nothing added: the bare all-gather's latency stands in
+    # over W ranks a ring pays each collective's latency W - 1 times and 2 (W - 1) / W of the bytes
+    assert sh.per_pass(4) == pytest.approx(8 * 0.002 * 3 + 1e-6 * 4000 * 1.5)
+    assert sh.per_pass(1) == 0.0
+    rows = replace(sh, pass_per_row=1e-4)  # a per-row part: per extra rank, as the latency
+    assert rows.per_pass(4, 10) == pytest.approx(sh.per_pass(4) + 1e-4 * 10 * 3) and rows.per_pass(1, 10) == 0.0
+    with pytest.raises(ValueError, match="pass_latency"):
+        Sharded(pass_latency=-1.0)
+
+
 def test_the_sharded_term_survives_the_profile_file(tmp_path):
-    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING)
+    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + SHARDING + WORK)
     dump_profile(model, tmp_path / "p.json", workload=workload)
     assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()
 
@@ -159,6 +213,12 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
     assert model.generator.hardware.generate(2) == pytest.approx(0.1)  # alone
     gpu, _ = measured_profile(compose([*BASE, "trainer.device=cuda"]), tl)  # pools of their own: no sharing
     assert gpu.host_contention == () and gpu.generator.hardware.generate(2) == pytest.approx(0.125)
+    # the probe's update alone: 0.1 s at 2 samples, so beside generation (0.15 s) each other process adds half,
+    # and the sharded pass is priced in time-alone units at that contention (sharding_adds(WORK, 0.5))
+    updates = [{"kind": "update", "size": n, "tsp_degree": 2, "seconds": t} for n, t in ((2, 0.1), (4, 0.15))]
+    probed, _ = measured_profile(compose(BASE), tl, PROBES + updates + SHARDING + WORK)
+    assert dict(probed.host_contention)[UPDATE] == pytest.approx(0.5)
+    assert probed.sharded.pass_latency == pytest.approx((0.02 / 3 - 1.25e-7 * 3000) / 8)
 
 
 def test_the_simulator_shares_the_host_between_busy_processes():

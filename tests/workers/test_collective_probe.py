@@ -7,7 +7,7 @@ import threading
 import torch
 
 from verl_digen.models.tiny import tiny_components
-from verl_digen.workers.collective_probe import time_all_gather
+from verl_digen.workers.collective_probe import time_all_gather, time_sharded
 from verl_digen.workers.fsdp import sharded_calls
 
 
@@ -22,6 +22,7 @@ def test_the_counts_follow_the_units_and_tensors_of_the_module():
     assert counts["switch_calls"] == len(transformer.state_dict()) and counts["switch_bytes"] >= params
     transformer.requires_grad_(False)  # frozen weights are gathered but reduce nothing
     assert sharded_calls(transformer)["pass_bytes"] == 2 * params
+    assert counts["step_calls"] == 2  # the gradient norm's reduction and the ranks' skip verdict (actor._agree)
 
 
 def test_an_all_gather_between_two_members_is_timed_per_size():
@@ -38,3 +39,12 @@ def test_an_all_gather_between_two_members_is_timed_per_size():
         t.join(timeout=60)
     assert [b for b, _ in out[0]] == [8, 8000] == [b for b, _ in out[1]]  # bytes gathered: float32 x 2 ranks
     assert all(0 < t < 10 for _, t in out[0])
+
+
+def test_the_sharded_probe_gives_up_without_its_peer():
+    """A peer that never joins (one that had a process group of its own): no figures, the profile keeps the bare
+    all-gather's latency, and the run's probe goes on."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert time_sharded(None, "127.0.0.1", port, 1, 2, [4], timeout_s=0.1) == []

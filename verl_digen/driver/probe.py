@@ -13,7 +13,7 @@ import ray
 from verl_digen.config import RunConfig
 from verl_digen.driver.ray_backend import RayBackend, Work
 from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE, Action
-from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS
+from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS, SHARDED_WORK
 from verl_digen.schedule.executor import events
 from verl_digen.schedule.timeline import TRAINER, Timeline, gen_worker, tag_slot
 
@@ -59,9 +59,10 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     here enters the timeline or the step reports. Run alone, these calls do not contend with the
     other pool for the host as the run's do, so the profile takes from them the cost's shape and
     the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
-    counts and an all-gather between it and generator 0 at two sizes (``costs.Sharded``: what sharding the
-    trainer adds). ``pools``: the run's ``RunPools``; ``rows_of`` maps (prompt-in-step, sample) pairs to rows
-    as the run did (``Prompts.rows``)."""
+    counts, an all-gather between it and generator 0 at two sizes, and a training pass (a micro-batch's rows and
+    the largest update's at the TSP degree, per rank), the switch's gather and an optimizer step run sharded over
+    the two against unsharded (``costs.Sharded``: what sharding the trainer adds). ``pools``: the run's
+    ``RunPools``; ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``Prompts.rows``)."""
     gen_wg, trn_wg = pools.gen_wg, pools.trn_wg
     held = (ray.get(gen_wg.workers[0].weights_version.remote()) - step,
             ray.get(trn_wg.workers[0].weights_version.remote()) - step)  # as versions relative to ``step``
@@ -77,7 +78,11 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
     # gloo, as timed here; a GPU pool's NCCL is not)
     if len(trn_wg.workers) == 1 and cfg.trainer.device == "cpu":
-        out += _sharded_samples(trn_wg.workers[0], gen_wg.workers[0])
+        # rows per rank: one micro-batch's timestep, and the probe's largest update (up to 4 micro-batches) at the
+        # run's TSP degree split over the two (a colocated TSP pass is that big)
+        mb, degree = cfg.rollout.micro_batch_size, cfg.digen.tsp.degree or cfg.trained_steps()
+        out += _sharded_samples(trn_wg.workers[0], gen_wg.workers[0],
+                                sorted({mb, max(mb + 1, min(cfg.batch, 4 * mb) * degree // 2)}))
     return out
 
 
@@ -107,11 +112,17 @@ def _repetition(cfg: RunConfig, rows_of: Rows, step: int,
                   (Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]
 
 
-def _sharded_samples(trainer: Any, gen: Any) -> list[dict[str, Any]]:
-    """The trainer's collective counts and an all-gather between it and a generator (two processes of the
-    run on their hosts) of one element and of the whole model (half per rank), as profile samples."""
+def _sharded_samples(trainer: Any, gen: Any, rows: list[int]) -> list[dict[str, Any]]:
+    """The trainer's collective counts, an all-gather between it and a generator (two processes of the run on
+    their hosts) of one element and of the whole model (half per rank), and the trainer's own work (a training
+    pass at ``rows`` rows per rank, the switch's gather, the optimizer step) sharded over the two against
+    unsharded (``collective_probe.time_sharded``), as profile samples."""
     counts = ray.get(trainer.sharded_calls.remote())
+    pair = (trainer, gen)
     host, port = ray.get(trainer.get_available_master_addr_port.remote())
     numels = [1, max(2, counts["switch_bytes"] // 8)]
-    timed = ray.get([w.time_all_gather.remote(host, int(port), r, 2, numels) for r, w in enumerate((trainer, gen))])
-    return [*({"kind": ALL_GATHER, "size": b, "seconds": t} for b, t in timed[0]), {"kind": SHARDED_CALLS, **counts}]
+    timed = ray.get([w.time_all_gather.remote(host, int(port), r, 2, numels) for r, w in enumerate(pair)])
+    host, port = ray.get(trainer.get_available_master_addr_port.remote())
+    work = ray.get([w.time_sharded.remote(host, int(port), r, 2, rows) for r, w in enumerate(pair)])[0]
+    return [*({"kind": ALL_GATHER, "size": b, "seconds": t} for b, t in timed[0]), {"kind": SHARDED_CALLS, **counts},
+            *({"kind": SHARDED_WORK, **w} for w in work)]

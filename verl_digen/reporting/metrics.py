@@ -15,7 +15,18 @@ from verl_digen.reporting.metric_names import TIME_KEYS
 from verl_digen.schedule.actions import GENERATE, SCORE, TAG_GENERATE, UPDATE, WEIGHT_SYNC
 from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
-from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS, CostModel, Hardware, Pool, Sharded
+from verl_digen.schedule.costs import (
+    ALL_GATHER,
+    PASS,
+    SHARDED_CALLS,
+    SHARDED_WORK,
+    STEP,
+    SWITCH,
+    CostModel,
+    Hardware,
+    Pool,
+    Sharded,
+)
 from verl_digen.schedule.profile_io import Workload, fit_points, fit_samples
 from verl_digen.schedule.timeline import TRAINER, Record, Timeline
 
@@ -162,6 +173,30 @@ def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
     return alone
 
 
+def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) -> tuple[dict[str, float], float]:
+    """Per work (``costs.PASS``, ``SWITCH``, ``STEP``), the seconds sharding it over two of the run's processes
+    added, from the probe's timings (``collective_probe.time_sharded``), each in the terms the simulator prices
+    it in. A training pass: the sharded pass (both processes busy, as a colocated update runs) less the time alone,
+    in time-alone units: the simulator slows an update's time alone, sharded term included, by the host's
+    contention (``update_contention``: one other busy process), so the priced pass is the probe's sharded one;
+    fitted per pass + per row over the sizes (the second value returned: per row). The switch: the sharded
+    gather with both busy (an unsharded rank generates from its own weights and gathers nothing). The optimizer
+    step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed)."""
+    by = defaultdict(list)
+    for w in work:
+        by[w["work"]].append(w)
+    out, per_row = {}, 0.0
+    if by[PASS]:
+        fit = fit_points([(float(w["size"]), max(0.0, w["sharded"] / (1 + update_contention) - w["alone"]))
+                          for w in by[PASS]])
+        out[PASS], per_row = fit.fixed, fit.per_unit
+    if by[SWITCH]:
+        out[SWITCH] = statistics.median(w["sharded"] for w in by[SWITCH])
+    if by[STEP]:
+        out[STEP] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[STEP])
+    return out, per_row
+
+
 def measured_profile(cfg: RunConfig, timeline: Timeline,
                      probes: list[dict[str, Any]] | None = None) -> tuple[CostModel, Workload]:
     """The run's stage costs as a simulator profile, fitted from its measured records, so
@@ -175,8 +210,10 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     each cost's level, as measured under the run's concurrency (a run repeats one size, and one size
     scales the probe's shape). With both pools on one hardware type, generation and scoring are fitted
     from both pools' samples. A profile of one unsharded trainer rank also gets the probe's all-gather
-    (latency + per byte) and the trainer's collective counts (``costs.Sharded``): what a sharded trainer
-    (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never ran."""
+    (latency + per byte), the trainer's collective counts and the probe's pass, switch and optimizer step run
+    sharded over two of the run's processes (``sharding_adds``, ``costs.Sharded.from_probe``): what a sharded
+    trainer (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never
+    ran, priced per collective it issues."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
@@ -184,14 +221,12 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
-    sharded = Sharded()
+    gathers, counts, work = [], None, []
     if probes:
         gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
         counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
-        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS)]
-        # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
-        if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
-            sharded = Sharded(fit_points(gathers), **{c: int(v) for c, v in counts.items() if c != "kind"})
+        work = [p for p in probes if p.get("kind") == SHARDED_WORK]
+        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS, SHARDED_WORK)]
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     samples = []
     contention: dict[str, float] = {}
@@ -246,5 +281,11 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     workload = Workload(prompts=cfg.data.train_batch_size, group_size=cfg.rollout.n, mb_size=mb,
                         tsp_degree=degree, staleness=d.tcss.staleness, steps=cfg.trainer.total_steps,
                         policy=d.tag.policy, mini_batches=cfg.mini_batches())
+    sharded = Sharded()
+    # a sharded run's own costs hold its collectives: the term is for a profile of one unsharded rank
+    if gathers and counts and res.trainer.workers == 1 and COLOCATED not in (timeline.mode, cfg.trainer.mode):
+        added, per_row = sharding_adds(work, contention.get(UPDATE, 0.0))
+        sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
+                                     added, per_row)
     return replace(fit_samples(base, samples), sharded=sharded,
                    host_contention=tuple(sorted(contention.items()))), workload

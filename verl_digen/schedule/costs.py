@@ -175,9 +175,14 @@ class BaselineCosts:
 
 
 #: the after-run probe's samples for :class:`Sharded` (``driver/probe.py``): an all-gather between two of the run's
-#: processes (size: bytes gathered) and the trainer's own collective counts
+#: processes (size: bytes gathered), the trainer's own collective counts, and the trainer's own work timed sharded
+#: over two of the run's processes against unsharded (``workers/collective_probe.time_sharded``: one sample per
+#: item of ``SHARDED_WORK``, its ``alone`` / ``plain`` / ``sharded`` seconds)
 ALL_GATHER = "all_gather"
 SHARDED_CALLS = "sharded_calls"
+SHARDED_WORK = "sharded_work"
+#: what a sharded trainer does that an unsharded rank does not, each priced by its own collectives
+PASS, SWITCH, STEP = "pass", "switch", "step"
 
 
 @dataclass(frozen=True)
@@ -186,36 +191,73 @@ class Sharded:
     unsharded rank, which never ran them (a measured profile's other costs stay per GPU as measured; presets
     price their collectives on the fabric and leave this empty). ``collective``: one all-gather between two
     ranks of the host, ``latency + per_unit * bytes gathered``; over W ranks a ring pays the latency W - 1
-    times and moves 2 (W - 1) / W of those bytes. The counts are the trainer's own (``fsdp.sharded_calls``)."""
+    times and moves 2 (W - 1) / W of those bytes. The counts are the trainer's own (``fsdp.sharded_calls``).
+
+    ``*_latency``: one collective's latency as FSDP2 issues it in that work (a training pass, the switch's
+    gather, the optimizer step: DTensor dispatch, copy-in/out, the ranks waiting on each other), measured by
+    the probe running that work sharded (:meth:`from_probe`); 0 takes the bare all-gather's (``collective``)."""
 
     collective: Affine = Affine()
     pass_calls: int = 0  # one training pass: per FSDP unit an all-gather forward and backward, a reduce-scatter
     pass_bytes: int = 0  # the bytes those move (the unsharded parameters, three times)
     switch_calls: int = 0  # switch to generation: one all-gather per parameter tensor (the generation copy)
     switch_bytes: int = 0
-    step_calls: int = 0  # optimizer step: the global gradient norm's reduction
+    step_calls: int = 0  # optimizer step: the global gradient norm's reduction, the ranks' skip verdict
+    pass_latency: float = 0.0
+    switch_latency: float = 0.0
+    step_latency: float = 0.0
+    pass_per_row: float = 0.0  # what a sharded pass adds per row per extra rank beyond its collectives (the probe's
+    # pass at two sizes: a sharded rank's compute waits on its peer's, which grows with the rows)
 
     def __post_init__(self) -> None:
         for name in ("pass_calls", "pass_bytes", "switch_calls", "switch_bytes", "step_calls"):
             v = getattr(self, name)
             if not isinstance(v, int) or v < 0:
                 raise ValueError(f"sharded.{name} must be a non-negative integer, got {v!r}")
+        for work in (PASS, SWITCH, STEP):
+            _check_cost(f"sharded.{work}_latency", getattr(self, f"{work}_latency"))
+        _check_cost("sharded.pass_per_row", self.pass_per_row)
 
-    def seconds(self, calls: int, nbytes: int, ranks: int) -> float:
-        """Seconds of ``calls`` collectives moving ``nbytes`` (gathered) over ``ranks`` ranks; 0 unsharded."""
+    def seconds(self, calls: int, nbytes: int, ranks: int, latency: float = 0.0) -> float:
+        """Seconds of ``calls`` collectives moving ``nbytes`` (gathered) over ``ranks`` ranks; 0 unsharded.
+        ``latency``: one collective's (0: the bare all-gather's)."""
         if ranks <= 1 or calls <= 0:
             return 0.0
         c = self.collective
-        return calls * c.fixed * (ranks - 1) + c.per_unit * nbytes * 2 * (ranks - 1) / ranks
+        return calls * (latency or c.fixed) * (ranks - 1) + c.per_unit * nbytes * 2 * (ranks - 1) / ranks
 
-    def per_pass(self, ranks: int) -> float:
-        return self.seconds(self.pass_calls, self.pass_bytes, ranks)
+    def _work(self, work: str, ranks: int) -> float:
+        nbytes = 0 if work == STEP else getattr(self, f"{work}_bytes")
+        return self.seconds(getattr(self, f"{work}_calls"), nbytes, ranks, getattr(self, f"{work}_latency"))
+
+    def per_pass(self, ranks: int, rows: int = 0) -> float:
+        """What sharding over ``ranks`` adds to a pass of ``rows`` rows per rank."""
+        if ranks <= 1:
+            return 0.0
+        return self._work(PASS, ranks) + self.pass_per_row * rows * (ranks - 1)
 
     def switch(self, ranks: int) -> float:
-        return self.seconds(self.switch_calls, self.switch_bytes, ranks)
+        return self._work(SWITCH, ranks)
 
     def step(self, ranks: int) -> float:
-        return self.seconds(self.step_calls, 0, ranks)
+        return self._work(STEP, ranks)
+
+    @classmethod
+    def from_probe(cls, collective: Affine, counts: dict[str, int], added: dict[str, float],
+                   pass_per_row: float = 0.0) -> Sharded:
+        """The term from the probe: ``added`` holds, per work (``PASS``, ``SWITCH``, ``STEP``), the seconds sharding
+        it over two ranks added (a pass: per call, ``pass_per_row`` more per row); each collective of that work
+        (``counts``) gets the latency that leaves, the bytes priced by the bare all-gather's ``per_unit`` (at least
+        0; 0 falls back to the bare all-gather's latency). A work the probe did not time keeps the bare
+        all-gather's latency."""
+        base = cls(collective, **counts, pass_per_row=pass_per_row)
+        latency = {}
+        for work, seconds in added.items():
+            calls = counts.get(f"{work}_calls", 0)
+            if calls > 0:
+                nbytes = 0 if work == STEP else counts.get(f"{work}_bytes", 0)
+                latency[f"{work}_latency"] = max(0.0, seconds - collective.per_unit * nbytes) / calls  # W = 2
+        return replace(base, **latency)
 
 
 @dataclass(frozen=True)
@@ -277,11 +319,12 @@ class CostModel:
         """Forward+backward of ``samples`` generated samples on ``ranks`` GPUs, data-parallel over their
         Ulysses groups (``per_sample``: each rank trains its samples one per pass, as the upstream loops do;
         ``rows_per_pass``: rows per rank per pass, ``rows.row_plan``'s ``cap``)."""
-        extra = self.sharded.per_pass(ranks)
+        sh = self.sharded
         if per_sample:
             each = math.ceil(samples * self.keep_fraction / self.data_parallel(ranks) - 1e-9)
-            return each * sum(hw.train_pass(d) + extra for d in passes(self.steps_trained, tsp_degree))
-        return sum(hw.train_pass(r) + extra for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
+            return each * sum(hw.train_pass(d) + sh.per_pass(ranks, d) for d in passes(self.steps_trained, tsp_degree))
+        return sum(hw.train_pass(r) + sh.per_pass(ranks, r)
+                   for r in self._pass_rows(samples, tsp_degree, ranks, rows_per_pass))
 
     def stage_costs(self, mb_size: int, tsp_degree: int = 1, update_samples: int | None = None,
                     per_sample: bool = False, rows_per_pass: int | None = None) -> StageCosts:

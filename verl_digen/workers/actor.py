@@ -31,7 +31,7 @@ from verl_digen.workers import actor_memory, fsdp, switch
 from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers import policy as P
 from verl_digen.workers.buckets import BucketPlan, layout_of, pack_owned, plan_for
-from verl_digen.workers.collective_probe import time_all_gather
+from verl_digen.workers.collective_probe import time_all_gather, time_sharded
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.generator import check_version
 from verl_digen.workers.sync import SyncGroup
@@ -388,6 +388,11 @@ class TSPActorWorker(Worker):
     def time_all_gather(self, host: str, port: int, rank: int, world: int, numels: list[int]) -> list:
         """The probe's all-gather timing with a generator (``collective_probe.time_all_gather``)."""
         return time_all_gather(host, port, rank, world, numels)
+
+    def time_sharded(self, host: str, port: int, rank: int, world: int, rows: list[int]) -> list:
+        """The probe's sharded pass, switch gather and optimizer step with a generator
+        (``collective_probe.time_sharded``)."""
+        return time_sharded(self.cfg, host, port, rank, world, rows)
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:

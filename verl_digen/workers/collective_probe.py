@@ -7,6 +7,7 @@ from __future__ import annotations
 import statistics
 import time
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -42,3 +43,98 @@ def time_all_gather(host: str, port: int, rank: int, world: int, numels: list[in
     finally:
         if listener is not None:
             listener.close()
+
+
+#: what :func:`time_sharded` times, each sharded as the trainer shards (``fsdp.shard_transformer``) against the same
+#: work on an unsharded copy: a training pass (forward + backward), the switch's gather of the generation copy
+#: (``fsdp.copy_full_state``) and the optimizer step (gradient-norm clip, the ranks' skip verdict, AdamW)
+TIMED_WORK = ("pass", "switch", "step")
+
+
+def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: list[int], reps: int = 9,
+                 timeout_s: float = 60.0) -> list[dict[str, Any]]:
+    """What sharding the trainer adds, timed on this process and ``world - 1`` others of the run (all call it at
+    once): fresh copies of the policy (``policy.build_policy``), one sharded over a gloo group of these processes
+    (the process's default group for the call, as FSDP2 needs one; gone after), one not. Per item of
+    :data:`TIMED_WORK` (the pass at each size of ``rows``, rows per rank), the median seconds of ``reps`` runs
+    after two warm-ups: ``alone`` (the unsharded work on rank 0, the others idle), ``plain`` (the unsharded work
+    on every process at once: the host shared as a sharded run shares it) and ``sharded`` (the sharded work on
+    every process at once, its collectives included). Rank 0's figures; ``[]`` on the others, where this
+    process already has a default group (a sharded trainer, whose own costs hold its collectives), and where the
+    group does not form within ``timeout_s`` (a peer that had one)."""
+    from verl_digen.workers import fsdp
+    from verl_digen.workers import policy as P
+
+    if dist.is_initialized():
+        return []
+    timeout = timedelta(seconds=timeout_s)
+    listener = bind_listener(host, int(port)) if rank == 0 else None
+    try:
+        if listener is not None:
+            store = dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
+                                  master_listen_fd=listener.fileno())
+        else:
+            store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+        dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    except RuntimeError:  # no group (a DistError is one): the profile keeps the bare all-gather's latency
+        if listener is not None:
+            listener.close()
+        return []
+    try:
+        try:
+            return _time_sharded(cfg, rank, world, rows, reps, fsdp, P)
+        finally:
+            dist.destroy_process_group()
+    finally:
+        if listener is not None:
+            listener.close()
+
+
+def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, fsdp: Any,
+                  P: Any) -> list[dict[str, Any]]:
+    cpu = torch.device("cpu")
+    plain, sharded, gen = (P.build_policy(cfg, cpu) for _ in range(3))
+    fsdp.shard_transformer(sharded.transformer, world, cpu)
+    optims = {id(m): torch.optim.AdamW([p for p in m.transformer.parameters() if p.requires_grad], lr=1e-6)
+              for m in (plain, sharded)}
+
+    def timed(work: Any, active: bool) -> float:
+        times = []
+        for i in range(2 + reps):
+            dist.barrier()  # every rank starts together; an idle one waits here
+            t0 = time.perf_counter()
+            if active:
+                work()
+            if i >= 2:
+                times.append(time.perf_counter() - t0)
+            dist.barrier()
+        return statistics.median(times)
+
+    def three(work: Any) -> dict[str, float]:
+        """(alone, plain, sharded): ``work(model)`` on the unsharded copy on rank 0 alone, on every rank, sharded."""
+        return {"alone": timed(lambda: work(plain), rank == 0), "plain": timed(lambda: work(plain), True),
+                "sharded": timed(lambda: work(sharded), True)}
+
+    out = []
+    for r in rows:
+        cond = plain.encode_prompts(["a probe"] * r)
+        g = torch.Generator().manual_seed(r)
+        x, sigmas = torch.randn(r, *plain.latent_shape, generator=g), torch.rand(r, generator=g)
+
+        def one_pass(m: Any, x: torch.Tensor = x, sigmas: torch.Tensor = sigmas, cond: Any = cond) -> None:
+            m.transformer.zero_grad(set_to_none=False)
+            m.velocity(x, sigmas, cond).square().mean().backward()
+
+        out.append({"work": "pass", "size": r, **three(one_pass)})
+    out.append({"work": "switch", **three(lambda m: fsdp.copy_full_state(m.transformer, gen.transformer))})
+
+    def step(m: Any) -> None:  # as the trainer's optimizer_step: clip, agree on a skip (sharded), AdamW
+        params = [p for p in m.transformer.parameters() if p.requires_grad]
+        fsdp.clip_grad_norm(params, 1.0, cpu)
+        if m is sharded:
+            flag = torch.zeros(1)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+        optims[id(m)].step()
+
+    out.append({"work": "step", **three(step)})
+    return out if rank == 0 else []

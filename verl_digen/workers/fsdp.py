@@ -100,7 +100,8 @@ def sharded_calls(transformer: nn.Module) -> dict[str, int]:
     module (sharded or not), for the cost model's ``costs.Sharded``: a training pass all-gathers each unit's
     parameters forward and (but the root's, which FSDP2 keeps after forward) backward and reduce-scatters its
     gradients; the switch to generation gathers each tensor of the state once (``copy_full_state``); the
-    optimizer step reduces the gradient norm once (``clip_grad_norm``)."""
+    optimizer step reduces the gradient norm once (``clip_grad_norm``) and the ranks' skip verdict once
+    (``actor._agree``)."""
     blocks = set(getattr(transformer, "_no_split_modules", None) or ())
     units = 1 + sum(1 for m in transformer.modules() if type(m).__name__ in blocks)
     params = list(transformer.parameters())
@@ -108,7 +109,7 @@ def sharded_calls(transformer: nn.Module) -> dict[str, int]:
     trained = sum(p.numel() * p.element_size() for p in params if p.requires_grad)
     state = transformer.state_dict()
     return {"pass_calls": 3 * units - 1, "pass_bytes": 2 * full + trained, "switch_calls": len(state),
-            "switch_bytes": sum(t.numel() * t.element_size() for t in state.values()), "step_calls": 1}
+            "switch_bytes": sum(t.numel() * t.element_size() for t in state.values()), "step_calls": 2}
 
 
 def full_tensor(t: torch.Tensor) -> torch.Tensor:

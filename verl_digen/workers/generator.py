@@ -19,7 +19,7 @@ from verl_digen.rewards import build_reward
 from verl_digen.schedule import ledger
 from verl_digen.workers import policy as P
 from verl_digen.workers.buckets import layout_of, plan_for
-from verl_digen.workers.collective_probe import time_all_gather
+from verl_digen.workers.collective_probe import time_all_gather, time_sharded
 from verl_digen.workers.config import WorkerConfig
 from verl_digen.workers.sync import Packer, SyncGroup, SyncRefused
 
@@ -164,6 +164,11 @@ class GeneratorWorker(Worker):
     def time_all_gather(self, host: str, port: int, rank: int, world: int, numels: list[int]) -> list:
         """The probe's all-gather timing with a trainer rank (``collective_probe.time_all_gather``)."""
         return time_all_gather(host, port, rank, world, numels)
+
+    def time_sharded(self, host: str, port: int, rank: int, world: int, rows: list[int]) -> list:
+        """The probe's sharded pass, switch gather and optimizer step with a trainer rank
+        (``collective_probe.time_sharded``)."""
+        return time_sharded(self.cfg, host, port, rank, world, rows)
 
     def join_sync_group(self, host: str, port: int, world: int, rank: int, backend: str = "gloo",
                         timeout_s: float = 300.0, secret: str = "") -> None:
