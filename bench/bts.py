@@ -2,8 +2,9 @@
 
 Each configuration simulates one step of ``digen`` + BTS; every decision point (each event that leaves
 the trainer in a bubble with a free TAG slot) triggers a *cold* re-solve (fresh memo, as after a profiler
-update), and we report the median wall time of those solves (over the last ``SolveLog.WINDOW``) and the max, how many hit BTS's work cap (their
-plan is the best found, not proven best) and the simulated step time.
+update), and we report the median wall time of those solves (of the last ``SolveLog.WINDOW``), the
+slowest, how many hit BTS's work cap (their plan is the best found, not proven best) and the simulated
+step time.
 Usage: python bench/bts.py [--json] [--steps N] [--ranks R] [--work-cap W|none] [--fan-out F|none]
 """
 
