@@ -96,7 +96,14 @@ def _tenths(values: list[float]) -> tuple[float, float]:
 def _late_slope_kb(values: list[float]) -> float:
     """Least-squares slope in KB per step over the second half of the samples: the growth once the run is
     warm (allocator arenas, Ray's and torch's caches fill during the first steps)."""
-    tail = values[len(values) // 2:]
+    return _slope_kb(values, len(values) // 2)
+
+
+def _slope_kb(values, skip: int = 0) -> float:
+    """Least-squares slope in KB per step over the samples from step ``skip`` on. Native memory grows in
+    steps (a page, a heap extension of 128 KB), so a difference of two ends moves with where the last jumps
+    fell; the fit weighs every sample."""
+    tail = values[skip:]
     if len(tail) < 2:
         return 0.0
     xs = range(len(tail))
@@ -114,12 +121,14 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
     after = {}
     if warmup and len(driver_ms) - warmup >= 10:
         after = {"warmup_steps": warmup, "steps_after_warmup": len(driver_ms) - warmup,
-                 "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()}}
+                 "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()},
+                 "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()}}
     if split is not None:
         for label, values in zip(("private", "shared"), split):
             after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
             if "warmup_steps" in after:
                 after[f"driver_{label}_kb_per_step_after_warmup"] = _kb_per_step(values, warmup)
+                after[f"driver_{label}_kb_per_step_fit_after_warmup"] = _slope_kb(values, warmup)
     return {
         "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
@@ -287,6 +296,10 @@ def main() -> None:
             rows.append(ray_only)
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])
+            if "warmup_steps" in real:
+                for label in ("private", "shared"):
+                    key = f"driver_{label}_kb_per_step_fit_after_warmup"
+                    real[f"{key}_ray_alone"] = ray_only[key]
     for r in rows:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb"].items())
         print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
@@ -295,10 +308,12 @@ def main() -> None:
               f"{r['rss_kb_per_step']['driver']:+.2f} KB/step ({r['rss_kb_per_step_second_half']['driver']:+.2f} over "
               f"the second half); {r['wall_s']:.0f} s")
         if "rss_kb_per_step_after_warmup" in r:
-            split = "".join(f", {label} {r[f'driver_{label}_kb_per_step_after_warmup']:+.2f}"
-                            for label in ("private", "shared") if f"driver_{label}_kb_per_step_after_warmup" in r)
-            print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps): driver "
-                  f"{r['rss_kb_per_step_after_warmup']['driver']:+.2f} KB/step{split}")
+            for how, suffix in (("tenths", ""), ("fit", "_fit")):
+                split = "".join(f", {label} {r[f'driver_{label}_kb_per_step{suffix}_after_warmup']:+.2f}"
+                                for label in ("private", "shared")
+                                if f"driver_{label}_kb_per_step{suffix}_after_warmup" in r)
+                print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps, {how}): "
+                      f"driver {r[f'rss_kb_per_step{suffix}_after_warmup']['driver']:+.2f} KB/step{split}")
         if "driver_kb_per_step_over_ray" in r:
             print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:

@@ -177,6 +177,14 @@ def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
     assert row["steps_after_warmup"] == 300 and row["rss_kb_per_step_after_warmup"]["driver"] == pytest.approx(1.0)
     assert row["driver_private_kb_per_step_after_warmup"] == pytest.approx(1.0)
     assert row["driver_shared_kb_per_step"] == 0.0
+    assert row["rss_kb_per_step_fit_after_warmup"]["driver"] == pytest.approx(1.0)
+    assert row["driver_private_kb_per_step_fit_after_warmup"] == pytest.approx(1.0)
+    assert soak._slope_kb(warm, 100) == pytest.approx(1.0) and soak._slope_kb(warm) > 10
+    # one 128 KB jump (a heap extension) near the end of a flat run: the tenths' medians read it as nothing or
+    # as ~0.5 KB a step as it falls two steps apart; the fit over every sample moves smoothly with it
+    early, late = ([0.0] * (300 - n) + [131072.0] * n for n in (16, 14))
+    assert soak._kb_per_step(early) > 0.45 and soak._kb_per_step(late) == 0.0
+    assert 0.1 < soak._slope_kb(late) < soak._slope_kb(early) < 0.14
     assert "warmup_steps" not in soak._row("x", 40, [1.0] * 40, {"driver": warm[:40]}, 1.0, 100)
     private, shared = soak._status_kb()
     assert private > 0 and shared >= 0  # Linux: this process's RssAnon and RssShmem
