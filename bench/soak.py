@@ -46,6 +46,7 @@ os.environ.setdefault("VERL_PLATFORM", "cpu")
 import psutil  # noqa: E402
 
 from verl_digen.config import compose  # noqa: E402
+from verl_digen.driver.outputs import RunOutputs  # noqa: E402
 from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
 from verl_digen.reporting.progress import Recent, forget_read  # noqa: E402
@@ -195,11 +196,11 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
     driver_ms, private, shared = _samples(), _samples(), _samples()
     rss: dict[str, array] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
-    report = DigenRuntime._report
+    report = RunOutputs.report
     mark = {"t": 0.0, "blocked": 0.0}
 
-    def sampled_report(self, result, step, *args):
-        report(self, result, step, *args)
+    def sampled_report(self, result, step, metrics):
+        report(self, result, step, metrics)
         now = time.perf_counter()
         driver_ms.append(1e3 * ((now - mark["t"]) - (blocked[0] - mark["blocked"])))
         mark["t"], mark["blocked"] = now, blocked[0]
@@ -211,7 +212,7 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         private.append(a)
         shared.append(sh)
 
-    DigenRuntime._report = sampled_report
+    RunOutputs.report = sampled_report  # where each completed step's report is recorded (and the heap trimmed)
     ray.wait = timed_wait
     try:
         trainer.init_workers()
@@ -223,7 +224,7 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         wall = time.perf_counter() - t0
     finally:
         ray.wait = real_wait
-        DigenRuntime._report = report
+        RunOutputs.report = report
         trainer.shutdown()
     row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared))
     row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on

@@ -226,3 +226,21 @@ def test_the_vllm_check_takes_json_and_says_where_it_runs():
     helped = subprocess.run([sys.executable, "bench/vllm_check.py", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert helped.returncode == 0 and "--json" in helped.stdout
+
+
+def test_soak_real_run_samples_at_the_hook_the_runtime_calls():
+    """The real soak samples memory where each step's report is recorded: ``RunOutputs.report``, which the
+    runtime calls once a step (the soak once hooked a method a refactor had removed, and only its real run,
+    not the suite, would have failed)."""
+    import importlib.util
+    import inspect
+
+    from verl_digen.driver.outputs import RunOutputs
+    from verl_digen.driver.runtime import DigenRuntime
+
+    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    assert list(inspect.signature(RunOutputs.report).parameters) == ["self", "result", "step", "metrics"]
+    assert "RunOutputs.report" in inspect.getsource(soak.soak_real)
+    assert "self.outputs.report(" in inspect.getsource(DigenRuntime)
