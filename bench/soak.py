@@ -31,6 +31,9 @@ growth once warm; not the target's measure).
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import functools
 import json
 import multiprocessing
 import os
@@ -57,6 +60,7 @@ from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
 
 MB = 1024 * 1024
+SPLIT = ("private", "shared", "heap_in_use")  # the driver's figures beside its RSS (``_row``)
 #: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
 #: all-zero prior costs would put every record at t = 0, which no real run does)
 SIM_COSTS = StageCosts(generate=0.20, tag_generate=0.25, score=0.02, update=0.30, switch_to_gen=0.05,
@@ -77,6 +81,33 @@ def _status_kb(pid: int | str = "self") -> tuple[float, float]:
         return float(st["RssAnon"].split()[0]) * 1024, float(st["RssShmem"].split()[0]) * 1024
     except (OSError, KeyError, ValueError):
         return float("nan"), float("nan")
+
+
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33+), or None (another C library, an older glibc)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, TypeError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def _heap_in_use() -> float:
+    """Bytes the C allocator has handed out and not had back (``uordblks + hblkhd``: every arena's chunks in
+    use, and the mmapped ones), nan without glibc. Resident memory growing while this stays flat is memory
+    the allocator keeps (fragmentation); this growing is memory something holds."""
+    fn = _mallinfo2()
+    if fn is None:
+        return float("nan")
+    info = fn()
+    return float(info.uordblks + info.hblkhd)
 
 
 def _kb_per_step(values, skip: int = 0) -> float:
@@ -114,8 +145,9 @@ def _slope_kb(values, skip: int = 0) -> float:
 
 
 def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float,
-         warmup: int = 0, split: tuple[list[float], list[float]] | None = None) -> dict:
-    """One run's figures; ``split``: the driver's private and shared resident bytes per step."""
+         warmup: int = 0, split: tuple[list[float], ...] | None = None) -> dict:
+    """One run's figures; ``split``: the driver's private and shared resident bytes per step, and (where
+    sampled) the C heap's bytes in use."""
     first, last = _tenths(driver_ms)
     growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
     kb = {name: _kb_per_step(v) for name, v in rss.items()}
@@ -125,7 +157,7 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
                  "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()},
                  "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()}}
     if split is not None:
-        for label, values in zip(("private", "shared"), split):
+        for label, values in zip(SPLIT, split):
             after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
             if "warmup_steps" in after:
                 after[f"driver_{label}_kb_per_step_after_warmup"] = _kb_per_step(values, warmup)
@@ -193,7 +225,7 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
             blocked[0] += time.perf_counter() - t
 
     trainer = DigenRuntime(cfg, log=lambda _: None)
-    driver_ms, private, shared = _samples(), _samples(), _samples()
+    driver_ms, private, shared, in_use = _samples(), _samples(), _samples(), _samples()
     rss: dict[str, array] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
     report = RunOutputs.report
@@ -211,6 +243,7 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         a, sh = _status_kb()
         private.append(a)
         shared.append(sh)
+        in_use.append(_heap_in_use())
 
     RunOutputs.report = sampled_report  # where each completed step's report is recorded (and the heap trimmed)
     ray.wait = timed_wait
@@ -226,7 +259,7 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         ray.wait = real_wait
         RunOutputs.report = report
         trainer.shutdown()
-    row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared))
+    row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared, in_use))
     row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on
     return row
 
@@ -249,7 +282,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
     actors = [Echo.remote(), Echo.remote()]
     ray.get([a.call.remote(0) for a in actors])
     proc = psutil.Process()
-    driver_ms, rss, private, shared = _samples(), _samples(), _samples(), _samples()
+    driver_ms, rss, private, shared, in_use = _samples(), _samples(), _samples(), _samples(), _samples()
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
@@ -263,11 +296,12 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
             a, sh = _status_kb()
             private.append(a)
             shared.append(sh)
+            in_use.append(_heap_in_use())
             time.sleep(max(0.0, step_s - (time.perf_counter() - start)))
         wall = time.perf_counter() - t0
     finally:
         stop_own_ray()
-    return _row("ray", steps, driver_ms, {"driver": rss}, wall, warmup, (private, shared))
+    return _row("ray", steps, driver_ms, {"driver": rss}, wall, warmup, (private, shared, in_use))
 
 
 def main() -> None:
@@ -298,7 +332,7 @@ def main() -> None:
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])
             if "warmup_steps" in real:
-                for label in ("private", "shared"):
+                for label in SPLIT:
                     key = f"driver_{label}_kb_per_step_fit_after_warmup"
                     real[f"{key}_ray_alone"] = ray_only[key]
     for r in rows:
@@ -311,7 +345,7 @@ def main() -> None:
         if "rss_kb_per_step_after_warmup" in r:
             for how, suffix in (("tenths", ""), ("fit", "_fit")):
                 split = "".join(f", {label} {r[f'driver_{label}_kb_per_step{suffix}_after_warmup']:+.2f}"
-                                for label in ("private", "shared")
+                                for label in SPLIT
                                 if f"driver_{label}_kb_per_step{suffix}_after_warmup" in r)
                 print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps, {how}): "
                       f"driver {r[f'rss_kb_per_step{suffix}_after_warmup']['driver']:+.2f} KB/step{split}")

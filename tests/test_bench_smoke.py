@@ -188,6 +188,10 @@ def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
     assert "warmup_steps" not in soak._row("x", 40, [1.0] * 40, {"driver": warm[:40]}, 1.0, 100)
     private, shared = soak._status_kb()
     assert private > 0 and shared >= 0  # Linux: this process's RssAnon and RssShmem
+    assert soak._heap_in_use() > 0  # glibc: the C heap's bytes in use
+    in_use = [2048.0 * i for i in range(400)]
+    row = soak._row("x", 400, [1.0] * 400, {"driver": warm}, 1.0, 100, (warm, [0.0] * 400, in_use))
+    assert row["driver_heap_in_use_kb_per_step_fit_after_warmup"] == pytest.approx(2.0)
 
 
 def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
