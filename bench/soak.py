@@ -267,14 +267,15 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
 def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) -> dict:
     """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
     by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
-    bookkeeping), the floor under the real run's; the difference is verl-digen's share."""
+    bookkeeping), the floor under the real run's; the difference is verl-digen's share. The actors are
+    made as the run's are (no task events: ``driver/run_pools.py``)."""
     import ray
 
     from verl_digen.driver.pools import ensure_ray, stop_own_ray
 
     ensure_ray(compose(["trainer.progress=false", "trainer.logger=[]"]))
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, enable_task_events=False)  # as the run's actors (driver/run_pools.py)
     class Echo:
         def call(self, x: int) -> int:
             return x
