@@ -18,19 +18,29 @@ One JSON row per run: ``steps``, ``driver_ms_per_step`` (mean), ``rss_mb`` (last
 and the growth ratios last-10% / first-10% of the steps (medians of each tenth, so one cold first step
 does not flatter the ratio): ``driver_ms_growth`` and ``rss_growth`` (the largest over the processes;
 ``rss_growth_by_process`` has each), and ``rss_kb_per_step``: each process's growth per step in KB
-(last tenth's median minus the first's, over the steps between them). Targets: every growth <= 1.2; the
-driver's ``rss_kb_per_step`` <= 2 over 1,000 real steps (the ``ray`` row shows how much of it is Ray's).
-``rss_kb_per_step_second_half`` is the least-squares slope over the second half of the steps alone (the
-growth once warm; not the target's measure).
+(last tenth's median minus the first's, over the steps between them).
+``rss_kb_per_step_second_half`` is the least-squares slope over the second half of the steps alone.
+With ``--warmup N`` (and N + 10 steps or more), each row also has the growth after the first N steps,
+as the tenths' difference (``*_after_warmup``) and as the least-squares slope over every later sample
+(``*_fit_after_warmup``: native memory grows in jumps, and the tenths' medians move with where the last
+one fell), for the driver's RSS and its split: private (``RssAnon``), shared (``RssShmem``: pages of Ray's
+object store it has mapped) and the C heap's bytes in use (glibc's ``mallinfo2``). The real row carries
+the Ray-alone row's fits beside its own (``*_ray_alone``).
+
+Targets: every growth <= 1.2; the driver's growth per step after the warm-up (the fit) <= 1 KB over at
+least 300 real steps (issue 45; the ``ray`` row shows how much of it is Ray's).
 
     python bench/soak.py --json                     # 5,000 simulated + 1,000 real steps (the real run is slow)
-    python bench/soak.py --json --steps 200 --sim-steps 1000
+    python bench/soak.py --json --steps 350 --sim-steps 500 --warmup 50   # issue 45's rows (~4 min)
     python bench/soak.py --json --skip-real
 """
 
 from __future__ import annotations
 
 import argparse
+import ctypes
+import ctypes.util
+import functools
 import json
 import multiprocessing
 import os
@@ -46,6 +56,7 @@ os.environ.setdefault("VERL_PLATFORM", "cpu")
 import psutil  # noqa: E402
 
 from verl_digen.config import compose  # noqa: E402
+from verl_digen.driver.outputs import RunOutputs  # noqa: E402
 from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
 from verl_digen.reporting.progress import Recent, forget_read  # noqa: E402
@@ -56,6 +67,7 @@ from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
 
 MB = 1024 * 1024
+SPLIT = ("private", "shared", "heap_in_use")  # the driver's figures beside its RSS (``_row``)
 #: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
 #: all-zero prior costs would put every record at t = 0, which no real run does)
 SIM_COSTS = StageCosts(generate=0.20, tag_generate=0.25, score=0.02, update=0.30, switch_to_gen=0.05,
@@ -78,6 +90,33 @@ def _status_kb(pid: int | str = "self") -> tuple[float, float]:
         return float("nan"), float("nan")
 
 
+class _MallInfo2(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_size_t) for name in ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks",
+                                                       "fsmblks", "uordblks", "fordblks", "keepcost")]
+
+
+@functools.cache
+def _mallinfo2():
+    """glibc's ``mallinfo2`` (2.33+), or None (another C library, an older glibc)."""
+    try:
+        fn = ctypes.CDLL(ctypes.util.find_library("c")).mallinfo2
+    except (OSError, TypeError, AttributeError):
+        return None
+    fn.restype = _MallInfo2
+    return fn
+
+
+def _heap_in_use() -> float:
+    """Bytes the C allocator has handed out and not had back (``uordblks + hblkhd``: every arena's chunks in
+    use, and the mmapped ones), nan without glibc. Resident memory growing while this stays flat is memory
+    the allocator keeps (fragmentation); this growing is memory something holds."""
+    fn = _mallinfo2()
+    if fn is None:
+        return float("nan")
+    info = fn()
+    return float(info.uordblks + info.hblkhd)
+
+
 def _kb_per_step(values, skip: int = 0) -> float:
     """Growth in KB per step: last tenth's median minus the first's over the steps between them, counted
     from step ``skip`` on (the warm-up left out)."""
@@ -96,7 +135,14 @@ def _tenths(values: list[float]) -> tuple[float, float]:
 def _late_slope_kb(values: list[float]) -> float:
     """Least-squares slope in KB per step over the second half of the samples: the growth once the run is
     warm (allocator arenas, Ray's and torch's caches fill during the first steps)."""
-    tail = values[len(values) // 2:]
+    return _slope_kb(values, len(values) // 2)
+
+
+def _slope_kb(values, skip: int = 0) -> float:
+    """Least-squares slope in KB per step over the samples from step ``skip`` on. Native memory grows in
+    steps (a page, a heap extension of 128 KB), so a difference of two ends moves with where the last jumps
+    fell; the fit weighs every sample."""
+    tail = values[skip:]
     if len(tail) < 2:
         return 0.0
     xs = range(len(tail))
@@ -106,20 +152,23 @@ def _late_slope_kb(values: list[float]) -> float:
 
 
 def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float,
-         warmup: int = 0, split: tuple[list[float], list[float]] | None = None) -> dict:
-    """One run's figures; ``split``: the driver's private and shared resident bytes per step."""
+         warmup: int = 0, split: tuple[list[float], ...] | None = None) -> dict:
+    """One run's figures; ``split``: the driver's private and shared resident bytes per step, and (where
+    sampled) the C heap's bytes in use."""
     first, last = _tenths(driver_ms)
     growth = {name: (lambda f, la: la / f)(*_tenths(v)) for name, v in rss.items()}
     kb = {name: _kb_per_step(v) for name, v in rss.items()}
     after = {}
     if warmup and len(driver_ms) - warmup >= 10:
         after = {"warmup_steps": warmup, "steps_after_warmup": len(driver_ms) - warmup,
-                 "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()}}
+                 "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()},
+                 "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()}}
     if split is not None:
-        for label, values in zip(("private", "shared"), split):
+        for label, values in zip(SPLIT, split):
             after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
             if "warmup_steps" in after:
                 after[f"driver_{label}_kb_per_step_after_warmup"] = _kb_per_step(values, warmup)
+                after[f"driver_{label}_kb_per_step_fit_after_warmup"] = _slope_kb(values, warmup)
     return {
         "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
@@ -183,14 +232,14 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
             blocked[0] += time.perf_counter() - t
 
     trainer = DigenRuntime(cfg, log=lambda _: None)
-    driver_ms, private, shared = _samples(), _samples(), _samples()
+    driver_ms, private, shared, in_use = _samples(), _samples(), _samples(), _samples()
     rss: dict[str, array] = {}
     procs: dict[str, psutil.Process] = {"driver": psutil.Process()}
-    report = DigenRuntime._report
+    report = RunOutputs.report
     mark = {"t": 0.0, "blocked": 0.0}
 
-    def sampled_report(self, result, step, *args):
-        report(self, result, step, *args)
+    def sampled_report(self, result, step, metrics):
+        report(self, result, step, metrics)
         now = time.perf_counter()
         driver_ms.append(1e3 * ((now - mark["t"]) - (blocked[0] - mark["blocked"])))
         mark["t"], mark["blocked"] = now, blocked[0]
@@ -201,8 +250,9 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         a, sh = _status_kb()
         private.append(a)
         shared.append(sh)
+        in_use.append(_heap_in_use())
 
-    DigenRuntime._report = sampled_report
+    RunOutputs.report = sampled_report  # where each completed step's report is recorded (and the heap trimmed)
     ray.wait = timed_wait
     try:
         trainer.init_workers()
@@ -214,9 +264,9 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         wall = time.perf_counter() - t0
     finally:
         ray.wait = real_wait
-        DigenRuntime._report = report
+        RunOutputs.report = report
         trainer.shutdown()
-    row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared))
+    row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared, in_use))
     row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on
     return row
 
@@ -224,14 +274,15 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
 def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) -> dict:
     """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
     by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
-    bookkeeping), the floor under the real run's; the difference is verl-digen's share."""
+    bookkeeping), the floor under the real run's; the difference is verl-digen's share. The actors are
+    made as the run's are (no task events: ``driver/run_pools.py``)."""
     import ray
 
     from verl_digen.driver.pools import ensure_ray, stop_own_ray
 
     ensure_ray(compose(["trainer.progress=false", "trainer.logger=[]"]))
 
-    @ray.remote(num_cpus=0)
+    @ray.remote(num_cpus=0, enable_task_events=False)  # as the run's actors (driver/run_pools.py)
     class Echo:
         def call(self, x: int) -> int:
             return x
@@ -239,7 +290,7 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
     actors = [Echo.remote(), Echo.remote()]
     ray.get([a.call.remote(0) for a in actors])
     proc = psutil.Process()
-    driver_ms, rss, private, shared = _samples(), _samples(), _samples(), _samples()
+    driver_ms, rss, private, shared, in_use = _samples(), _samples(), _samples(), _samples(), _samples()
     t0 = time.perf_counter()
     try:
         for _ in range(steps):
@@ -253,11 +304,12 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
             a, sh = _status_kb()
             private.append(a)
             shared.append(sh)
+            in_use.append(_heap_in_use())
             time.sleep(max(0.0, step_s - (time.perf_counter() - start)))
         wall = time.perf_counter() - t0
     finally:
         stop_own_ray()
-    return _row("ray", steps, driver_ms, {"driver": rss}, wall, warmup, (private, shared))
+    return _row("ray", steps, driver_ms, {"driver": rss}, wall, warmup, (private, shared, in_use))
 
 
 def main() -> None:
@@ -287,6 +339,10 @@ def main() -> None:
             rows.append(ray_only)
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])
+            if "warmup_steps" in real:
+                for label in SPLIT:
+                    key = f"driver_{label}_kb_per_step_fit_after_warmup"
+                    real[f"{key}_ray_alone"] = ray_only[key]
     for r in rows:
         rss = ", ".join(f"{k} {v:.0f}" for k, v in r["rss_mb"].items())
         print(f"{r['run']:>4s} {r['steps']:5d} steps: driver {r['driver_ms_per_step']:.2f} ms/step "
@@ -295,10 +351,12 @@ def main() -> None:
               f"{r['rss_kb_per_step']['driver']:+.2f} KB/step ({r['rss_kb_per_step_second_half']['driver']:+.2f} over "
               f"the second half); {r['wall_s']:.0f} s")
         if "rss_kb_per_step_after_warmup" in r:
-            split = "".join(f", {label} {r[f'driver_{label}_kb_per_step_after_warmup']:+.2f}"
-                            for label in ("private", "shared") if f"driver_{label}_kb_per_step_after_warmup" in r)
-            print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps): driver "
-                  f"{r['rss_kb_per_step_after_warmup']['driver']:+.2f} KB/step{split}")
+            for how, suffix in (("tenths", ""), ("fit", "_fit")):
+                split = "".join(f", {label} {r[f'driver_{label}_kb_per_step{suffix}_after_warmup']:+.2f}"
+                                for label in SPLIT
+                                if f"driver_{label}_kb_per_step{suffix}_after_warmup" in r)
+                print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps, {how}): "
+                      f"driver {r[f'rss_kb_per_step{suffix}_after_warmup']['driver']:+.2f} KB/step{split}")
         if "driver_kb_per_step_over_ray" in r:
             print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:

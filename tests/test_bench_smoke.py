@@ -188,9 +188,21 @@ def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
     assert row["steps_after_warmup"] == 300 and row["rss_kb_per_step_after_warmup"]["driver"] == pytest.approx(1.0)
     assert row["driver_private_kb_per_step_after_warmup"] == pytest.approx(1.0)
     assert row["driver_shared_kb_per_step"] == 0.0
+    assert row["rss_kb_per_step_fit_after_warmup"]["driver"] == pytest.approx(1.0)
+    assert row["driver_private_kb_per_step_fit_after_warmup"] == pytest.approx(1.0)
+    assert soak._slope_kb(warm, 100) == pytest.approx(1.0) and soak._slope_kb(warm) > 10
+    # one 128 KB jump (a heap extension) near the end of a flat run: the tenths' medians read it as nothing or
+    # as ~0.5 KB a step as it falls two steps apart; the fit over every sample moves smoothly with it
+    early, late = ([0.0] * (300 - n) + [131072.0] * n for n in (16, 14))
+    assert soak._kb_per_step(early) > 0.45 and soak._kb_per_step(late) == 0.0
+    assert 0.1 < soak._slope_kb(late) < soak._slope_kb(early) < 0.14
     assert "warmup_steps" not in soak._row("x", 40, [1.0] * 40, {"driver": warm[:40]}, 1.0, 100)
     private, shared = soak._status_kb()
     assert private > 0 and shared >= 0  # Linux: this process's RssAnon and RssShmem
+    assert soak._heap_in_use() > 0  # glibc: the C heap's bytes in use
+    in_use = [2048.0 * i for i in range(400)]
+    row = soak._row("x", 400, [1.0] * 400, {"driver": warm}, 1.0, 100, (warm, [0.0] * 400, in_use))
+    assert row["driver_heap_in_use_kb_per_step_fit_after_warmup"] == pytest.approx(2.0)
 
 
 def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
@@ -229,3 +241,21 @@ def test_the_vllm_check_takes_json_and_says_where_it_runs():
     helped = subprocess.run([sys.executable, "bench/vllm_check.py", "--help"], cwd=ROOT, capture_output=True,
                             text=True, timeout=120)
     assert helped.returncode == 0 and "--json" in helped.stdout
+
+
+def test_soak_real_run_samples_at_the_hook_the_runtime_calls():
+    """The real soak samples memory where each step's report is recorded: ``RunOutputs.report``, which the
+    runtime calls once a step (the soak once hooked a method a refactor had removed, and only its real run,
+    not the suite, would have failed)."""
+    import importlib.util
+    import inspect
+
+    from verl_digen.driver.outputs import RunOutputs
+    from verl_digen.driver.runtime import DigenRuntime
+
+    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    assert list(inspect.signature(RunOutputs.report).parameters) == ["self", "result", "step", "metrics"]
+    assert "RunOutputs.report" in inspect.getsource(soak.soak_real)
+    assert "self.outputs.report(" in inspect.getsource(DigenRuntime)

@@ -144,9 +144,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     print(_table(results, args.baseline))
     print(f"* vs colocated:{args.baseline} (--baseline picks another)")
     last = results[-1]
-    if last.bts_predicted:
+    if last.bts_predicted and last.bts_solves is not None:
         print(f"BTS predicted optimizer-step end of step 0: {last.bts_predicted[0]:.2f} s; "
-              f"{len(last.bts_solve_seconds)} solves, max {max(last.bts_solve_seconds) * 1e3:.1f} ms")
+              f"{last.bts_solves.count} solves, max {last.bts_solves.max_seconds * 1e3:.1f} ms")
     if args.trace:
         from verl_digen.schedule.export import save_chrome_trace
 

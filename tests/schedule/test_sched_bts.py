@@ -274,7 +274,7 @@ def test_the_policy_plans_with_every_trainer_rank():
         def spy(ctx, seen=seen, decide=decide, policy=policy):
             k = decide(ctx)
             seen.append((bts.ModelState.from_view(ctx.snapshot()), ctx.predicted_end - ctx.now, ctx.costs,
-                         policy.solve_capped[-1]))
+                         policy.solves.recent_capped[-1]))
             return k
 
         sched.policy.decide = spy
@@ -373,7 +373,7 @@ def test_fan_out_cap_binds_with_many_slots_and_few_generators():
     t0 = time.perf_counter()
     tl = execute(sched, costs)  # check_timeline: the capped plans make a valid schedule
     elapsed = time.perf_counter() - t0
-    solves = sched.policy.solve_seconds
+    solves = sched.policy.solves.recent_seconds
     assert fanned[-1] > 0  # the fan-out cap bound (5 of up to 29 counts tried per decision)
     assert max(solves) < 1.0 and elapsed < 10.0  # generous for a shared core; ~10 ms a solve on CI
     end = _opt_end(tl)
@@ -528,7 +528,7 @@ def test_capped_bts_keeps_its_plan_so_predictions_never_get_worse_within_a_step(
     cfg = ScheduleConfig(prompts=prompts, group_size=1, mb_size=1, policy="bts", steps=2)
     sched = StepScheduler(cfg, costs, gens, trainer_ranks=ranks)
     tl = execute(sched, costs)
-    assert sum(sched.policy.solve_capped) > 10
+    assert sched.policy.solves.capped > 10
     for step in range(2):
         ds = [d for d in sched.decisions if d.step == step]
         assert all(b.predicted_end <= a.predicted_end + 1e-9 for a, b in zip(ds, ds[1:])), step
@@ -551,3 +551,44 @@ def test_a_plan_over_unknown_costs_predicts_nothing():
     assert first and all(d.predicted_end is None for d in first)
     kept = [d for d in sched.decisions if d.predicted_end is not None]
     assert kept and all(d.predicted_end > d.time for d in kept)
+
+
+def test_solve_log_is_bounded_and_keeps_totals_and_the_last_solves_in_order():
+    """BTS solves several times a step for the whole run: its per-solve log holds a fixed window (an
+    unbounded log grew the driver per step, issue 45) and exact totals over every solve."""
+    log = bts.SolveLog(window=8)
+    seconds = [0.001 * (i % 13) for i in range(1000)]
+    for i, s in enumerate(seconds):
+        log.add(s, i % 3 == 0)
+    assert len(log._seconds) == len(log._capped) == 8  # the storage itself, not a view of it
+    assert log.count == len(log) == 1000 and log.capped == 334
+    assert log.max_seconds == max(seconds) and log.total_seconds == pytest.approx(sum(seconds))
+    assert list(log.recent_seconds) == seconds[-8:]
+    assert list(log.recent_capped) == [int(i % 3 == 0) for i in range(992, 1000)]
+    short = bts.SolveLog(window=8)
+    for s in seconds[:5]:
+        short.add(s, False)
+    assert list(short.recent_seconds) == seconds[:5] and short.count == 5
+    with pytest.raises(ValueError):
+        bts.SolveLog(window=0)
+
+
+def test_bts_policy_log_stays_bounded_over_a_multi_step_run():
+    """Over a run with many more solves than the window, the policy's log holds the window and counts each."""
+    costs = uniform_stage_costs(1.0, 0.1, score=0.05, tag_generate=0.8, switch_to_gen=0.05, switch_to_train=0.05,
+                                optimizer_step=0.02)
+    sched = StepScheduler(ScheduleConfig(prompts=8, group_size=1, mb_size=1, policy="bts", steps=6), costs, 2,
+                          trainer_ranks=2)
+    sched.policy.solves = bts.SolveLog(window=4)
+    decide, seen = sched.policy.decide, []
+
+    def spy(ctx):
+        k = decide(ctx)
+        seen.append(sched.policy.solves.recent_seconds[-1])
+        return k
+
+    sched.policy.decide = spy
+    execute(sched, costs)
+    log = sched.policy.solves
+    assert log.count == len(seen) > 4 * 4
+    assert len(log._seconds) == 4 and list(log.recent_seconds) == seen[-4:]

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from typing import NamedTuple
 
 from .bounds import Bounds, pool_busy, step_bounds, throughput
+from .bts import SolveLog
 from .colocated import ColocatedScheduler, colocated_costs
 from .config import COLOCATED, DIGEN, PER_SAMPLE, SEPARATE, ScheduleConfig
 from .costs import BASELINES, IDEAL, CostModel, StageCosts
@@ -37,7 +38,7 @@ class SimResult:
     busy: dict[str, float]
     stage_costs: StageCosts | None = None
     decisions: list[Decision] = field(default_factory=list)
-    bts_solve_seconds: list[float] = field(default_factory=list)
+    bts_solves: SolveLog | None = None  # BTS runs: its solves (count, slowest, the last ones)
     baseline: str | None = None  # colocated rows: which baseline (costs.BASELINES)
 
     @property
@@ -118,7 +119,7 @@ def simulate(
         busy=pool_busy(tl),
         stage_costs=costs,
         decisions=list(sched.decisions),
-        bts_solve_seconds=list(getattr(pol, "solve_seconds", [])),
+        bts_solves=getattr(pol, "solves", None),
     )
 
 

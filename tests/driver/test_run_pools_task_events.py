@@ -1,0 +1,38 @@
+"""The run's actors are created without Ray task events: the driver's core worker buffered them for every
+call, and the driver grew by them each step (docs/benchmarks.md, "Soak"). No Ray session needed."""
+
+from __future__ import annotations
+
+from verl_digen.driver import run_pools
+
+
+class _Pool:
+    def __init__(self, *args) -> None:
+        pass
+
+
+class _Group:
+    made: list = []
+
+    def __init__(self, pool, actor_cls, name_prefix: str, device_name: str) -> None:
+        self.actor_cls = actor_cls
+        _Group.made.append(self)
+
+    def init_model(self) -> None:
+        pass
+
+
+class _Worker:
+    def ping(self) -> int:
+        return 1
+
+
+def test_worker_groups_are_created_without_task_events(monkeypatch):
+    monkeypatch.setattr(run_pools, "PlacedResourcePool", _Pool)
+    monkeypatch.setattr(run_pools, "RayWorkerGroup", _Group)
+    pools = run_pools.RunPools.__new__(run_pools.RunPools)
+    pools.worker_cfg, pools.use_gpu, pools._pools = None, False, []
+    for threads, restarts in ((1, 0), (2, 3)):
+        wg = pools._group(_Worker, 1, "gen", None, threads=threads, restarts=restarts)
+        assert wg.actor_cls._options["enable_task_events"] is False
+    assert _Group.made[-1].actor_cls._options["max_restarts"] == 3
