@@ -1,8 +1,12 @@
-"""The run's actors are created without Ray task events: the driver's core worker buffered them for every
-call, and the driver grew by them each step (docs/benchmarks.md, "Soak"). No Ray session needed."""
+"""The run's actors are created without Ray task events unless ``ray.task_events`` asks for them: the driver's core
+worker buffered them for every call, and the driver grew by them each step (docs/benchmarks.md, "Soak"). No Ray
+session needed."""
 
 from __future__ import annotations
 
+import pytest
+
+from verl_digen.config import compose
 from verl_digen.driver import run_pools
 
 
@@ -27,12 +31,14 @@ class _Worker:
         return 1
 
 
-def test_worker_groups_are_created_without_task_events(monkeypatch):
+@pytest.mark.parametrize("asked", [False, True])
+def test_worker_groups_have_task_events_only_when_asked(monkeypatch, asked):
     monkeypatch.setattr(run_pools, "PlacedResourcePool", _Pool)
     monkeypatch.setattr(run_pools, "RayWorkerGroup", _Group)
     pools = run_pools.RunPools.__new__(run_pools.RunPools)
     pools.worker_cfg, pools.use_gpu, pools._pools = None, False, []
+    pools.cfg = compose([f"ray.task_events={asked}"])
     for threads, restarts in ((1, 0), (2, 3)):
         wg = pools._group(_Worker, 1, "gen", None, threads=threads, restarts=restarts)
-        assert wg.actor_cls._options["enable_task_events"] is False
+        assert wg.actor_cls._options["enable_task_events"] is asked
     assert _Group.made[-1].actor_cls._options["max_restarts"] == 3

@@ -263,6 +263,9 @@ class TrainerConfig:
 @dataclass
 class RayConfig:
     address: str | None = None  # join this Ray cluster (host:port, ray://host:port, auto); unset: RAY_ADDRESS, else own
+    # Ray task events for the run's worker calls (the dashboard's task view, `ray list tasks`); off by default: the
+    # driver buffers one per call and grows by them (docs/benchmarks.md, "Soak"), and the run keeps its own timeline
+    task_events: bool = False
 
 
 @dataclass

@@ -65,9 +65,9 @@ class RunPools:
         pool = PlacedResourcePool(workers, self.use_gpu, prefix, node_resource)
         self._pools.append(pool)
         actor_cls = RayClassWithInitArgs(cls=ray.remote(cls), cfg=self.worker_cfg)
-        # no Ray task events for the run's calls: the run keeps its own timeline, and the driver's core worker
-        # grew by them every step (docs/benchmarks.md, "Soak"); Ray's state API then lists no tasks of the run
-        actor_cls.update_options({"enable_task_events": False})
+        # Ray task events only when asked (``ray.task_events``): the run keeps its own timeline, and the driver's
+        # core worker grew by them every step (docs/benchmarks.md, "Soak")
+        actor_cls.update_options({"enable_task_events": self.cfg.ray.task_events})
         if threads > 1:  # a second thread serves weight pickups while the first trains
             actor_cls.update_options({"max_concurrency": threads})
         if restarts:  # Ray restarts a dead actor; the backend restores and retries it (driver/faults.py)
