@@ -45,7 +45,7 @@ if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
 else
   rm -rf "$work" && mkdir -p "$work"
 fi
-git ls-files --cached --others --exclude-standard | grep -E '^(verl_digen|tests|recipes)/|^setup.py$' \
+git ls-files --cached --others --exclude-standard | grep -E '^(verl_digen|tests|recipes|docs)/|^setup.py$' \
   | tar -cf - -T - | tar -xf - -C "$work"
 # The fast tests that exercise these packages (no Ray, no subprocess benchmarks). Not mutated (docs/testing.md):
 # export.py (trace file writing); presets.py (the published-figure presets and the arithmetic deriving stage
@@ -58,6 +58,7 @@ $sources
 also_copy=
     verl_digen/
     recipes/
+    docs/
 do_not_mutate=
     verl_digen/schedule/export.py
     verl_digen/schedule/presets.py

@@ -12,8 +12,9 @@ import torch
 
 from verl_digen.archs import ARCHS, arch_facts, register_arch
 from verl_digen.models import build_model
-from verl_digen.models.arch import MODEL_REGISTRY, register, unregister
-from verl_digen.models.loading import _missing
+from verl_digen.models.arch import MODEL_REGISTRY, _Adapters, register, unregister
+from verl_digen.models.base import Conditioning
+from verl_digen.models.loading import _missing, hashed_encoder_for, latent_shape_for
 from verl_digen.models.qwen_image import QwenImageModel
 from verl_digen.models.sd3 import SD3Model
 
@@ -83,3 +84,92 @@ def test_missing_weights_say_where_they_were_looked_for(tmp_path):
     assert f"cannot load the transformer from local directory '{tmp_path}'" in str(err)
     assert str(err).endswith("Underlying error: OSError: no config.json")
     assert "from path or hub id 'org/model'" in str(_missing("org/model", "the VAE", KeyError("x")))
+
+
+def _inputs(model):
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn((2, *model.latent_shape), generator=g, dtype=torch.float64)
+    return x, torch.tensor([0.9, 0.4], dtype=torch.float64), model.encode_prompts(["a cat", "a dog runs far"])
+
+
+@pytest.mark.parametrize("arch", ["qwen_image", "hunyuan_video"])
+def test_padded_prompt_tokens_do_not_reach_the_velocity(arch):
+    """The prompt mask goes to the transformer: changing the embeddings of padded tokens (mask 0) changes
+    nothing, bit for bit."""
+    model = build_model(arch, dtype=torch.float64, seed=0, latent_size=4)
+    x, s, cond = _inputs(model)
+    mask = cond.tensors["prompt_mask"]
+    assert bool((mask == 0).any())
+    padded = cond.tensors["prompt_embeds"].clone()
+    padded[mask == 0] += 5.0
+    other = Conditioning({**cond.tensors, "prompt_embeds": padded}, cond.negative)
+    assert torch.equal(model.velocity(x, s, other, 3.0), model.velocity(x, s, cond, 3.0))
+
+
+def test_hunyuan_video_velocity_is_the_pipelines_transformer_call():
+    """diffusers' HunyuanVideoPipeline: timestep = 1000 sigma and guidance = 1000 scale, passed already scaled."""
+    model = build_model("hunyuan_video", dtype=torch.float64, seed=0, latent_size=4)
+    x, s, cond = _inputs(model)
+    t = cond.tensors
+    want = model.transformer(hidden_states=x, timestep=s * 1000, encoder_hidden_states=t["prompt_embeds"],
+                             encoder_attention_mask=t["prompt_mask"], pooled_projections=t["pooled_prompt_embeds"],
+                             guidance=torch.full((2,), 3000.0, dtype=torch.float64), return_dict=False)[0]
+    assert torch.equal(model.velocity(x, s, cond, 3.0), want)
+
+
+def test_the_tiny_video_vae_compresses_as_it_declares():
+    """The tiny HunyuanVideo VAE's config factors are its real ones: F latent frames decode to (F - 1) * 4 + 1
+    frames of 4x the latent side."""
+    model = build_model("hunyuan_video", dtype=torch.float64, seed=0, latent_size=4)
+    spatial, temporal = type(model).vae_factors(model.vae)
+    _, frames, h, w = model.latent_shape
+    pixels = model.decode(torch.zeros(1, *model.latent_shape, dtype=torch.float64))
+    assert pixels.shape == (1, 3, (frames - 1) * temporal + 1, h * spatial, w * spatial) and spatial == temporal == 4
+
+
+def test_conditioning_to_casts_floating_tensors_and_keeps_masks():
+    cond = Conditioning({"e": torch.ones(2, 3), "mask": torch.ones(2, 3, dtype=torch.long)},
+                        {"e": torch.zeros(2, 3), "mask": torch.ones(2, 3, dtype=torch.long)}).to("cpu", torch.float64)
+    for tensors in (cond.tensors, cond.negative):
+        assert tensors["e"].dtype == torch.float64 and tensors["mask"].dtype == torch.long
+
+
+def test_the_package_imports_its_names_on_first_use():
+    import verl_digen.models as M
+    from verl_digen.models.sd3 import SD3Model as direct
+
+    M.__dict__.pop("SD3Model", None)  # as before its first use
+    assert M.SD3Model is direct and M.__dict__["SD3Model"] is direct  # imported, then kept
+    with pytest.raises(AttributeError, match="no_such_name"):
+        M.no_such_name  # noqa: B018
+
+
+def test_a_fresh_adapter_registry_resolves_every_architecture():
+    fresh = _Adapters()
+    assert fresh["sd3"] is SD3Model and fresh["qwen_image"] is QwenImageModel
+
+
+def test_vae_factors_of_an_image_vae_are_two_to_the_downsamplings():
+    vae = SimpleNamespace(config=SimpleNamespace(block_out_channels=(8, 8, 8, 8)))  # SD3's VAE: 3 downsamplings
+    assert SD3Model.vae_factors(vae) == (8, 1)
+
+
+@pytest.mark.parametrize("arch,height,width,frames", [("flux", 100, 60, None), ("sd3", 100, 60, None),
+                                                     ("wan", 100, 60, 10)])
+def test_latent_shapes_are_whole_numbers(arch, height, width, frames):
+    """Pixel sizes that do not divide: the latent shape rounds down (and to even sides when packed), in ints."""
+    model = build_model(arch, dtype=torch.float64, seed=0, latent_size=4)
+    shape = latent_shape_for(arch, model.transformer, model.vae, height, width, frames)
+    assert all(type(d) is int for d in shape)
+
+
+def test_hashed_prompts_are_eight_tokens_salted_by_architecture():
+    model = build_model("sd3", dtype=torch.float64, seed=0, latent_size=4)
+    enc = hashed_encoder_for("sd3", model.transformer)
+    assert enc.seq_len == 8 and enc.salt == "hashed-sd3"
+
+
+def test_qwen_image_plain_cfg_unless_asked_and_adapter_options_pass_through():
+    transformer = torch.nn.Linear(1, 1)
+    model = QwenImageModel(transformer, None, None, (16, 8, 8), negative_prompt="blurry")
+    assert not model.cfg_renorm and model.negative_prompt == "blurry"
