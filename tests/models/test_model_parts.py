@@ -28,6 +28,10 @@ def _pipeline_decode(arch: str, vae, latents: torch.Tensor) -> torch.Tensor:
         mean = torch.tensor(cfg.latents_mean, dtype=torch.float64).view(1, -1, 1, 1, 1)
         std = torch.tensor(cfg.latents_std, dtype=torch.float64).view(1, -1, 1, 1, 1)
         out = vae.decode(latents.unsqueeze(2) * std + mean).sample[:, :, 0]
+    elif arch in ("wan", "wan2_2"):  # per-channel mean and std, frames kept
+        mean = torch.tensor(cfg.latents_mean, dtype=torch.float64).view(1, -1, 1, 1, 1)
+        std = torch.tensor(cfg.latents_std, dtype=torch.float64).view(1, -1, 1, 1, 1)
+        out = vae.decode(latents * std + mean).sample
     elif arch == "hunyuan_video":
         out = vae.decode(latents / cfg.scaling_factor).sample
     else:  # SD3, FLUX
@@ -36,7 +40,7 @@ def _pipeline_decode(arch: str, vae, latents: torch.Tensor) -> torch.Tensor:
 
 
 @pytest.mark.parametrize("arch,shift", [("sd3", None), ("flux", 0.25), ("flux", None), ("qwen_image", None),
-                                        ("hunyuan_video", None)])
+                                        ("hunyuan_video", None), ("wan", None), ("wan2_2", None)])
 def test_decode_is_the_released_pipelines_decode(arch, shift):
     model = build_model(arch, dtype=torch.float64, seed=0, latent_size=4)
     if shift is not None or arch == "flux":  # a VAE with and without a shift factor
@@ -45,11 +49,12 @@ def test_decode_is_the_released_pipelines_decode(arch, shift):
     assert torch.equal(model.decode(latents), _pipeline_decode(arch, model.vae, latents))
 
 
-def test_qwen_image_decodes_in_bfloat16():
+@pytest.mark.parametrize("arch", ["qwen_image", "wan"])
+def test_channel_statistics_decode_in_bfloat16(arch):
     """The channel statistics take the latents' dtype: a bf16 VAE gets bf16 inputs."""
-    model = build_model("qwen_image", dtype=torch.bfloat16, seed=0, latent_size=4)
+    model = build_model(arch, dtype=torch.bfloat16, seed=0, latent_size=4)
     latents = torch.randn(1, *model.latent_shape, generator=torch.Generator().manual_seed(3)).to(torch.bfloat16)
-    want = _pipeline_decode("qwen_image", model.vae.to(torch.float64), latents.double())
+    want = _pipeline_decode(arch, model.vae.to(torch.float64), latents.double())
     model.vae.to(torch.bfloat16)
     torch.testing.assert_close(model.decode(latents), want, atol=0.05, rtol=0)
 
@@ -117,14 +122,16 @@ def test_hunyuan_video_velocity_is_the_pipelines_transformer_call():
     assert torch.equal(model.velocity(x, s, cond, 3.0), want)
 
 
-def test_the_tiny_video_vae_compresses_as_it_declares():
-    """The tiny HunyuanVideo VAE's config factors are its real ones: F latent frames decode to (F - 1) * 4 + 1
-    frames of 4x the latent side."""
-    model = build_model("hunyuan_video", dtype=torch.float64, seed=0, latent_size=4)
+@pytest.mark.parametrize("arch,factors", [("hunyuan_video", (4, 4)), ("wan2_2", (8, 1))])
+def test_the_tiny_video_vae_compresses_as_it_declares(arch, factors):
+    """The tiny video VAE's config factors are its real ones: F latent frames decode to (F - 1) * temporal + 1
+    frames of ``spatial`` times the latent side."""
+    model = build_model(arch, dtype=torch.float64, seed=0, latent_size=4)
     spatial, temporal = type(model).vae_factors(model.vae)
     _, frames, h, w = model.latent_shape
     pixels = model.decode(torch.zeros(1, *model.latent_shape, dtype=torch.float64))
-    assert pixels.shape == (1, 3, (frames - 1) * temporal + 1, h * spatial, w * spatial) and spatial == temporal == 4
+    assert pixels.shape == (1, 3, (frames - 1) * temporal + 1, h * spatial, w * spatial)
+    assert (spatial, temporal) == factors
 
 
 def test_conditioning_to_casts_floating_tensors_and_keeps_masks():

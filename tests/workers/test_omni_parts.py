@@ -104,7 +104,7 @@ def test_parse_output_digen_layout_checks_its_latent_count_and_unpacks_tokens():
     with pytest.raises(RuntimeError, match="do not hold latents"):  # packed tokens read as latents are refused
         parse_output(out, DIGEN, SCHEDULE, torch.tensor([1, 3]), SHAPE)
     out.trajectory_latents = out.trajectory_latents[:, :4]  # no final latents
-    with pytest.raises(RuntimeError, match="expected 2K \\+ 1 latents"):
+    with pytest.raises(RuntimeError, match="verl-digen layout: 4 latents, 2 log-probs, steps \\[1, 3\\]; expected 2K"):
         parse_output(out, DIGEN, SCHEDULE, torch.tensor([1, 3]), SHAPE, packed=True)
 
 
@@ -225,10 +225,19 @@ def test_text_conditioner_encodes_an_empty_negative_prompt_on_the_cpu_in_float32
     cond = S.TextConditioner(encoder, guidance_distilled=False)(["a", "b"])
     assert calls == [(["a", "b"], "cpu", torch.float32), ([""], "cpu", torch.float32)]
     assert cond.negative["prompt_embeds"].shape == (2, 2, 3)
-    monkeypatch.setattr(S, "load_pipeline", lambda *a, **k: SimpleNamespace(to=lambda device: "pipe"))
+    assert S.TextConditioner(encoder, guidance_distilled=True)(["a"]).negative is None  # no CFG: no negative rows
+    loads: list[tuple] = []
+
+    def load_pipeline(*args, **kw):
+        loads.append((args, kw))
+        return SimpleNamespace(to=lambda device: f"pipe on {device}")
+
+    monkeypatch.setattr(S, "load_pipeline", load_pipeline)
     monkeypatch.setattr(S, "PipelinePromptEncoder", lambda pipe, cls: (pipe, cls.arch))
-    got = S.TextConditioner.from_checkpoint("sd3", "ckpt", torch.float64, "cpu", guidance_distilled=True)
-    assert got.encoder == ("pipe", "sd3") and got.negative_prompt == "" and got.dtype == torch.float64
+    got = S.TextConditioner.from_checkpoint("sd3", "ckpt", torch.float64, "cuda:7", guidance_distilled=True)
+    assert loads == [(("sd3", "ckpt", torch.float64), {"transformer": None, "vae": None})]  # text encoders only
+    assert got.encoder == ("pipe on cuda:7", "sd3") and got.negative_prompt == "" and got.dtype == torch.float64
+    assert got.guidance_distilled is True and got.device == "cuda:7"
 
 # -- LoRA slot -----------------------------------------------------------------------------------------------
 def test_peft_config_is_the_trainers_adapter_config():
