@@ -11,9 +11,10 @@ import pytest
 import torch
 
 from verl_digen.archs import ARCHS, arch_facts, register_arch
-from verl_digen.models import build_model
+from verl_digen.models import build_model, loading
 from verl_digen.models.arch import MODEL_REGISTRY, _Adapters, register, unregister
 from verl_digen.models.base import Conditioning
+from verl_digen.models.conditioning.text import PipelinePromptEncoder
 from verl_digen.models.loading import _missing, hashed_encoder_for, latent_shape_for
 from verl_digen.models.qwen_image import QwenImageModel
 from verl_digen.models.sd3 import SD3Model
@@ -180,3 +181,37 @@ def test_qwen_image_plain_cfg_unless_asked_and_adapter_options_pass_through():
     transformer = torch.nn.Linear(1, 1)
     model = QwenImageModel(transformer, None, None, (16, 8, 8), negative_prompt="blurry")
     assert not model.cfg_renorm and model.negative_prompt == "blurry"
+
+
+def _fake_pipeline(model, moved: list, **parts):
+    """A loaded pipeline's parts around a tiny model (what ``load_pretrained`` reads of it)."""
+    return SimpleNamespace(transformer=model.transformer, vae=model.vae, to=moved.append, **parts)
+
+
+def test_load_pretrained_builds_the_adapter_from_the_pipelines_parts(monkeypatch):
+    tiny = build_model("qwen_image", dtype=torch.float64, seed=0, latent_size=4)
+    calls: list[tuple] = []
+    moved: list = []
+    pipe = _fake_pipeline(tiny, moved, text_encoder=object(), scheduler=SimpleNamespace(config={"shift": 3.0}))
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: calls.append((a, k)) or pipe)
+    model = loading.load_pretrained("qwen_image", "ckpt", torch.float64, "cpu", latent_size=4)
+    assert calls == [(("qwen_image", "ckpt", torch.float64), {"text_encoders": True, "local_files_only": True})]
+    assert moved == ["cpu"] and model.pipeline is pipe and model.negative_prompt == ""
+    assert model.cfg_renorm and model.scheduler_config == {"shift": 3.0}  # the released pipeline's settings
+    assert isinstance(model.prompt_encoder, PipelinePromptEncoder) and model.prompt_encoder.pipeline is pipe
+    factor = QwenImageModel.vae_factors(tiny.vae)[0]
+    assert model.latent_shape == latent_shape_for("qwen_image", tiny.transformer, tiny.vae, 4 * factor, 4 * factor)
+    # saved without text encoders or scheduler: hashed prompts, no scheduler config, the released pixel size
+    bare = _fake_pipeline(tiny, moved, text_encoder=None)
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: bare)
+    model = loading.load_pretrained("qwen_image", "ckpt", torch.float64, text_encoders=False)
+    assert model.scheduler_config is None and not isinstance(model.prompt_encoder, PipelinePromptEncoder)
+    assert model.latent_shape == latent_shape_for("qwen_image", tiny.transformer, tiny.vae)
+
+
+def test_load_pretrained_refuses_a_pipeline_with_only_some_text_encoders(monkeypatch):
+    tiny = build_model("flux", dtype=torch.float64, seed=0, latent_size=4)
+    pipe = _fake_pipeline(tiny, [], text_encoder=object(), text_encoder_2=None)
+    monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pipe)
+    with pytest.raises(ValueError, match=r"'ckpt' lacks text encoder\(s\) \['text_encoder_2'\]"):
+        loading.load_pretrained("flux", "ckpt", torch.float64)
