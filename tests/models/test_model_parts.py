@@ -9,13 +9,19 @@ from types import SimpleNamespace
 
 import pytest
 import torch
+import torch.nn.functional as F
+from diffusers.models.normalization import FP32LayerNorm
 
 from verl_digen.archs import ARCHS, arch_facts, register_arch
 from verl_digen.models import build_model, loading
-from verl_digen.models.arch import MODEL_REGISTRY, _Adapters, register, unregister
+from verl_digen.models.adapter import DiffusersAdapter
+from verl_digen.models.arch import MODEL_REGISTRY, _Adapters, _check, register, unregister
 from verl_digen.models.base import Conditioning
+from verl_digen.models.conditioning.hashed import prompt_seed
 from verl_digen.models.conditioning.text import PipelinePromptEncoder
 from verl_digen.models.loading import _missing, hashed_encoder_for, latent_shape_for
+from verl_digen.models.lora import apply_lora, default_lora_targets
+from verl_digen.models.precision import promote_fp32_layers
 from verl_digen.models.qwen_image import QwenImageModel
 from verl_digen.models.sd3 import SD3Model
 
@@ -40,11 +46,11 @@ def _pipeline_decode(arch: str, vae, latents: torch.Tensor) -> torch.Tensor:
     return (out.float() / 2 + 0.5).clamp(0, 1)
 
 
-@pytest.mark.parametrize("arch,shift", [("sd3", None), ("flux", 0.25), ("flux", None), ("qwen_image", None),
-                                        ("hunyuan_video", None), ("wan", None), ("wan2_2", None)])
+@pytest.mark.parametrize("arch,shift", [("sd3", None), ("sd3", 0.25), ("flux", 0.25), ("flux", None),
+                                        ("qwen_image", None), ("hunyuan_video", None), ("wan", None), ("wan2_2", None)])
 def test_decode_is_the_released_pipelines_decode(arch, shift):
     model = build_model(arch, dtype=torch.float64, seed=0, latent_size=4)
-    if shift is not None or arch == "flux":  # a VAE with and without a shift factor
+    if arch in ("sd3", "flux"):  # a VAE with and without a shift factor
         model.vae.register_to_config(shift_factor=shift)
     latents = torch.randn(2, *model.latent_shape, generator=torch.Generator().manual_seed(3), dtype=torch.float64)
     assert torch.equal(model.decode(latents), _pipeline_decode(arch, model.vae, latents))
@@ -215,3 +221,79 @@ def test_load_pretrained_refuses_a_pipeline_with_only_some_text_encoders(monkeyp
     monkeypatch.setattr(loading, "load_pipeline", lambda *a, **k: pipe)
     with pytest.raises(ValueError, match=r"'ckpt' lacks text encoder\(s\) \['text_encoder_2'\]"):
         loading.load_pretrained("flux", "ckpt", torch.float64)
+
+
+def test_sd3_velocity_is_the_pipelines_transformer_call():
+    """diffusers' StableDiffusion3Pipeline: timestep = 1000 sigma; under CFG the negative rows first."""
+    model = build_model("sd3", dtype=torch.float64, seed=0, latent_size=4)
+    x, s, cond = _inputs(model)
+    t = cond.tensors
+    want = model.transformer(hidden_states=x, encoder_hidden_states=t["prompt_embeds"],
+                             pooled_projections=t["pooled_prompt_embeds"], timestep=s * 1000, return_dict=False)[0]
+    assert torch.equal(model.velocity(x, s, cond), want)  # guidance 1 by default: no CFG branch
+
+
+def test_velocity_takes_any_input_dtype_and_answers_in_it():
+    """float32 latents, sigmas and prompt tensors are cast to the model's float64 (masks stay integers), and the
+    velocity comes back in the latents' dtype: equal to the float64 call on the same values."""
+    model = build_model("qwen_image", dtype=torch.float64, seed=0, latent_size=4)
+    x, s, cond = _inputs(model)
+    x, s = x.float().double(), torch.tensor([0.5, 0.25], dtype=torch.float64)
+    cond = cond.to(dtype=torch.float32).to(dtype=torch.float64)  # float32-representable prompt values
+    want = model.velocity(x, s, cond, 3.0)
+    got = model.velocity(x.float(), s.float(), cond.to(dtype=torch.float32), 3.0)
+    assert got.dtype == torch.float32 and torch.equal(got, want.float())
+    assert model.uses_cfg(1.5, cond) and not model.uses_cfg(1.0, cond)
+
+
+def test_encode_prompts_in_the_models_dtype_and_refuses_a_bare_string():
+    model = build_model("sd3", dtype=torch.float64, seed=0, latent_size=4)
+    cond = model.encode_prompts(["a cat", "a dog"])
+    floats = [v for v in (*cond.tensors.values(), *cond.negative.values()) if v.is_floating_point()]
+    assert floats and all(v.dtype == torch.float64 for v in floats)
+    with pytest.raises(ValueError, match="a non-empty list of prompts"):
+        model.encode_prompts("a cat")
+
+
+def test_check_refuses_an_adapter_that_misses_a_declaration_or_a_hook():
+    facts = arch_facts("sd3")
+    with pytest.raises(TypeError, match=r"Bare does not declare \['facts'"):
+        _check(type("Bare", (), {}), facts)
+    with pytest.raises(TypeError, match="Abstract does not implement _forward"):
+        _check(type("Abstract", (SD3Model,), {"_forward": DiffusersAdapter._forward}), facts)
+    assert _check(SD3Model, facts) is SD3Model
+
+
+def test_conditioning_keeps_its_extras_and_no_salt_is_the_empty_salt():
+    cond = Conditioning({"e": torch.ones(1, 2)}, None, {"shape": (4, 4)})
+    assert cond.to(dtype=torch.float64).extras == {"shape": (4, 4)}
+    assert prompt_seed("a cat") == prompt_seed("a cat", salt="")
+
+
+def test_apply_lora_settings_and_what_it_trains():
+    model = build_model("sd3", dtype=torch.float64, seed=0, latent_size=4)
+    apply_lora(model, rank=1, alpha=4, dropout=0.25, init_lora_weights="gaussian")
+    config = model.transformer.peft_config["default"]
+    assert (config.r, config.lora_alpha, config.lora_dropout, config.init_lora_weights) == (1, 4.0, 0.25, "gaussian")
+    assert set(config.target_modules) == set(default_lora_targets(model))
+    named = dict(model.transformer.named_parameters())
+    assert all(p.requires_grad == ("lora_" in n) for n, p in named.items())  # the base weights stay frozen
+    assert all(p.dtype == torch.float64 for n, p in named.items() if "lora_" in n)
+    assert apply_lora(build_model("sd3", dtype=torch.float64, seed=0, latent_size=4), 2).transformer.peft_config[
+        "default"].lora_alpha == 2.0  # alpha defaults to the rank
+
+
+def test_default_lora_targets_are_the_models_own_else_attention():
+    assert default_lora_targets(object()) == ["to_q", "to_k", "to_v", "to_out.0"]
+    assert default_lora_targets(SimpleNamespace(default_lora_targets=("proj",))) == ["proj"]
+
+
+def test_promoted_layer_norm_is_a_float64_layer_norm_with_its_weight_and_bias():
+    norm = FP32LayerNorm(4, elementwise_affine=True, bias=True).double()
+    with torch.no_grad():
+        norm.weight.copy_(torch.tensor([1.0, 2.0, 3.0, 4.0]))
+        norm.bias.copy_(torch.tensor([0.5, -0.5, 0.25, 0.0]))
+    x = torch.randn(3, 4, dtype=torch.float64)
+    want = F.layer_norm(x, (4,), norm.weight, norm.bias, norm.eps)
+    assert promote_fp32_layers(norm) == 1 and torch.equal(norm(x), want)
+    assert norm(x.float()).dtype == torch.float32
