@@ -87,3 +87,58 @@ def test_a_sharded_tensor_counts_its_local_shard_only():
 
     assert switch._nbytes(Sharded()) == 24
     assert switch._nbytes(torch.ones(2, 2)) == 16
+
+
+def _trained_pair():
+    """Two parameters with gradients, one of them with AdamW state (the other never stepped)."""
+    a, b = torch.nn.Parameter(torch.ones(3)), torch.nn.Parameter(torch.ones(2))
+    opt = torch.optim.AdamW([a, b])
+    a.grad = torch.full((3,), 2.0)
+    opt.step()
+    a.grad, b.grad = torch.full((3,), 3.0), torch.full((2,), 4.0)
+    opt.state[a]["note"] = "kept as it is"  # a non-tensor entry
+    return a, b, opt
+
+
+def test_a_cpu_stash_takes_copies_of_gradients_and_optimizer_state_and_counts_their_bytes():
+    a, b, opt = _trained_pair()
+    grad_a, state_a = a.grad, dict(opt.state[a])
+    tensor_bytes = sum(v.numel() * v.element_size() for v in state_a.values() if torch.is_tensor(v))
+    into = switch.TrainingStash()
+    moved = switch.stash([("a", a), ("b", b)], opt, torch.device("cpu"), into)
+    assert moved == 3 * 4 + 2 * 4 + tensor_bytes
+    assert a.grad is None and b.grad is None and set(into.grads) == {"a", "b"} and set(into.optim) == {"a"}
+    grad_a.add_(1.0)  # the stash holds copies, not the tensors it took
+    assert torch.equal(into.grads["a"], torch.full((3,), 3.0))
+    assert all(into.optim["a"][k] is not v for k, v in state_a.items() if torch.is_tensor(v))
+    assert into.optim["a"]["note"] == "kept as it is" and a not in opt.state
+    assert switch.restore([("a", a), ("b", b)], opt, torch.device("cpu"), into) == 0  # nothing crosses a bus
+    assert torch.equal(a.grad, torch.full((3,), 3.0)) and opt.state[a]["note"] == "kept as it is"
+
+
+def _worker_config(arch: str, **kw):
+    from verl_digen.rollout.sampler import SamplerConfig
+    from verl_digen.workers.config import PolicyConfig, WorkerConfig
+
+    return WorkerConfig(policy=PolicyConfig(arch=arch, dtype="float64"), sampler=SamplerConfig(num_steps=4),
+                        rollout_backend="vllm", **kw)
+
+
+def test_engine_kwargs_are_vllm_omnis_names_for_the_run_settings():
+    from verl_digen.workers import vllm_backend as V
+
+    cfg = _worker_config("sd3", vllm_max_batch=3, vllm_memory_fraction=0.5)
+    assert V.engine_kwargs(cfg, "pkg.Pipeline", 1234) == {
+        "custom_pipeline_args": {"pipeline_class": "pkg.Pipeline"}, "worker_extension_cls": V.EXTENSION_CLASS,
+        "max_num_seqs": 3, "request_batch_max_wait_ms": V.BATCH_WAIT_MS, "dtype": "float64", "master_port": 1234,
+        "gpu_memory_utilization": 0.5, "enforce_eager": True}
+    assert V.engine_kwargs(_worker_config("sd3", vllm_compile=True), "p", 1)["enforce_eager"] is False
+    assert "enforce_eager" not in V.engine_kwargs(_worker_config("hunyuan_video"), "p", 1)  # the diffusers adapter
+
+
+def test_buckets_fill_up_to_their_size_in_name_order():
+    from verl_digen.workers.vllm_backend import buckets_of
+
+    state = {n: torch.ones(1) for n in "cba"}  # 4 bytes each
+    assert [list(b) for b in buckets_of(state, 8)] == [["a", "b"], ["c"]]  # exactly full, then the rest
+    assert [list(b) for b in buckets_of(state, 3)] == [["a"], ["b"], ["c"]]  # a larger tensor alone
