@@ -34,7 +34,7 @@ def world(monkeypatch):
     done: set = set()
     monkeypatch.setattr(S, "_ready", lambda refs: all(r in done for r in refs))
     trainers = [Actor(f"t{i}", log) for i in range(2)]
-    generators = [Actor(f"g{i}", log) for i in range(3)]
+    generators = [Actor(f"g{i}", log) for i in range(4)]
     backend = S.CollectiveSync()
     backend.generators = generators
     return backend, trainers, generators, log, done
@@ -56,6 +56,16 @@ def test_a_pickup_draws_from_every_trainer_rank_until_a_generator_holds_the_vers
     assert backend.sources_free(7) == 1
     done.update(log)  # every transfer landed: generators 0, 1 and 2 hold it and serve nobody
     assert backend.sources_free(7) == 3
+
+
+def test_a_busy_relay_passes_the_next_pickup_to_the_next_free_holder(world):
+    backend, trainers, gens, log, done = world
+    backend.publish(trainers, 7)
+    done.update(backend.pickup(trainers, gens[0], 0, 7, "published"))
+    done.update(backend.pickup(trainers, gens[1], 1, 7, "published"))  # relayed by 0; both hold it, both free
+    assert backend.pickup(trainers, gens[2], 2, 7, "published")[0] == "g0.send_weights_to(4, 7)"  # 0 is busy now
+    assert backend.pickup(trainers, gens[3], 3, 7, "published") == ["g1.send_weights_to(5, 7)",
+                                                                     "g3.recv_weights(7, [3])"]  # 1 is rank 3
 
 
 def test_a_pickup_of_another_version_never_relays_and_is_not_held(world):
