@@ -149,6 +149,6 @@ def test_engine_kwargs_are_vllm_omnis_names_for_the_run_settings():
 def test_buckets_fill_up_to_their_size_in_name_order():
     from verl_digen.workers.vllm_backend import buckets_of
 
-    state = {n: torch.ones(1) for n in "cba"}  # 4 bytes each
-    assert [list(b) for b in buckets_of(state, 8)] == [["a", "b"], ["c"]]  # exactly full, then the rest
-    assert [list(b) for b in buckets_of(state, 3)] == [["a"], ["b"], ["c"]]  # a larger tensor alone
+    state = {n: torch.ones(1) for n in "ecdba"}  # 4 bytes each
+    assert [list(b) for b in buckets_of(state, 8)] == [["a", "b"], ["c", "d"], ["e"]]  # each exactly full
+    assert [list(b) for b in buckets_of(state, 3)] == [[n] for n in "abcde"]  # a larger tensor alone
