@@ -201,6 +201,7 @@ try:
     ray.init(address=head.address, include_dashboard=False, log_to_driver=False)
     print("driver", os.environ["RAY_AUTH_MODE"], len(ray.nodes()))
     env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
+    env["RAY_NUM_REDIS_GET_RETRIES"] = "5"  # a refused join retries once a second, 20 times by default
     out = subprocess.run([sys.executable, "-c", sys.argv[1], head.address], env=env, capture_output=True,
                          text=True, timeout=120)
     print("stranger", out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "no output")
