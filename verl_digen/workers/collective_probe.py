@@ -15,6 +15,14 @@ import torch.distributed as dist
 from verl_digen.workers.sync import _gloo_group, _local_address, bind_listener
 
 
+def _store(host: str, port: int, world: int, timeout: timedelta, listener: Any) -> dist.TCPStore:
+    """The probe group's store: rank 0 serves it on the socket it bound (``listener``), the others join."""
+    if listener is not None:
+        return dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
+                             master_listen_fd=listener.fileno())
+    return dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+
+
 def time_all_gather(host: str, port: int, rank: int, world: int, numels: list[int], reps: int = 20,
                     timeout_s: float = 60.0) -> list[tuple[int, float]]:
     """Per size: (bytes gathered, median seconds) of an all-gather of ``numel`` float32 elements per rank over
@@ -22,11 +30,7 @@ def time_all_gather(host: str, port: int, rank: int, world: int, numels: list[in
     timeout = timedelta(seconds=timeout_s)
     listener = bind_listener(host, int(port)) if rank == 0 else None
     try:
-        if listener is not None:
-            store = dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
-                                  master_listen_fd=listener.fileno())
-        else:
-            store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+        store = _store(host, port, world, timeout, listener)
         pg = _gloo_group(store, rank, world, timeout, host if rank == 0 else _local_address(host))
         out = []
         for n in numels:
@@ -70,11 +74,7 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
     timeout = timedelta(seconds=timeout_s)
     listener = bind_listener(host, int(port)) if rank == 0 else None
     try:
-        if listener is not None:
-            store = dist.TCPStore(host, int(port), world, is_master=True, timeout=timeout,
-                                  master_listen_fd=listener.fileno())
-        else:
-            store = dist.TCPStore(host, int(port), world, is_master=False, timeout=timeout)
+        store = _store(host, port, world, timeout, listener)
         dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
     except RuntimeError:  # no group (a DistError is one): the profile keeps the bare all-gather's latency
         if listener is not None:
