@@ -41,10 +41,6 @@ OLD_POLICY_SCHEDULES: dict[str, tuple[int, float, float]] = {
     "delayed_linear_to_0_999": (75, 0.0075, 0.999),
 }
 
-#: verl-omni algorithms verl-digen names but does not run yet (issue 46), with what is missing
-NOT_IMPLEMENTED: dict[str, str] = {}
-
-
 def loss_mode(name: str | None) -> str:
     """The loss mode of ``algorithm.name`` (FlowGRPO's for null)."""
     return "flow_grpo" if name is None else ALGORITHMS[name].loss

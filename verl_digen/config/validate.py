@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from verl_digen.algo.algorithms import ADV_MODES, ALGORITHMS, NOT_IMPLEMENTED, OLD_POLICY_SCHEDULES, loss_mode
+from verl_digen.algo.algorithms import ADV_MODES, ALGORITHMS, OLD_POLICY_SCHEDULES, loss_mode
 from verl_digen.algo.mix_grpo import STRATEGIES
 from verl_digen.archs import arch_facts, canonical_arch, known_archs
 from verl_digen.config import checks, memory, user_inputs
@@ -101,11 +101,8 @@ def _check_vllm(cfg: RunConfig) -> None:
 
 
 def _check_algorithm(cfg: RunConfig) -> None:
-    """``algorithm.name``: a known algorithm that runs here, and the keys its loss reads."""
+    """``algorithm.name``: a known algorithm, and the keys its loss reads."""
     name = cfg.algorithm.name
-    if name in NOT_IMPLEMENTED:
-        raise ConfigError("algorithm.name", name, f"one of {', '.join(ALGORITHMS)} or null: {name} is not "
-                          f"implemented yet ({NOT_IMPLEMENTED[name]}; issue 46)")
     if name is not None and name not in ALGORITHMS:
         raise ConfigError("algorithm.name", name, f"null or one of {', '.join(ALGORITHMS)}")
     fixed = None if name is None else ALGORITHMS[name].sde

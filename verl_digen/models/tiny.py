@@ -32,7 +32,7 @@ def cast_module(module: nn.Module, dtype: torch.dtype, device: torch.device | st
     half precision a diffusers model's ``_keep_in_fp32_modules`` (Wan's norms/time embedder) stay float32.
     The kept tensors keep their float32 values, never rounded through ``dtype`` on the way (as a checkpoint
     loaded into them would): the trainer's float32 master hands them over unrounded (weight sync, TAG's
-    generation copy), so a generator built here must hold the same values (issue 44).
+    generation copy), so a generator built here must hold the same values.
     Bypasses ``ModelMixin.to``, which warns on every such cast."""
     keep = getattr(module, "_keep_in_fp32_modules", None) or []
     kept: dict[str, torch.Tensor] = {}

@@ -743,9 +743,10 @@ def play(params: Params, state: ModelState, decisions) -> float:
 
 
 class SolveLog:
-    """BTS's per-solve figures in bounded memory: totals over the run (solves, capped solves, time, the
+    """BTS's per-solve figures in bounded memory: totals over the run (solves, capped solves, the
     slowest) and the last ``window`` solves' times and cap flags, oldest first. A run makes several solves a
-    step for as long as it runs; a log of every one grew the driver by about 0.08 KB a step (issue 45)."""
+    step for as long as it runs; a log of every one grew the driver by about 0.08 KB a step
+    (docs/benchmarks.md, "Soak")."""
 
     WINDOW = 1024
 
@@ -755,7 +756,6 @@ class SolveLog:
         self.window = window
         self.count = 0
         self.capped = 0
-        self.total_seconds = 0.0
         self.max_seconds = 0.0
         self._seconds: array = array("d")
         self._capped: array = array("b")  # 1: the solve hit a cap
@@ -769,7 +769,6 @@ class SolveLog:
             self._seconds[i], self._capped[i] = seconds, bool(capped)
         self.count += 1
         self.capped += bool(capped)
-        self.total_seconds += seconds
         self.max_seconds = max(self.max_seconds, seconds)
 
     def __len__(self) -> int:
