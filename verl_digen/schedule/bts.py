@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from array import array
+from collections import deque
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -753,20 +753,15 @@ class SolveLog:
     def __init__(self, window: int = WINDOW) -> None:
         if window < 1:
             raise ValueError(f"window must be >= 1, got {window}")
-        self.window = window
         self.count = 0
         self.capped = 0
         self.max_seconds = 0.0
-        self._seconds: array = array("d")
-        self._capped: array = array("b")  # 1: the solve hit a cap
+        self._seconds: deque[float] = deque(maxlen=window)
+        self._capped: deque[int] = deque(maxlen=window)  # 1: the solve hit a cap
 
     def add(self, seconds: float, capped: bool) -> None:
-        i = self.count % self.window
-        if len(self._seconds) < self.window:
-            self._seconds.append(seconds)
-            self._capped.append(bool(capped))
-        else:  # full: overwrite the oldest in place (the ring starts at count % window)
-            self._seconds[i], self._capped[i] = seconds, bool(capped)
+        self._seconds.append(seconds)
+        self._capped.append(int(capped))
         self.count += 1
         self.capped += bool(capped)
         self.max_seconds = max(self.max_seconds, seconds)
@@ -774,19 +769,15 @@ class SolveLog:
     def __len__(self) -> int:
         return self.count
 
-    def _ordered(self, values: array) -> array:
-        i = self.count % self.window if len(values) == self.window else 0
-        return values[i:] + values[:i]
-
     @property
-    def recent_seconds(self) -> array:
+    def recent_seconds(self) -> deque[float]:
         """Seconds of the last ``window`` solves (all of them in a shorter run), oldest first."""
-        return self._ordered(self._seconds)
+        return self._seconds
 
     @property
-    def recent_capped(self) -> array:
+    def recent_capped(self) -> deque[int]:
         """Whether each of the last ``window`` solves hit a cap (1) or not (0), oldest first."""
-        return self._ordered(self._capped)
+        return self._capped
 
 
 @register_tag_policy("bts")
