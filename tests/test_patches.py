@@ -1,9 +1,13 @@
 """The upstream patches in ``patches/`` apply to verl 0.9.1 and do what their PR descriptions say.
 
 Each test copies the installed verl package into a temporary directory, applies one patch there, and
-runs the patched behaviour in a fresh interpreter whose ``PYTHONPATH`` puts the copy first (with
+runs the patched behaviour in a process of its own whose import path puts the copy first (with
 ``VERL_USE_EXTERNAL_PLUGINS=none``, so verl-digen's own plugin cannot mask the result). Where it is
 cheap, the same check runs against the unpatched package and must fail, proving the test can fail.
+
+Those processes are forked from one server process (``FORK_SERVER``) that has imported verl's heavy
+dependencies (torch, transformers, Ray...) but never verl: each check still imports verl afresh, from the
+copy it checks, in a process no other check has touched, without paying ~3 s of dependency imports each.
 """
 
 from __future__ import annotations
@@ -32,8 +36,10 @@ def _patch(prefix: str) -> Path:
 
 
 def _copy_verl(dest: Path) -> Path:
-    """A pristine copy of the installed verl package under ``dest/verl`` (the patch root is ``dest``)."""
-    shutil.copytree(VERL_DIR, dest / "verl", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+    """A pristine copy of the installed verl package under ``dest/verl`` (the patch root is ``dest``). Its
+    byte code comes along: Python takes a ``.pyc`` only while its source's size and modification time (kept by
+    the copy) match, so what a patch rewrites is compiled again and the rest is not."""
+    shutil.copytree(VERL_DIR, dest / "verl")
     return dest
 
 
@@ -47,16 +53,93 @@ def _apply(patch: Path, root: Path) -> None:
     assert proc.returncode == 0, f"{patch.name} does not apply to verl 0.9.1:\n{proc.stdout}{proc.stderr}"
 
 
-def _run(code: str, pythonpath: list[Path], env: dict[str, str] | None = None, timeout: int = 120) -> dict:
-    """Run ``code`` in a fresh interpreter; it must print one JSON object as its last stdout line."""
-    full_env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "PYTHONPATH")}
-    full_env.update({"VERL_USE_EXTERNAL_PLUGINS": "none", "OMP_NUM_THREADS": "1",
-                     "PYTHONPATH": os.pathsep.join(str(p) for p in pythonpath)})
-    full_env.update(env or {})
-    proc = subprocess.run([sys.executable, "-c", code], env=full_env, capture_output=True, text=True,
-                          timeout=timeout, cwd=pythonpath[0] if pythonpath else None)
-    assert proc.returncode == 0, f"subprocess failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-3000:]}"
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+#: verl's heavy third-party imports, loaded once by the fork server (never verl itself)
+PRELOAD = ("torch", "numpy", "scipy", "pandas", "ray", "tensordict", "transformers", "peft", "accelerate", "datasets",
+           "omegaconf", "hydra", "pydantic", "huggingface_hub", "fastapi", "transfer_queue")
+
+#: reads one JSON job a line ({"code", "path", "env", "out", "timeout"}), forks, and runs ``code`` in the child as
+#: ``python -c`` would (cwd and the first import path entries: ``path``; stdout and stderr to the file ``out``;
+#: killed by SIGALRM after ``timeout`` s); answers each job with one JSON line {"rc": exit code}
+FORK_SERVER = """
+import importlib, json, os, signal, sys, traceback
+for name in sys.argv[1:]:
+    try:
+        importlib.import_module(name)
+    except ImportError:
+        pass
+assert not [m for m in sys.modules if m == "verl" or m.startswith("verl.")], "the fork server imported verl"
+print(json.dumps({"ready": True}), flush=True)
+for line in sys.stdin:
+    job = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        rc = 1
+        try:
+            fd = os.open(job["out"], os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
+            os.dup2(fd, 1)
+            os.dup2(fd, 2)
+            signal.alarm(job["timeout"])
+            os.environ.update(job["env"])
+            os.chdir(job["path"][0])
+            sys.path[:0] = job["path"]
+            exec(compile(job["code"], "<check>", "exec"), {"__name__": "__main__"})
+            rc = 0
+        except SystemExit as stop:
+            rc = stop.code if isinstance(stop.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(rc)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps({"rc": os.waitstatus_to_exitcode(status)}), flush=True)
+os._exit(0)  # no interpreter teardown (torch's takes seconds)
+"""
+
+
+class ForkServer:
+    """The module's check processes, each forked from one interpreter with verl's dependencies imported."""
+
+    def __init__(self, scratch: Path) -> None:
+        env = {k: v for k, v in os.environ.items() if k not in ("VERL_PLATFORM", "PYTHONPATH")}
+        env.update({"VERL_USE_EXTERNAL_PLUGINS": "none", "OMP_NUM_THREADS": "1"})
+        self.scratch, self.jobs = scratch, 0
+        self.proc = subprocess.Popen([sys.executable, "-c", FORK_SERVER, *PRELOAD], env=env, cwd=scratch,
+                                     stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        ready = self.proc.stdout.readline()
+        assert ready and json.loads(ready) == {"ready": True}, f"no fork server (exit {self.proc.poll()})"
+
+    def run(self, code: str, pythonpath: list[Path], timeout: int) -> tuple[int, str]:
+        """(exit code, stdout + stderr) of ``code`` in a child with ``pythonpath`` first on its import path."""
+        self.jobs += 1
+        out = self.scratch / f"check{self.jobs}.log"
+        paths = [str(p) for p in pythonpath]
+        job = {"code": code, "path": paths, "out": str(out), "timeout": timeout,
+               "env": {"PYTHONPATH": os.pathsep.join(paths)}}  # for the processes a check starts (Ray's)
+        self.proc.stdin.write(json.dumps(job) + "\n")
+        self.proc.stdin.flush()
+        answer = self.proc.stdout.readline()
+        assert answer, f"the fork server died (exit {self.proc.poll()})"
+        return json.loads(answer)["rc"], out.read_text()
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=60)
+
+
+@pytest.fixture(scope="module")
+def forks(tmp_path_factory) -> ForkServer:
+    server = ForkServer(tmp_path_factory.mktemp("forks"))
+    yield server
+    server.close()
+
+
+def _run(forks: ForkServer, code: str, pythonpath: list[Path], timeout: int = 120) -> dict:
+    """Run ``code`` in a forked child; it must print one JSON object as its last stdout line."""
+    rc, out = forks.run(code, pythonpath, timeout)
+    assert rc == 0, f"check failed (exit {rc}):\n{out[-6000:]}"
+    return json.loads(out.strip().splitlines()[-1])
 
 
 @pytest.fixture(scope="module")
@@ -100,21 +183,21 @@ print(json.dumps(out))
 
 
 @pytest.mark.slow
-def test_0001_cpu_platform(tmp_path, pristine):
+def test_0001_cpu_platform(tmp_path, pristine, forks):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("an accelerator is visible: the CPU fallback is not what verl should pick here")
     root = _copy_verl(tmp_path)
     _apply(_patch("0001"), root)
-    out = _run(PLATFORM_CODE, [root])
-    assert out["file"].startswith(str(root)), "the subprocess imported the installed verl, not the patched copy"
+    out = _run(forks, PLATFORM_CODE, [root])
+    assert out["file"].startswith(str(root)), "the check imported the installed verl, not the patched copy"
     assert "cpu" in out["registered"]
     assert (out["explicit"], out["explicit_device"]) == ("cpu", "cpu")  # VERL_PLATFORM=cpu, any torch build
     if out["cpu_only_torch"]:  # the fallback only changes for CPU-only torch builds
         assert (out["device"], out["backend"], out["resource"]) == ("cpu", "gloo", "CPU")
 
-    before = _run(PLATFORM_CODE, [pristine])
+    before = _run(forks, PLATFORM_CODE, [pristine])
     assert "cpu" not in before["registered"]
     if before["cpu_only_torch"]:
         assert (before["device"], before["backend"]) == ("cuda", "nccl")  # verl 0.9.1's 'nvidia' fallback
@@ -157,19 +240,19 @@ except TypeError as err:
 
 
 @pytest.mark.slow
-def test_0002_cpu_resource_pools(tmp_path, pristine):
+def test_0002_cpu_resource_pools(tmp_path, pristine, forks):
     import torch
 
     root = _copy_verl(tmp_path)
     _apply(_patch("0002"), root)
-    out = _run(POOL_CODE, [root], timeout=180)
+    out = _run(forks, POOL_CODE, [root], timeout=180)
     assert out["file"].startswith(str(root))
     assert out["use_gpu"] is False
     assert "CPUs 2" in out["too_big"] and "3" in out["too_big"]
     if not torch.cuda.is_available():
         assert "Total available GPUs 0" in out["gpu_default"]
 
-    before = _run(UNPATCHED_POOL_CODE, [pristine])
+    before = _run(forks, UNPATCHED_POOL_CODE, [pristine])
     assert before["error"] and "use_gpu" in before["error"]  # verl 0.9.1 cannot express a CPU-only pool
 
 
@@ -229,15 +312,15 @@ def _fake_trainer_distribution(dest: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_0003_trainer_entry_points(tmp_path, pristine):
+def test_0003_trainer_entry_points(tmp_path, pristine, forks):
     root = _copy_verl(tmp_path / "verl_root")
     _apply(_patch("0003"), root)
     dist = _fake_trainer_distribution(tmp_path / "dist")
-    out = _run(TRAINER_CODE, [root, dist], timeout=180)
+    out = _run(forks, TRAINER_CODE, [root, dist], timeout=180)
     assert out["file"].startswith(str(root))
     assert out["sync"] == "PPOTrainerSync"  # built-in modes unchanged
     assert out["external"] == "fake_external_trainer.ExternalTrainer"
     assert "external" in out["unknown"] and "sync" in out["unknown"]
 
-    before = _run(TRAINER_CODE, [pristine, dist], timeout=180)
+    before = _run(forks, TRAINER_CODE, [pristine, dist], timeout=180)
     assert "external" not in before and "Unknown trainer 'external'" in before["external_error"]
