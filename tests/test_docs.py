@@ -15,7 +15,7 @@
     - ``python -m pytest ...`` is not run (it is what is running);
     - a command in ``SKIP`` is not run, for the reason given there;
     - a command in ``SHORTEN`` runs with the overrides listed there appended, for the reason given there
-      (empty today: the docs use short runs, and README's main job runs in full, about a minute);
+      (README's main job, 3 of its 10 steps; the other training commands in the docs are short already);
     - identical commands run once (README's main job is repeated in the quickstart);
     - commands run in order (README.md first, then docs/*.md by name, each file top to bottom), in the
       repository root, and write only under the git-ignored ``outputs/`` (checked: no new untracked file
@@ -73,10 +73,23 @@ SKIP: dict[str, str] = {
     "trainer.v1.trainer_mode=digen +trainer=digen +resources.generator.workers=G +resources.trainer.workers=R "
     "algorithm.global_std=False":
         "the same template (the guide's opening); tests/integrations/test_verl_omni_real.py runs four scripts with it",
+    # commands another test runs as they are written here, with more checks than an exit code and one word
+    "python bench/gpu_check.py --device cpu --quick --json":
+        "tests/test_gpu_check.py runs this very command and checks that every check passes",
+    "recipes/launch/hunyuanvideo-13b-hetero.sh trainer.dry_run=true":
+        "tests/test_recipes.py::test_dry_run_through_the_command_line runs it (launch script -> run.sh -> "
+        "python -m verl_digen.main) and checks its config, plan and prediction",
 }
 
 #: commands run with extra overrides appended: command -> (overrides, reason)
-SHORTEN: dict[str, tuple[str, str]] = {}
+SHORTEN: dict[str, tuple[str, str]] = {
+    # README's main job (and the quickstart's, the same line): as typed, in a shell, with a Ray head of its
+    # own; 3 of its 10 steps still end in the summary table, print the console blocks whose metric names are
+    # checked against docs/metrics.md, and leave the trace, profile and curves the later commands read (that
+    # the reward rises over a run is held by
+    # tests/runtime/test_runtime.py::test_reward_rises_over_a_short_digen_run_whose_driver_holds_only_a_window)
+    MAIN: ("trainer.total_steps=3", "the whole main job, run after run, adds 7 steps of the same work"),
+}
 
 #: appended to the main job's commands: the console block names every metric a run logs, which the test
 #: checks against docs/metrics.md (the one-line format, the default off a terminal, names a few)
