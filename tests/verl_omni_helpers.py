@@ -369,7 +369,8 @@ def example_scripts(omni: Path) -> list[Path]:
 
 #: the examples the tests run for real (tests/integrations/test_verl_omni_real.py) -> the table's "runs tiny" cell
 RUN_TINY = {
-    "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, both verls)",
+    "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh": "yes (2 steps, verl 0.9.1; pinned verl: its "
+                                                            "separate_async twin)",
     "diffusionnft_trainer/qwen_image/run_qwen_image_ocr_lora.sh": "yes (2 steps, pinned verl; switched to v1; "
                                                                   "DiffusionNFT)",
     "dancegrpo_trainer/wan22/run_wan22_5b_t2v_hpsv3_auto.sh": "yes (2 steps, pinned verl; switched to v1, "

@@ -4,9 +4,9 @@ Everything runs verl-omni's own code in fresh interpreters: the snapshot and (fo
 it pins go first on ``PYTHONPATH``, vllm / vllm_omni are import stubs (tests/verl_omni_helpers.py), and
 "0.9.1" is the verl installed here. The training runs go through ``python -m
 verl_omni.trainer.main_diffusion_v1`` (Ray, verl-omni's TaskRunner, TransferQueue) on verl-omni's SD3.5 v1
-example script (with both verls), and on its Qwen-Image OCR LoRA, Wan2.2 DanceGRPO and SD3.5 separate_async
-scripts (pinned verl), each shrunk to a tiny random-weight model and two steps. Skipped when the snapshots
-are absent.
+example script (verl 0.9.1), and on its Qwen-Image OCR LoRA, Wan2.2 DanceGRPO and SD3.5 separate_async scripts
+(pinned verl; the separate_async one is the v1 script's lines plus its own, and holds the v1 script's checks
+there), each shrunk to a tiny random-weight model and two steps. Skipped when the snapshots are absent.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ import json
 import re
 import subprocess
 import sys
+import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -43,6 +44,12 @@ pytestmark = [pytest.mark.skipif(not tarballs_present(), reason=SKIP_REASON),
 ROOT = Path(__file__).resolve().parents[2]
 VERSIONS = {"pinned": True, "0.9.1": False}  # id -> put verl-omni's pinned verl first on the path
 SD35_V1 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1.sh"
+#: SD35_V1's separate_async twin: the same lines plus the separate_async keys (which verl-digen reports and
+#: does not convert); with the pinned verl it is the training run of SD35_V1's checks (SD35_V1 itself trains with
+#: verl 0.9.1, and its dry run uses the pinned verl)
+SD35_TWIN = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora_v1_separate_async.sh"
+#: which run holds the SD3.5 v1 example's two-step checks, per verl version
+TRAIN_RUN = {"pinned": f"script-{SD35_TWIN}", "0.9.1": "train-0.9.1"}
 SD35_V0 = "flowgrpo_trainer/sd35/run_sd35_medium_ocr_lora.sh"
 #: more of verl-omni's own scripts run tiny end to end through the v1 entry (with the pinned verl): a v0
 #: DiffusionNFT LoRA script and a v0 video script switched to v1 as the migration guide says, and the separate_async one
@@ -133,6 +140,7 @@ RUN_TIMEOUT_S = 600
 
 def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> tuple[int, str]:
     """(exit code, output) of one fresh interpreter; killed after RUN_TIMEOUT_S (exit code -9)."""
+    t0 = time.perf_counter()
     with (cwd / "output.log").open("w+") as log:
         proc = subprocess.Popen([sys.executable, *args], cwd=cwd, env=snaps.env(pinned, platform), stdout=log,
                                 stderr=subprocess.STDOUT, text=True)
@@ -142,6 +150,8 @@ def _run(snaps: Snapshots, args: list[str], pinned: bool, cwd: Path, platform: b
             proc.kill()
             proc.wait()
         log.seek(0)
+        # each run's seconds, for `-s`: where the module's time goes (they overlap MAX_AT_ONCE at a time)
+        print(f"{cwd.name}: {time.perf_counter() - t0:.1f} s (ended {time.strftime('%H:%M:%S')})", flush=True)
         return proc.returncode, log.read()
 
 
@@ -157,13 +167,23 @@ from hydra import compose, initialize_config_dir
 with initialize_config_dir(config_dir=sys.argv[1], version_base=None):
     cfg = compose("diffusion_trainer", overrides=["trainer.use_v1=true", "trainer.v1.trainer_mode=digen",
                                                   "+trainer=digen", "+verl_omni=small"])
-print(json.dumps({"lazy": lazy, "verl": verl.__version__, "chat_template": chat_template.__name__,
+print("registry check: " + json.dumps({"lazy": lazy, "verl": verl.__version__, "chat_template": chat_template.__name__,
                   "cls": cls.__module__ + "." + cls.__qualname__,
                   "sync": get_diffusion_trainer_cls("sync").__name__,
                   "guard": getattr(attention.validate_attention_consistency, "__digen_guard__", False),
                   "policy": cfg.digen.tag.policy, "mode": cfg.trainer.mode,
                   "units": cfg.transfer_queue.backend.SimpleStorage.num_data_storage_units,
-                  "device": cfg.trainer.device}))
+                  "device": cfg.trainer.device}), flush=True)
+"""
+#: how REGISTRY_CHECK's line in a run's output begins
+REGISTRY_LINE = "registry check: "
+#: REGISTRY_CHECK (its config folder: argv[1]), then the verl-omni entry argv[2] with the overrides after it, as
+#: ``python -m`` runs it: the check shares the interpreter of a run on the same verl (a run's first imports are
+#: the check's) instead of paying verl's and verl-omni's imports in one of its own
+CHECK_THEN_RUN = REGISTRY_CHECK + """
+import runpy
+sys.argv = sys.argv[2:]
+runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
 """
 
 
@@ -175,10 +195,13 @@ class Launched:
     def __init__(self, snaps: Snapshots, tmp_factory: pytest.TempPathFactory) -> None:
         self.snaps, self.jobs = snaps, {}
         self.pool = ThreadPoolExecutor(max_workers=MAX_AT_ONCE)
-        for name, pinned in VERSIONS.items():
-            config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
-            self._start(f"registry-{name}", ["-c", REGISTRY_CHECK, config_dir], pinned,
-                        tmp_factory.mktemp(f"registry_{name.replace('.', '_')}"))
+        # the pinned verl's registry check rides on the v0 refusal (both with VERL_PLATFORM, no Ray); 0.9.1's runs
+        # alone, as verl 0.9.1's only other run is a training run without VERL_PLATFORM, whose `python -m` line the
+        # plugin reads (sys.orig_argv) to keep trainer.device=cpu
+        config_dir = str(snaps.omni / "verl_omni" / "trainer" / "config")
+        self.registry = {"pinned": "v0", "0.9.1": "registry-0.9.1"}
+        self._start("registry-0.9.1", ["-c", REGISTRY_CHECK, config_dir], False,
+                    tmp_factory.mktemp("registry_0_9_1"))
         for script in MORE_SCRIPTS:  # the user's switch to the v1 entry replaces a v0 script's module
             tmp = tmp_factory.mktemp(Path(script).stem)
             _, args = _overrides(snaps, script, tmp / "capture")
@@ -189,13 +212,15 @@ class Launched:
         tmp = tmp_factory.mktemp("v0")  # the v0 example with the digen flags
         module, args = _overrides(snaps, SD35_V0, tmp / "capture")
         flags = [f for f in _digen_flags(tmp) if f != "trainer.use_v1=true"]
-        self._start("v0", ["-m", ENTRY_V0, *args, *flags], True, tmp)
+        self._start("v0", ["-c", CHECK_THEN_RUN, config_dir, ENTRY_V0, *args, *flags], True, tmp)
         tmp = tmp_factory.mktemp("dry_run")
         module, args = _overrides(snaps, SD35_V1, tmp / "capture")
         # as a verl-omni user runs it on a machine without GPUs: no VERL_PLATFORM in the environment
         self._start("dry-run", ["-m", module, *args, *_digen_flags(tmp), "+trainer.dry_run=true",
                                 "+reward.name=latent_mean", "trainer.device=cpu"], True, tmp, platform=False)
-        for name, pinned in VERSIONS.items():  # the SD3.5 v1 example, shrunk, two steps, per verl version
+        for name, pinned in VERSIONS.items():  # the SD3.5 v1 example, shrunk, two steps, where TRAIN_RUN says
+            if TRAIN_RUN[name] != f"train-{name}":
+                continue
             tmp = tmp_factory.mktemp(f"run_{name.replace('.', '_')}")
             module, args = _overrides(snaps, SD35_V1, tmp / "capture")
             assert module == ENTRY_V1
@@ -263,9 +288,10 @@ def test_real_registry_lazy_import_and_composition(launched, version):
     """`import verl` runs verl-digen's plugin without importing verl-omni; verl-omni's registry then has
     `digen` next to its own modes; `+trainer=digen +verl_omni=small` compose into verl-omni's real config;
     on verl 0.9.1 verl-omni's old import path is served by the compat alias, on the pin by verl itself."""
-    rc, out, _ = launched.result(f"registry-{version}")
-    assert rc == 0, out[-4000:]
-    got = json.loads(out.strip().splitlines()[-1])
+    rc, out, _ = launched.result(launched.registry[version])
+    lines = [line for line in out.splitlines() if line.startswith(REGISTRY_LINE)]
+    assert lines, f"rc {rc}, no registry check line:\n{out[-4000:]}"
+    got = json.loads(lines[0][len(REGISTRY_LINE):])
     assert got["lazy"] is True
     assert got["verl"] == ("0.9.0.dev" if VERSIONS[version] else "0.9.1")
     assert got["chat_template"] == ("verl.utils.chat_template" if VERSIONS[version]
@@ -311,7 +337,10 @@ def test_dry_run_through_v1_entry_prints_the_plan_and_does_not_train(launched):
 
 @pytest.mark.parametrize("version", list(VERSIONS))
 def test_example_trains_two_steps_through_verl_omnis_v1_entry(launched, version):
-    rc, out, tmp = launched.result(f"train-{version}")
+    """The SD3.5 v1 example with verl 0.9.1, and its separate_async twin (SD35_TWIN: the same lines and more) with
+    the pinned verl, shrunk, through verl-omni's v1 entry with no VERL_PLATFORM: verl-digen's runtime trains two
+    steps, validates, and names every conversion note and unconverted key."""
+    rc, out, tmp = launched.result(TRAIN_RUN[version])
     assert rc == 0, f"verl-omni run failed ({version}):\n{out[-6000:]}"
     # verl-digen's runtime (trainer mode digen, not verl-omni's sync trainer) ran both steps and wrote its
     # checked timeline (the Ray actors' log lines may reach the driver after it exits, so they are not used)
