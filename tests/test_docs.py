@@ -25,7 +25,9 @@
       this process through the same entry points (``verl_digen.cli.main``, the Hydra main) with their
       exit code and output captured, on the suite's Ray session: no interpreter, import and Ray start-up
       per command (the console script and ``python -m`` themselves are run by README's main job and by
-      ``tests/test_packaging.py``);
+      ``tests/test_packaging.py``). The shell commands join that Ray session too (``RAY_ADDRESS``): a run's
+      own head, what a newcomer's first run starts, is started and stopped by the ``python -m
+      verl_digen.main`` runs of ``tests/runtime/test_cluster_stop_runtime.py``;
     - where a command prints a table, its output must contain the word listed in ``EXPECT``;
     - each command's output is kept in ``outputs/test_docs/NN.log``.
 
@@ -410,7 +412,8 @@ def test_in_process_commands_keep_their_exit_code_and_output():
 def test_docs_commands_run(ray_session):
     commands = doc_commands()
     assert any(cmd == MAIN for _, cmd, _ in commands), "README's main job is no longer in a ```bash block"
-    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}  # each run starts its own local Ray
+    env = dict(os.environ)  # a shell run joins this session's Ray, as the in-process ones do (docstring, c)
+    env["RAY_ADDRESS"] = ray_session.get_runtime_context().gcs_address
     env["PATH"] = f"{Path(sys.executable).parent}{os.pathsep}{env.get('PATH', '')}"  # `digen`, `python`
     before = _untracked()
     done: set[str] = set()
