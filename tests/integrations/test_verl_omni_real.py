@@ -231,9 +231,10 @@ class Launched:
         for name, script in OWN_REWARD.items():  # Qwen-Image OCR scripts with their own reward, served judge
             tmp = tmp_factory.mktemp(f"own_reward_{name}")
             self._start(f"own-reward-{name}", own_reward_args(snaps, tmp, script), True, tmp, platform=False)
-        tmp = tmp_factory.mktemp("own_reward_ocr_colocated")  # the same OCR run with trainer=colocated
-        self._start("own-reward-ocr-colocated", [*own_reward_args(snaps, tmp, OWN_REWARD["ocr"]), "trainer=colocated"],
-                    True, tmp, platform=False)
+        tmp = tmp_factory.mktemp("own_reward_ocr_colocated")  # the same OCR run with trainer=colocated, whose
+        # first step is all its test compares
+        self._start("own-reward-ocr-colocated", [*own_reward_args(snaps, tmp, OWN_REWARD["ocr"]), "trainer=colocated",
+                                                 "trainer.total_training_steps=1"], True, tmp, platform=False)
 
     def _start(self, name: str, args: list[str], pinned: bool, cwd: Path, platform: bool = True) -> None:
         self.jobs[name] = (self.pool.submit(_run, self.snaps, args, pinned, cwd, platform), cwd)
