@@ -31,7 +31,7 @@
     - where a command prints a table, its output must contain the word listed in ``EXPECT``;
     - each command's output is kept in ``outputs/test_docs/NN.log``.
 
-    All commands together take about 2 minutes on 2 cores, most of it worker start-up of the five real
+    All commands together take about 1.5 minutes on 2 cores, most of it worker start-up of the five real
     training runs.
 (d) README keeps its two set-up commands, and every relative link in README.md and docs/*.md resolves
     (file and heading anchor).
