@@ -24,8 +24,10 @@ With ``--warmup N`` (and N + 10 steps or more), each row also has the growth aft
 as the tenths' difference (``*_after_warmup``) and as the least-squares slope over every later sample
 (``*_fit_after_warmup``: native memory grows in jumps, and the tenths' medians move with where the last
 one fell), for the driver's RSS and its split: private (``RssAnon``), shared (``RssShmem``: pages of Ray's
-object store it has mapped) and the C heap's bytes in use (glibc's ``mallinfo2``). The real row carries
-the Ray-alone row's fits beside its own (``*_ray_alone``).
+object store it has mapped) and the C heap's bytes in use (glibc's ``mallinfo2``). Each fit has its
+standard error beside it (``*_se``: a lower bound, memory grows in steps). The real row carries the
+Ray-alone row's fits beside its own (``*_ray_alone``) and issue 45's verdict (``target``: the driver's RSS
+fit after the warm-up, its error, the steps it covers, ``met``).
 
 Targets: every growth <= 1.2; the driver's growth per step after the warm-up (the fit) <= 1 KB over at
 least 300 real steps (issue 45; the ``ray`` row shows how much of it is Ray's).
