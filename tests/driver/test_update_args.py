@@ -1,7 +1,7 @@
 """The backend passes an update's scored refs to the trainer each as an argument of its own: Ray resolves
-top-level refs before the call (a small result then travels inline with it), while a ref nested in a tuple
-or list makes the driver copy the result into the object store first, touching new pages of the store's
-memory each step (docs/benchmarks.md, "Soak")."""
+top-level refs itself (a small result travels inline with the call), while refs nested in a tuple made an
+argument that carried the small results inline and, over Ray's inline limit, was written into the object
+store by the driver, touching new pages of the store's memory each step (docs/benchmarks.md, "Soak")."""
 
 from verl_digen.driver.ray_backend import RayBackend, Work
 from verl_digen.schedule.actions import UPDATE, Action
