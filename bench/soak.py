@@ -24,8 +24,10 @@ With ``--warmup N`` (and N + 10 steps or more), each row also has the growth aft
 as the tenths' difference (``*_after_warmup``) and as the least-squares slope over every later sample
 (``*_fit_after_warmup``: native memory grows in jumps, and the tenths' medians move with where the last
 one fell), for the driver's RSS and its split: private (``RssAnon``), shared (``RssShmem``: pages of Ray's
-object store it has mapped) and the C heap's bytes in use (glibc's ``mallinfo2``). The real row carries
-the Ray-alone row's fits beside its own (``*_ray_alone``).
+object store it has mapped) and the C heap's bytes in use (glibc's ``mallinfo2``). Each fit has its
+standard error beside it (``*_se``: a lower bound, memory grows in steps). The real row carries the
+Ray-alone row's fits beside its own (``*_ray_alone``) and issue 45's verdict (``target``: the driver's RSS
+fit after the warm-up, its error, the steps it covers, ``met``).
 
 Targets: every growth <= 1.2; the driver's growth per step after the warm-up (the fit) <= 1 KB over at
 least 300 real steps (issue 45; the ``ray`` row shows how much of it is Ray's).
@@ -67,6 +69,9 @@ from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
 from verl_digen.schedule.timeline import TRAINER  # noqa: E402
 
 MB = 1024 * 1024
+#: issue 45's target: the driver's resident growth after the warm-up (the least-squares fit) over at least
+#: TARGET_STEPS real steps
+TARGET_KB_PER_STEP, TARGET_STEPS = 1.0, 300
 SPLIT = ("private", "shared", "heap_in_use")  # the driver's figures beside its RSS (``_row``)
 #: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
 #: all-zero prior costs would put every record at t = 0, which no real run does)
@@ -142,13 +147,23 @@ def _slope_kb(values, skip: int = 0) -> float:
     """Least-squares slope in KB per step over the samples from step ``skip`` on. Native memory grows in
     steps (a page, a heap extension of 128 KB), so a difference of two ends moves with where the last jumps
     fell; the fit weighs every sample."""
+    return _fit_kb(values, skip)[0]
+
+
+def _fit_kb(values, skip: int = 0) -> tuple[float, float]:
+    """The least-squares slope (KB per step) from step ``skip`` on and its standard error. The residuals
+    of a memory trace are steps, not independent noise, so the error is a lower bound: it says whether a run
+    resolves a slope of the target's size at all, not how two runs differ."""
     tail = values[skip:]
-    if len(tail) < 2:
-        return 0.0
-    xs = range(len(tail))
+    n = len(tail)
+    if n < 3:
+        return 0.0, float("nan")
+    xs = range(n)
     mx, my = statistics.fmean(xs), statistics.fmean(tail)
     var = sum((x - mx) ** 2 for x in xs)
-    return sum((x - mx) * (y - my) for x, y in zip(xs, tail)) / var / 1024
+    slope = sum((x - mx) * (y - my) for x, y in zip(xs, tail)) / var
+    resid = sum((y - my - slope * (x - mx)) ** 2 for x, y in zip(xs, tail))
+    return slope / 1024, (resid / (n - 2) / var) ** 0.5 / 1024
 
 
 def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float]], wall_s: float,
@@ -162,13 +177,16 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
     if warmup and len(driver_ms) - warmup >= 10:
         after = {"warmup_steps": warmup, "steps_after_warmup": len(driver_ms) - warmup,
                  "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()},
-                 "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()}}
+                 "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()},
+                 "rss_kb_per_step_fit_after_warmup_se": {name: _fit_kb(v, warmup)[1] for name, v in rss.items()}}
     if split is not None:
         for label, values in zip(SPLIT, split):
             after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
             if "warmup_steps" in after:
                 after[f"driver_{label}_kb_per_step_after_warmup"] = _kb_per_step(values, warmup)
-                after[f"driver_{label}_kb_per_step_fit_after_warmup"] = _slope_kb(values, warmup)
+                fit, se = _fit_kb(values, warmup)
+                after[f"driver_{label}_kb_per_step_fit_after_warmup"] = fit
+                after[f"driver_{label}_kb_per_step_fit_after_warmup_se"] = se
     return {
         "run": run, "steps": steps, "driver_ms_per_step": statistics.fmean(driver_ms),
         "driver_ms_first10": first, "driver_ms_last10": last, "driver_ms_growth": last / first,
@@ -177,6 +195,17 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
         "rss_kb_per_step_second_half": {name: _late_slope_kb(v) for name, v in rss.items()},
         "wall_s": wall_s, **after,
     }
+
+
+def target(row: dict) -> dict | None:
+    """Issue 45's verdict on a real row: the driver's RSS fit after the warm-up against the target, with the
+    fit's standard error and its private / shared / heap parts (None without a warm-up split)."""
+    if "rss_kb_per_step_fit_after_warmup" not in row:
+        return None
+    fit = row["rss_kb_per_step_fit_after_warmup"]["driver"]
+    return {"kb_per_step": fit, "se": row["rss_kb_per_step_fit_after_warmup_se"]["driver"],
+            "limit_kb_per_step": TARGET_KB_PER_STEP, "steps": row["steps_after_warmup"],
+            "met": fit <= TARGET_KB_PER_STEP and row["steps_after_warmup"] >= TARGET_STEPS}
 
 
 def soak_sim(steps: int, out_dir: str, warmup: int = 0) -> dict:
@@ -275,9 +304,11 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
     """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
     by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
     bookkeeping), the floor under the real run's; the difference is verl-digen's share. The actors are
-    made as the run's are (no task events: ``driver/run_pools.py``)."""
+    made as the run's are (no task events: ``driver/run_pools.py``), and the heap is trimmed after each
+    step as the run's driver trims it (``driver/native_memory.py``), so both rows count the same memory."""
     import ray
 
+    from verl_digen.driver import native_memory
     from verl_digen.driver.pools import ensure_ray, stop_own_ray
 
     ensure_ray(compose(["trainer.progress=false", "trainer.logger=[]"]))
@@ -293,12 +324,13 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
     driver_ms, rss, private, shared, in_use = _samples(), _samples(), _samples(), _samples(), _samples()
     t0 = time.perf_counter()
     try:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             start = time.perf_counter()
             pending = [actors[i % 2].call.remote(i) for i in range(calls_per_step)]
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
                 ray.get(done)
+            native_memory.trim(step)  # as the run's driver after each step (RunOutputs.report)
             driver_ms.append(1e3 * (time.perf_counter() - start))
             rss.append(float(proc.memory_info().rss))
             a, sh = _status_kb()
@@ -340,6 +372,7 @@ def main() -> None:
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])
             if "warmup_steps" in real:
+                real["target"] = target(real)
                 for label in SPLIT:
                     key = f"driver_{label}_kb_per_step_fit_after_warmup"
                     real[f"{key}_ray_alone"] = ray_only[key]
@@ -357,6 +390,11 @@ def main() -> None:
                                 if f"driver_{label}_kb_per_step{suffix}_after_warmup" in r)
                 print(f"     after the first {r['warmup_steps']} steps ({r['steps_after_warmup']} steps, {how}): "
                       f"driver {r[f'rss_kb_per_step{suffix}_after_warmup']['driver']:+.2f} KB/step{split}")
+        if r.get("target"):
+            t = r["target"]
+            print(f"     target (issue 45): driver {t['kb_per_step']:+.2f} +- {t['se']:.2f} KB/step after the warm-up "
+                  f"over {t['steps']} steps, limit {t['limit_kb_per_step']:g} over >= {TARGET_STEPS}: "
+                  f"{'met' if t['met'] else 'NOT met'}")
         if "driver_kb_per_step_over_ray" in r:
             print(f"     driver growth over Ray's own: {r['driver_kb_per_step_over_ray']:+.2f} KB/step")
     if args.json:

@@ -220,6 +220,12 @@ def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
     in_use = [2048.0 * i for i in range(400)]
     row = soak._row("x", 400, [1.0] * 400, {"driver": warm}, 1.0, 100, (warm, [0.0] * 400, in_use))
     assert row["driver_heap_in_use_kb_per_step_fit_after_warmup"] == pytest.approx(2.0)
+    # the fit's standard error: none on a straight line, some on a step; the target reads the driver's fit
+    assert row["driver_heap_in_use_kb_per_step_fit_after_warmup_se"] == pytest.approx(0.0, abs=1e-9)
+    assert soak._fit_kb(late)[1] > 0.01 and soak._fit_kb(warm, 100) == pytest.approx((1.0, 0.0), abs=1e-9)
+    verdict = soak.target(row)
+    assert verdict["kb_per_step"] == pytest.approx(1.0) and verdict["steps"] == 300 and verdict["met"]
+    assert not soak.target(soak._row("x", 400, [1.0] * 400, {"driver": in_use}, 1.0, 100))["met"]  # 2 KB a step
 
 
 def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():

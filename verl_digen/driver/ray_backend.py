@@ -189,9 +189,13 @@ class RayBackend:
             # colocated: each mini-batch's update reads the step's one scored batch (and trains its own rows)
             parts = (list(self._scored[(a.step, 0)]) if self.colocated
                      else [r for m in a.micro_batches for r in self._scored.pop((a.step, m))])
-            # a tuple, not a list: verl's fan-out would split a list as long as the pool over the ranks
-            return self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], tuple(parts), self.scale, work.advantages,
-                                                 self.colocated)
+            # each ref its own argument, never inside a container: Ray resolves top-level refs itself (a result
+            # small enough to have come back inline travels inline with the call). Refs nested in a tuple were
+            # serialized into the argument with the small results Ray inlines into them, and an argument over
+            # Ray's inline limit is written into the object store by the driver: new pages of the store's
+            # memory in the driver every step (docs/benchmarks.md, "Soak")
+            return self.trn_wg.execute_all_async(WORKER_METHODS[UPDATE], parts[0], self.scale, work.advantages,
+                                                 self.colocated, *parts[1:])
         if a.kind == OPTIMIZER_STEP:
             if a.ends_step and self.colocated:  # the step's scored batch is trained
                 self._scored.pop((a.step, 0), None)

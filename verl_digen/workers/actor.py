@@ -145,11 +145,14 @@ class TSPActorWorker(Worker):
     @register(dispatch_mode=Dispatch.ONE_TO_ALL)
     @_holding_weights
     def update(self, traj: Trajectories | list | tuple, scale: float,
-               advantages: dict[tuple[int, int], float] | None = None, subset: bool = False) -> dict[str, float]:
+               advantages: dict[tuple[int, int], float] | None = None, subset: bool = False,
+               *more: Trajectories) -> dict[str, float]:
         """Accumulate this rank's share of ``traj``'s (sample x step) rows' gradient with TSP (no optimizer step).
 
-        ``traj``: Trajectories, or a list / tuple of Ray object refs to scored Trajectories (the data
-        plane: the driver passes references, every rank fetches them itself). ``advantages`` maps
+        ``traj``: Trajectories, or a list / tuple of them or of Ray object refs to scored Trajectories;
+        ``more``: the update's further parts, in order. The driver passes each part's ref as an argument of
+        its own (``driver/ray_backend.py``), which Ray resolves before the call (a large part from the
+        object store, by this rank itself: the data plane stays off the driver). ``advantages`` maps
         (prompt_id, sample_id) to the row's advantage when ``traj`` carries none yet; ``subset``: train only
         the rows it names (a colocated mini-batch's update gets the whole step's trajectories).
         ``scale`` = 1 / (rows of the mini-batch x K: the global step's, with one); gradients are summed
@@ -157,7 +160,7 @@ class TSPActorWorker(Worker):
         (merge the ranks' dicts with ``policy.merge_metrics``).
         """
         self._require()
-        traj = P.resolve_trajectories(traj)
+        traj = P.resolve_trajectories((traj, *more) if more else traj)
         if subset:
             traj = P.rows_of(traj, advantages)
         if advantages is not None:
