@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from verl_digen.config import ConfigError, compose, validate
 from verl_digen.driver.faults import fault_policy
@@ -110,6 +111,7 @@ def test_builtin_backends_issue_the_same_calls_as_before():
 
 def test_a_backend_in_one_file_is_accepted_by_the_config_and_driven_by_weight_sync(toy_backend):
     assert "toy_relay" in sync_backend_names()
+    assert "toy_relay" in sync_spec.sync_backend_names()  # the config check reads the live registry once imported
     cfg = compose(["digen.sync.backend=toy_relay", "trainer.generator_max_restarts=2"])
     validate(cfg)
     assert cfg.worker_config().sync_backend == "toy_relay"
@@ -156,3 +158,48 @@ def test_an_unknown_tag_policy_in_the_run_config_lists_the_registered_ones():
         validate(compose(["digen.tag.policy=greedy"]))
     assert err.value.key == "digen.tag.policy"
     assert "'greedy'" in str(err.value) and "adaptive[:R], bts, never, static:K" in str(err.value)
+
+
+def test_weight_sync_drives_its_backend_with_its_timeout_and_records_each_sync(monkeypatch):
+    """``sync``: publish, then every pickup, each waited for with the sync's timeout (the backend gets the same
+    one for its own waits); the seconds of each sync are kept for the report."""
+    from verl_digen.workers import sync as S
+
+    waits = []
+    monkeypatch.setattr(S.ray, "get", lambda refs, timeout=None: waits.append((list(refs), timeout)))
+    log: list = []
+    ws = WeightSync("object_store", 12.5)
+    ws.trainers, ws.generators = [_Actor(log, "trn0")], [_Actor(log, "gen0"), _Actor(log, "gen1")]
+    assert WeightSync("collective", 7.0).impl.timeout_s == 7.0
+    with pytest.raises(RuntimeError, match="asked for version 1, but the published one is None"):
+        ws.pickup(0, 1)  # nothing published yet
+    seconds = ws.sync(1)
+    assert [t for _, t in waits] == [12.5, 12.5] and len(waits[1][0]) == 2  # publish, then both pickups at once
+    assert ws.history == [seconds] and seconds >= 0
+    assert [c[1] for c in log] == ["export_weights", "load_weights", "load_weights"]
+
+
+def test_a_whole_state_received_from_one_source_keeps_the_templates_dtypes_and_the_payload_check():
+    """``SyncGroup.recv`` (tools, tests): new tensors shaped and typed like the template, on the group's device,
+    received from one source with the caller's payload check."""
+    from verl_digen.workers.buckets import layout_of
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)  # no rendezvous: ``receive`` is recorded
+    group.device = torch.device("meta")
+    calls = []
+    group.receive = lambda *args: calls.append(args)
+    template = {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    out = group.recv(4, template, bucket_bytes=64, verify_payload=True, source=2)
+    assert {k: (v.dtype, tuple(v.shape), v.device.type) for k, v in out.items()} == {
+        "w": (torch.float64, (2, 3), "meta"), "b": (torch.bfloat16, (3,), "meta")}
+    ((version, plan, into, sources, verify),) = calls
+    assert (version, sources, verify, into is out) == (4, [2], True, True) and plan.layout == layout_of(template)
+
+
+def test_a_bucket_is_made_on_the_requested_device():
+    from verl_digen.workers.buckets import layout_of, new_bucket, plan_for
+
+    plan = plan_for(layout_of({"w": torch.zeros(4, dtype=torch.float64)}), 64, 1)
+    bucket = new_bucket(plan, 0, "meta")
+    assert bucket.device.type == "meta" and bucket.dtype == torch.uint8 and bucket.numel() == plan.sizes[0]
