@@ -97,3 +97,13 @@ def test_policy_weights_are_copies_and_a_frozen_policy_trains_nothing():
     assert all(torch.equal(weights[k], v) and weights[k].data_ptr() != v.data_ptr() for k, v in live.items())
     P.freeze(model)
     assert not any(p.requires_grad for p in model.transformer.parameters()) and not model.transformer.training
+
+
+def test_node_id_is_the_ray_nodes_inside_ray_and_none_outside(monkeypatch):
+    import ray
+
+    monkeypatch.setattr(ray, "is_initialized", lambda: False)
+    assert P.node_id() is None
+    monkeypatch.setattr(ray, "is_initialized", lambda: True)
+    monkeypatch.setattr(ray, "get_runtime_context", lambda: type("Ctx", (), {"get_node_id": lambda self: "n1"})())
+    assert P.node_id() == "n1"

@@ -203,3 +203,28 @@ def test_a_bucket_is_made_on_the_requested_device():
     plan = plan_for(layout_of({"w": torch.zeros(4, dtype=torch.float64)}), 64, 1)
     bucket = new_bucket(plan, 0, "meta")
     assert bucket.device.type == "meta" and bucket.dtype == torch.uint8 and bucket.numel() == plan.sizes[0]
+
+
+def test_a_staging_buffer_is_bytes_on_the_groups_device_and_reused_when_it_fits():
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)
+    group.device, group._pool = torch.device("meta"), []
+    buf = group._staging(64)
+    assert (buf.dtype, buf.numel(), buf.device.type) == (torch.uint8, 64, "meta")  # 64 bytes, not 64 floats
+    group._pool = [buf]
+    assert group._staging(40) is buf and group._pool == []  # 64 <= 2 x 40: the previous pickup's buffer
+    group._pool = [buf]
+    assert group._staging(16) is not buf  # four times too large: a new one
+
+
+def test_hashing_a_host_bucket_counts_no_device_copy():
+    import hashlib
+
+    from verl_digen.schedule import ledger
+    from verl_digen.workers.sync import _hash_into
+
+    out: dict[str, int] = {}
+    digest = hashlib.sha256()
+    _hash_into(digest, torch.arange(8, dtype=torch.uint8), out)
+    assert out == {ledger.HASHED: 8} and digest.digest() == hashlib.sha256(bytes(range(8))).digest()

@@ -699,3 +699,14 @@ def test_an_engine_sink_makes_tensors_on_its_device_counts_its_peak_and_finds_a_
     sink.check_complete()
     assert set(sink.done) == {"a", "b"} and sink.peak_bytes == 128  # "a" was handed over before "b" began
     backend.close()
+
+
+def test_the_generators_rollout_backend_is_built_on_its_device(monkeypatch):
+    from verl_digen.workers import vllm_backend
+
+    built = []
+    monkeypatch.setattr(vllm_backend, "VllmOmniRollout", lambda *a: built.append(a) or "engine")
+    wcfg = _wcfg()
+    assert vllm_backend.build_rollout_backend(wcfg, "meta") == "engine" and built == [(wcfg, "meta")]
+    with pytest.raises(ValueError, match="unknown rollout_backend 'diffusers'"):
+        vllm_backend.build_rollout_backend(WorkerConfig())
