@@ -81,12 +81,17 @@ def test_a_released_run_no_longer_counts_as_held_by_this_process(tmp_path):
     ckpt.release_lock(root, "run-i")
 
 
-def test_a_lock_without_a_pid_is_honoured(tmp_path):
-    """Nothing says its process is gone (signal 0 to every process answers): the user removes it."""
+def test_a_lock_without_a_pid_is_honoured(tmp_path, monkeypatch):
+    """Nothing says its process is gone: the user removes it. The liveness probe is recorded, never sent: a
+    probe of a pid-less lock addresses pid -1 (every process), so a mutant that sent a real signal would send it
+    to every process of the user."""
+    probes = []
+    monkeypatch.setattr(ckpt.os, "kill", lambda pid, sig: probes.append(sig))
     root = tmp_path / "ckpt"
     _lock(root, run_id="no-pid", host=socket.gethostname())
     with pytest.raises(ckpt.CheckpointError, match="in use by run no-pid"):
         ckpt.acquire_lock(root, "run-j")
+    assert probes and set(probes) == {0}  # signal 0: a probe, not a signal
 
 
 def test_a_lock_from_another_host_is_honoured(tmp_path):
