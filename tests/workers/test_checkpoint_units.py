@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import time
@@ -103,7 +104,8 @@ def test_a_lock_from_another_host_is_honoured(tmp_path):
 
 def test_a_live_process_holding_the_lock_is_honoured_and_not_signalled(tmp_path):
     root = tmp_path / "ckpt"
-    proc = subprocess.Popen(["sleep", "30"])
+    # the child takes SIGHUP's default action even under nohup, so a mutant's signal 1 would end it
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     try:
         _lock(root, run_id="other", pid=proc.pid, host=socket.gethostname())
         with pytest.raises(ckpt.CheckpointError, match="in use by run other"):

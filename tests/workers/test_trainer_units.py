@@ -154,11 +154,15 @@ def test_a_rank_joins_the_pools_group_from_the_environment(recorded_init, monkey
     monkeypatch.setenv("RANK", "2")
     monkeypatch.setenv("WORLD_SIZE", "3")
     assert fsdp.init_distributed(torch.device("cpu"), timeout_s=9.0) == (2, 3)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert fsdp.init_distributed(torch.device("cpu"), timeout_s=9.0) == (2, 2)  # two ranks need a group too
+    monkeypatch.setenv("WORLD_SIZE", "3")
     assert fsdp.init_distributed(torch.device("cuda")) == (2, 3)  # a GPU pool: NCCL (the call is recorded)
     assert recorded_init == [dict(backend="gloo", rank=2, world_size=3, timeout=timedelta(seconds=9.0)),
+                             dict(backend="gloo", rank=2, world_size=2, timeout=timedelta(seconds=9.0)),
                              dict(backend="nccl", rank=2, world_size=3, timeout=timedelta(seconds=600.0))]
     monkeypatch.setattr(fsdp.dist, "is_initialized", lambda: True)  # already in a group: left alone
-    assert fsdp.init_distributed(torch.device("cpu")) == (2, 3) and len(recorded_init) == 2
+    assert fsdp.init_distributed(torch.device("cpu")) == (2, 3) and len(recorded_init) == 3
 
 
 # -- gradient clipping -----------------------------------------------------------------------------------------

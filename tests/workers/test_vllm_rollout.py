@@ -710,3 +710,14 @@ def test_the_generators_rollout_backend_is_built_on_its_device(monkeypatch):
     assert vllm_backend.build_rollout_backend(wcfg, "meta") == "engine" and built == [(wcfg, "meta")]
     with pytest.raises(ValueError, match="unknown rollout_backend 'diffusers'"):
         vllm_backend.build_rollout_backend(WorkerConfig())
+
+
+def test_a_foreign_pipelines_packed_latents_are_unpacked(models):
+    """FLUX's verl-omni pipeline returns 2x2-packed latents: the backend unpacks them into the policy's layout."""
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    backend, _ = _backend(models, "flux", cfg)
+    outs, full, (start, end) = _verl_omni_outputs(models["flux"], "flux", cfg, packed=True)
+    backend.engine.generate = lambda prompts, params: [outs.pop(0)]
+    backend.layout = VERL_OMNI
+    traj = backend.generate(STEP, 0, PIDS, SIDS, PROMPTS)
+    assert torch.equal(traj.states, full.states[:, start:end].float().double())
