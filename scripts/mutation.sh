@@ -41,8 +41,12 @@ tests=$(printf '    %s\n' $tests)
 [ -n "$args" ] && args=$(printf 'pytest_add_cli_args=\n%s\n' "$(printf '%s\n' "$args" | sed 's/^/    /')")
 # MUTATION_RESUME=1 keeps $work/mutants: mutmut keeps a verdict while the mutated function's source hash is
 # unchanged, so a stopped run continues where it was and an edited function is re-tested.
+# Its stats (which tests reach which function) are collected afresh: mutmut otherwise adds only new tests' hits,
+# so a function an old test reaches only since the earlier run reads "no tests", and a changed test list would
+# reset every verdict (mutmut fingerprints it in the stats).
 if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
   find "$work" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
+  rm -f "$work/mutants/mutmut-stats.json"
 else
   rm -rf "$work" && mkdir -p "$work"
 fi
