@@ -228,3 +228,13 @@ def test_hashing_a_host_bucket_counts_no_device_copy():
     digest = hashlib.sha256()
     _hash_into(digest, torch.arange(8, dtype=torch.uint8), out)
     assert out == {ledger.HASHED: 8} and digest.digest() == hashlib.sha256(bytes(range(8))).digest()
+
+
+def test_an_empty_tensors_byte_view_is_empty_bytes_on_its_device():
+    from verl_digen.workers.buckets import byte_view
+
+    for t in (torch.empty(0, dtype=torch.float64, device="meta"), torch.zeros(2, 0, dtype=torch.bfloat16)):
+        v = byte_view(t)
+        assert (v.dtype, v.numel(), v.device) == (torch.uint8, 0, t.device)
+    assert torch.equal(byte_view(torch.tensor([1.0], dtype=torch.float64)),
+                       torch.tensor([0, 0, 0, 0, 0, 0, 240, 63], dtype=torch.uint8))
