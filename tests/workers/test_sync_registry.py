@@ -118,6 +118,7 @@ def test_a_backend_in_one_file_is_accepted_by_the_config_and_driven_by_weight_sy
     assert fault_policy(cfg).max_restarts == 0  # the toy declares itself not restartable
     ws, log = _sync("toy_relay", trainers=1, generators=2)
     assert isinstance(ws.impl, toy_backend.ToyRelaySync) and ws.publish_returns_weights and not ws.restartable
+    assert toy_backend.ToyRelaySync.name == "toy_relay"  # the class knows the name it was registered under
     refs = ws.publish(7)
     ws.pickup(0, 7)
     assert log == [("trn0", "export_weights", (7,)), ("gen0", "load_weights", (7, refs[0]))]
@@ -140,8 +141,9 @@ def test_a_second_backend_under_a_taken_name_is_refused():
         class Impostor(SyncBackend):
             pass
     assert sync_backend("object_store") is ObjectStoreSync
-    with pytest.raises(ValueError, match="lower-case"):
-        register_sync_backend("Object-Store")
+    for bad in ("Object-Store", "sync backend", "ObjectStore", ""):  # a "-", a space, upper case, nothing
+        with pytest.raises(ValueError, match="lower-case"):
+            register_sync_backend(bad)
 
 
 def test_a_tag_policy_in_one_file_is_accepted_by_the_run_config(toy_policy):
@@ -238,3 +240,12 @@ def test_an_empty_tensors_byte_view_is_empty_bytes_on_its_device():
         assert (v.dtype, v.numel(), v.device) == (torch.uint8, 0, t.device)
     assert torch.equal(byte_view(torch.tensor([1.0], dtype=torch.float64)),
                        torch.tensor([0, 0, 0, 0, 0, 0, 240, 63], dtype=torch.uint8))
+
+
+def test_a_peer_on_this_node_is_counted_intra_node():
+    from verl_digen.schedule import ledger
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)
+    group.node, group._nodes = "n1", {0: "n1", 1: "n2"}
+    assert (group._where(0), group._where(1)) == (ledger.INTRA_NODE, ledger.INTER_NODE)
