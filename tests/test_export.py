@@ -106,3 +106,20 @@ def test_a_corrupt_checkpoint_is_refused_and_an_old_one_exported_unverified(tmp_
     out = capsys.readouterr().out
     assert "unverified" in out and "exported step 3" in out
     assert json.loads((tmp_path / "out" / "export.json").read_text())["verified"] is False
+
+
+def test_the_exported_policy_is_the_model_the_checkpoint_records():
+    """``digen export`` rebuilds the policy from the run config a checkpoint records: every model setting is read,
+    and a setting the config leaves out takes the run's default."""
+    from verl_digen.workers.config import PolicyConfig
+    from verl_digen.workers.export import _policy_config
+
+    full = {"model.arch": "wan", "model.path": "/ckpt", "model.dtype": "bfloat16", "model.latent_size": 8,
+            "model.latent_width": 12, "model.num_frames": 9, "model.seed": 3, "model.lora_rank": 4,
+            "model.lora_alpha": 8.0, "model.target_modules": ["to_q", "to_v"]}
+    assert _policy_config({"extra": {"config": full}}) == PolicyConfig(
+        arch="wan", pretrained="/ckpt", dtype="bfloat16", latent_size=8, latent_width=12, num_frames=9, seed=3,
+        lora_rank=4, lora_alpha=8.0, lora_target_modules=("to_q", "to_v"))
+    assert _policy_config({"extra": {"config": {"model.arch": "flux"}}}) == PolicyConfig(arch="flux")
+    with pytest.raises(ckpt.CheckpointError, match="records no model settings"):
+        _policy_config({"extra": {}})
