@@ -43,11 +43,16 @@ def _velocity(model, transformer=None):
 
 def test_full_finetune_export_loads_with_diffusers(tmp_path, capsys):
     path, trained = _trained_checkpoint(tmp_path)
-    assert main(["export", str(path), str(tmp_path / "out")]) == 0
+    out = tmp_path / "exports" / "out"  # its parent made too
+    assert main(["export", str(path), str(out)]) == 0
     assert "exported step 3" in capsys.readouterr().out
-    info = json.loads((tmp_path / "out" / "export.json").read_text())
-    assert info["kind"] == "full" and info["transformer_class"] == "FluxTransformer2DModel"
-    loaded = diffusers.FluxTransformer2DModel.from_pretrained(tmp_path / "out" / "transformer",
+    info = json.loads((out / "export.json").read_text())
+    assert info == {"checkpoint": str(path.resolve()), "step": 3, "version": 3, "arch": "flux", "base_model": None,
+                    "dtype": "float64", "transformer_class": "FluxTransformer2DModel", "run_id": "r", "ema": False,
+                    "verified": True, "kind": "full", "transformer": "transformer", "note": info["note"]}
+    assert "build_model('flux', seed=0)" in info["note"]  # a tiny model: how to rebuild its base
+    assert main(["export", str(path), str(out)]) == 0  # exporting again into the same folder replaces it
+    loaded = diffusers.FluxTransformer2DModel.from_pretrained(out / "transformer",
                                                               torch_dtype=torch.float64).eval()
     assert loaded.dtype == torch.float64
     base = build_model("flux", dtype=torch.float64, seed=0, latent_size=4)
@@ -61,7 +66,8 @@ def test_lora_export_is_a_peft_adapter(tmp_path):
     from safetensors.torch import load_file
 
     path, trained = _trained_checkpoint(tmp_path, "model.lora_rank=2", "model.lora_alpha=4")
-    assert main(["export", str(path), str(tmp_path / "out")]) == 0
+    for _ in range(2):  # the second export into the same folder replaces the first
+        assert main(["export", str(path), str(tmp_path / "out")]) == 0
     adapter = tmp_path / "out" / "adapter"
     config = LoraConfig.from_pretrained(adapter)
     assert (config.r, config.lora_alpha) == (2, 4.0)
