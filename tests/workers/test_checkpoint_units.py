@@ -236,3 +236,53 @@ def test_non_finite_names_the_first_bad_tensor_with_its_path():
     assert ckpt.non_finite({"a": ok, "b": {"c": ok, "d": torch.tensor([1.0, float("nan")])}}) == "b.d"
     assert ckpt.non_finite({"e": {"f": torch.tensor([float("inf")])}}, "optim.") == "optim.e.f"
     assert ckpt.non_finite({"a": {"x": ok}, "b": torch.tensor([float("-inf")])}) == "b"
+
+
+# -- a re-save's replaced copy, the verification cache, messages that name the file ----------------------------
+def _save(path: Path, value: float = 0.0) -> Path:
+    ckpt.save(path, 0, {"params": {"w": torch.full((4,), value)}, "optim": {}}, {"step": 1}, barrier=lambda: None)
+    return path
+
+
+def test_a_replaced_copy_counts_only_while_its_step_has_no_new_checkpoint(tmp_path):
+    import shutil
+
+    new = _save(ckpt.step_dir(tmp_path, 2))
+    old = tmp_path / f"{ckpt.REPLACED_PREFIX}global_step_2"  # a kill between a re-save's two renames
+    shutil.copytree(new, old)
+    assert ckpt.complete_checkpoints(tmp_path) == [(2, new)]
+    shutil.rmtree(new)
+    assert ckpt.complete_checkpoints(tmp_path) == [(2, old)]
+
+
+def test_a_corrupted_copy_of_a_verified_checkpoint_is_verified_on_its_own(tmp_path):
+    """``verify`` remembers what it checked per checkpoint path: a copy with the same names, sizes and mtimes but
+    a flipped byte is still refused."""
+    import shutil
+
+    a = _save(tmp_path / "a" / "global_step_1")
+    past = time.time() - 60
+    for f in a.iterdir():
+        os.utime(f, (past, past))
+    assert ckpt.verify(a)  # remembered: every file older than the mtime tick
+    b = tmp_path / "b" / "global_step_1"
+    shutil.copytree(a, b)  # copy2: the same mtimes
+    data = bytearray((b / ckpt.TRAINER_FILE).read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    (b / ckpt.TRAINER_FILE).write_bytes(bytes(data))
+    os.utime(b / ckpt.TRAINER_FILE, (past, past))
+    with pytest.raises(ckpt.CheckpointError, match="is corrupt"):
+        ckpt.verify(b)
+
+
+def test_a_missing_digest_and_an_unloadable_file_are_named(tmp_path):
+    path = _save(ckpt.step_dir(tmp_path, 3))
+    (path / (ckpt.META_FILE + ckpt.CHECKSUM_SUFFIX)).unlink()
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.verify(path)
+    assert str(path / ckpt.META_FILE) in str(err.value) and "is missing" in str(err.value)
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"not a torch file")
+    with pytest.raises(ckpt.CheckpointError) as err:
+        ckpt.safe_load(bad)
+    assert repr(str(bad)) in str(err.value)
