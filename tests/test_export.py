@@ -129,3 +129,16 @@ def test_the_exported_policy_is_the_model_the_checkpoint_records():
     assert _policy_config({"extra": {"config": {"model.arch": "flux"}}}) == PolicyConfig(arch="flux")
     with pytest.raises(ckpt.CheckpointError, match="records no model settings"):
         _policy_config({"extra": {}})
+
+
+@pytest.mark.slow  # a whole export (about 1 s on an idle 2-core machine)
+def test_an_export_on_save_drops_what_a_killed_export_left(tmp_path):
+    from verl_digen.workers.export import EXPORT_DIR, export_into_checkpoint
+
+    path, _ = _trained_checkpoint(tmp_path)
+    partial = path / f".{EXPORT_DIR}.partial"
+    partial.mkdir()
+    (partial / "stray.bin").write_bytes(b"left by a killed export")
+    info = export_into_checkpoint(path)
+    assert info["kind"] == "full" and (path / EXPORT_DIR / "transformer").is_dir()
+    assert not (path / EXPORT_DIR / "stray.bin").exists() and not partial.exists()
