@@ -69,6 +69,9 @@ def test_lora_export_is_a_peft_adapter(tmp_path):
     for _ in range(2):  # the second export into the same folder replaces the first
         assert main(["export", str(path), str(tmp_path / "out")]) == 0
     adapter = tmp_path / "out" / "adapter"
+    info = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert (info["kind"], info["adapter"], info["tensors"]) == ("lora", "adapter",
+                                                              len(load_file(adapter / "adapter_model.safetensors")))
     config = LoraConfig.from_pretrained(adapter)
     assert (config.r, config.lora_alpha) == (2, 4.0)
     base = build_model("flux", dtype=torch.float64, seed=0, latent_size=4)
