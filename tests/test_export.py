@@ -134,7 +134,6 @@ def test_the_exported_policy_is_the_model_the_checkpoint_records():
         _policy_config({"extra": {}})
 
 
-@pytest.mark.slow  # a whole export (about 1 s on an idle 2-core machine)
 def test_an_export_on_save_drops_what_a_killed_export_left(tmp_path):
     from verl_digen.workers.export import EXPORT_DIR, export_into_checkpoint
 
