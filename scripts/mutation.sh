@@ -17,7 +17,8 @@ algo_tests="tests/algo/test_algo_exact.py tests/algo/test_advantages_selection_l
 schedule_tests="tests/schedule/"
 workers_tests="tests/workers/test_optimizer_step.py tests/workers/test_policy.py tests/workers/test_switch.py
   tests/workers/test_sync_registry.py tests/workers/test_weight_transfer.py tests/config/test_reliability.py
-  tests/test_export.py tests/workers/test_sync_relay.py tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py"
+  tests/test_export.py tests/workers/test_sync_relay.py tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py
+  tests/workers/test_checkpoint_units.py tests/workers/test_trainer_units.py tests/workers/test_generator_units.py"
 omni_tests="tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py"
 models_tests="tests/models/ tests/test_registry.py"
 # extra pytest arguments per scope, one per line: the models scope leaves out the slow tests and the two-rank
@@ -40,8 +41,12 @@ tests=$(printf '    %s\n' $tests)
 [ -n "$args" ] && args=$(printf 'pytest_add_cli_args=\n%s\n' "$(printf '%s\n' "$args" | sed 's/^/    /')")
 # MUTATION_RESUME=1 keeps $work/mutants: mutmut keeps a verdict while the mutated function's source hash is
 # unchanged, so a stopped run continues where it was and an edited function is re-tested.
+# Its stats (which tests reach which function) are collected afresh: mutmut otherwise adds only new tests' hits,
+# so a function an old test reaches only since the earlier run reads "no tests", and a changed test list would
+# reset every verdict (mutmut fingerprints it in the stats).
 if [ "${MUTATION_RESUME:-0}" = 1 ] && [ -d "$work/mutants" ]; then
   find "$work" -mindepth 1 -maxdepth 1 ! -name mutants -exec rm -rf {} +
+  rm -f "$work/mutants/mutmut-stats.json"
 else
   rm -rf "$work" && mkdir -p "$work"
 fi

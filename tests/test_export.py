@@ -43,11 +43,16 @@ def _velocity(model, transformer=None):
 
 def test_full_finetune_export_loads_with_diffusers(tmp_path, capsys):
     path, trained = _trained_checkpoint(tmp_path)
-    assert main(["export", str(path), str(tmp_path / "out")]) == 0
+    out = tmp_path / "exports" / "out"  # its parent made too
+    assert main(["export", str(path), str(out)]) == 0
     assert "exported step 3" in capsys.readouterr().out
-    info = json.loads((tmp_path / "out" / "export.json").read_text())
-    assert info["kind"] == "full" and info["transformer_class"] == "FluxTransformer2DModel"
-    loaded = diffusers.FluxTransformer2DModel.from_pretrained(tmp_path / "out" / "transformer",
+    info = json.loads((out / "export.json").read_text())
+    assert info == {"checkpoint": str(path.resolve()), "step": 3, "version": 3, "arch": "flux", "base_model": None,
+                    "dtype": "float64", "transformer_class": "FluxTransformer2DModel", "run_id": "r", "ema": False,
+                    "verified": True, "kind": "full", "transformer": "transformer", "note": info["note"]}
+    assert "build_model('flux', seed=0)" in info["note"]  # a tiny model: how to rebuild its base
+    assert main(["export", str(path), str(out)]) == 0  # exporting again into the same folder replaces it
+    loaded = diffusers.FluxTransformer2DModel.from_pretrained(out / "transformer",
                                                               torch_dtype=torch.float64).eval()
     assert loaded.dtype == torch.float64
     base = build_model("flux", dtype=torch.float64, seed=0, latent_size=4)
@@ -61,8 +66,12 @@ def test_lora_export_is_a_peft_adapter(tmp_path):
     from safetensors.torch import load_file
 
     path, trained = _trained_checkpoint(tmp_path, "model.lora_rank=2", "model.lora_alpha=4")
-    assert main(["export", str(path), str(tmp_path / "out")]) == 0
+    for _ in range(2):  # the second export into the same folder replaces the first
+        assert main(["export", str(path), str(tmp_path / "out")]) == 0
     adapter = tmp_path / "out" / "adapter"
+    info = json.loads((tmp_path / "out" / "export.json").read_text())
+    assert (info["kind"], info["adapter"], info["tensors"]) == ("lora", "adapter",
+                                                              len(load_file(adapter / "adapter_model.safetensors")))
     config = LoraConfig.from_pretrained(adapter)
     assert (config.r, config.lora_alpha) == (2, 4.0)
     base = build_model("flux", dtype=torch.float64, seed=0, latent_size=4)
@@ -106,3 +115,32 @@ def test_a_corrupt_checkpoint_is_refused_and_an_old_one_exported_unverified(tmp_
     out = capsys.readouterr().out
     assert "unverified" in out and "exported step 3" in out
     assert json.loads((tmp_path / "out" / "export.json").read_text())["verified"] is False
+
+
+def test_the_exported_policy_is_the_model_the_checkpoint_records():
+    """``digen export`` rebuilds the policy from the run config a checkpoint records: every model setting is read,
+    and a setting the config leaves out takes the run's default."""
+    from verl_digen.workers.config import PolicyConfig
+    from verl_digen.workers.export import _policy_config
+
+    full = {"model.arch": "wan", "model.path": "/ckpt", "model.dtype": "bfloat16", "model.latent_size": 8,
+            "model.latent_width": 12, "model.num_frames": 9, "model.seed": 3, "model.lora_rank": 4,
+            "model.lora_alpha": 8.0, "model.target_modules": ["to_q", "to_v"]}
+    assert _policy_config({"extra": {"config": full}}) == PolicyConfig(
+        arch="wan", pretrained="/ckpt", dtype="bfloat16", latent_size=8, latent_width=12, num_frames=9, seed=3,
+        lora_rank=4, lora_alpha=8.0, lora_target_modules=("to_q", "to_v"))
+    assert _policy_config({"extra": {"config": {"model.arch": "flux"}}}) == PolicyConfig(arch="flux")
+    with pytest.raises(ckpt.CheckpointError, match="records no model settings"):
+        _policy_config({"extra": {}})
+
+
+def test_an_export_on_save_drops_what_a_killed_export_left(tmp_path):
+    from verl_digen.workers.export import EXPORT_DIR, export_into_checkpoint
+
+    path, _ = _trained_checkpoint(tmp_path)
+    partial = path / f".{EXPORT_DIR}.partial"
+    partial.mkdir()
+    (partial / "stray.bin").write_bytes(b"left by a killed export")
+    info = export_into_checkpoint(path)
+    assert info["kind"] == "full" and (path / EXPORT_DIR / "transformer").is_dir()
+    assert not (path / EXPORT_DIR / "stray.bin").exists() and not partial.exists()

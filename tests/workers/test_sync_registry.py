@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from verl_digen.config import ConfigError, compose, validate
 from verl_digen.driver.faults import fault_policy
@@ -110,12 +111,14 @@ def test_builtin_backends_issue_the_same_calls_as_before():
 
 def test_a_backend_in_one_file_is_accepted_by_the_config_and_driven_by_weight_sync(toy_backend):
     assert "toy_relay" in sync_backend_names()
+    assert "toy_relay" in sync_spec.sync_backend_names()  # the config check reads the live registry once imported
     cfg = compose(["digen.sync.backend=toy_relay", "trainer.generator_max_restarts=2"])
     validate(cfg)
     assert cfg.worker_config().sync_backend == "toy_relay"
     assert fault_policy(cfg).max_restarts == 0  # the toy declares itself not restartable
     ws, log = _sync("toy_relay", trainers=1, generators=2)
     assert isinstance(ws.impl, toy_backend.ToyRelaySync) and ws.publish_returns_weights and not ws.restartable
+    assert toy_backend.ToyRelaySync.name == "toy_relay"  # the class knows the name it was registered under
     refs = ws.publish(7)
     ws.pickup(0, 7)
     assert log == [("trn0", "export_weights", (7,)), ("gen0", "load_weights", (7, refs[0]))]
@@ -138,8 +141,9 @@ def test_a_second_backend_under_a_taken_name_is_refused():
         class Impostor(SyncBackend):
             pass
     assert sync_backend("object_store") is ObjectStoreSync
-    with pytest.raises(ValueError, match="lower-case"):
-        register_sync_backend("Object-Store")
+    for bad in ("Object-Store", "sync backend", "ObjectStore", ""):  # a "-", a space, upper case, nothing
+        with pytest.raises(ValueError, match="lower-case"):
+            register_sync_backend(bad)
 
 
 def test_a_tag_policy_in_one_file_is_accepted_by_the_run_config(toy_policy):
@@ -156,3 +160,92 @@ def test_an_unknown_tag_policy_in_the_run_config_lists_the_registered_ones():
         validate(compose(["digen.tag.policy=greedy"]))
     assert err.value.key == "digen.tag.policy"
     assert "'greedy'" in str(err.value) and "adaptive[:R], bts, never, static:K" in str(err.value)
+
+
+def test_weight_sync_drives_its_backend_with_its_timeout_and_records_each_sync(monkeypatch):
+    """``sync``: publish, then every pickup, each waited for with the sync's timeout (the backend gets the same
+    one for its own waits); the seconds of each sync are kept for the report."""
+    from verl_digen.workers import sync as S
+
+    waits = []
+    monkeypatch.setattr(S.ray, "get", lambda refs, timeout=None: waits.append((list(refs), timeout)))
+    log: list = []
+    ws = WeightSync("object_store", 12.5)
+    ws.trainers, ws.generators = [_Actor(log, "trn0")], [_Actor(log, "gen0"), _Actor(log, "gen1")]
+    assert WeightSync("collective", 7.0).impl.timeout_s == 7.0
+    with pytest.raises(RuntimeError, match="asked for version 1, but the published one is None"):
+        ws.pickup(0, 1)  # nothing published yet
+    seconds = ws.sync(1)
+    assert [t for _, t in waits] == [12.5, 12.5] and len(waits[1][0]) == 2  # publish, then both pickups at once
+    assert ws.history == [seconds] and seconds >= 0
+    assert [c[1] for c in log] == ["export_weights", "load_weights", "load_weights"]
+
+
+def test_a_whole_state_received_from_one_source_keeps_the_templates_dtypes_and_the_payload_check():
+    """``SyncGroup.recv`` (tools, tests): new tensors shaped and typed like the template, on the group's device,
+    received from one source with the caller's payload check."""
+    from verl_digen.workers.buckets import layout_of
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)  # no rendezvous: ``receive`` is recorded
+    group.device = torch.device("meta")
+    calls = []
+    group.receive = lambda *args: calls.append(args)
+    template = {"w": torch.zeros(2, 3, dtype=torch.float64), "b": torch.zeros(3, dtype=torch.bfloat16)}
+    out = group.recv(4, template, bucket_bytes=64, verify_payload=True, source=2)
+    assert {k: (v.dtype, tuple(v.shape), v.device.type) for k, v in out.items()} == {
+        "w": (torch.float64, (2, 3), "meta"), "b": (torch.bfloat16, (3,), "meta")}
+    ((version, plan, into, sources, verify),) = calls
+    assert (version, sources, verify, into is out) == (4, [2], True, True) and plan.layout == layout_of(template)
+
+
+def test_a_bucket_is_made_on_the_requested_device():
+    from verl_digen.workers.buckets import layout_of, new_bucket, plan_for
+
+    plan = plan_for(layout_of({"w": torch.zeros(4, dtype=torch.float64)}), 64, 1)
+    bucket = new_bucket(plan, 0, "meta")
+    assert bucket.device.type == "meta" and bucket.dtype == torch.uint8 and bucket.numel() == plan.sizes[0]
+
+
+def test_a_staging_buffer_is_bytes_on_the_groups_device_and_reused_when_it_fits():
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)
+    group.device, group._pool = torch.device("meta"), []
+    buf = group._staging(64)
+    assert (buf.dtype, buf.numel(), buf.device.type) == (torch.uint8, 64, "meta")  # 64 bytes, not 64 floats
+    group._pool = [buf]
+    assert group._staging(40) is buf and group._pool == []  # 64 <= 2 x 40: the previous pickup's buffer
+    group._pool = [buf]
+    assert group._staging(16) is not buf  # four times too large: a new one
+
+
+def test_hashing_a_host_bucket_counts_no_device_copy():
+    import hashlib
+
+    from verl_digen.schedule import ledger
+    from verl_digen.workers.sync import _hash_into
+
+    out: dict[str, int] = {}
+    digest = hashlib.sha256()
+    _hash_into(digest, torch.arange(8, dtype=torch.uint8), out)
+    assert out == {ledger.HASHED: 8} and digest.digest() == hashlib.sha256(bytes(range(8))).digest()
+
+
+def test_an_empty_tensors_byte_view_is_empty_bytes_on_its_device():
+    from verl_digen.workers.buckets import byte_view
+
+    for t in (torch.empty(0, dtype=torch.float64, device="meta"), torch.zeros(2, 0, dtype=torch.bfloat16)):
+        v = byte_view(t)
+        assert (v.dtype, v.numel(), v.device) == (torch.uint8, 0, t.device)
+    assert torch.equal(byte_view(torch.tensor([1.0], dtype=torch.float64)),
+                       torch.tensor([0, 0, 0, 0, 0, 0, 240, 63], dtype=torch.uint8))
+
+
+def test_a_peer_on_this_node_is_counted_intra_node():
+    from verl_digen.schedule import ledger
+    from verl_digen.workers.sync import SyncGroup
+
+    group = SyncGroup.__new__(SyncGroup)
+    group.node, group._nodes = "n1", {0: "n1", 1: "n2"}
+    assert (group._where(0), group._where(1)) == (ledger.INTRA_NODE, ledger.INTER_NODE)

@@ -487,3 +487,237 @@ def test_pixel_size_counts_a_causal_video_vaes_frames(latent_shape, want):
     """Causal video VAEs (Wan2.1, HunyuanVideo) encode the first frame alone and each later latent frame from
     ``temporal`` frames: F latent frames decode to (F - 1) * temporal + 1."""
     assert pixel_size(latent_shape, 8, 4) == want
+
+
+# -- the backend's construction and bookkeeping (issue 45: each piece pinned by a value) --------------------------
+def _wcfg(arch: str = "sd3", dtype: str = "float64", **kw: Any) -> WorkerConfig:
+    policy = {k: kw.pop(k) for k in list(kw) if k in PolicyConfig.__dataclass_fields__}
+    return WorkerConfig(policy=PolicyConfig(arch=arch, dtype=dtype, **policy), sampler=_sampler(), seed=SEED,
+                        rollout_backend="vllm", **kw)
+
+
+def _shape(models, arch: str = "sd3") -> ServedShape:
+    model = models[arch]
+    return ServedShape(tuple(model.latent_shape), (32, 32, 1), 2, 1, arch in ("flux", "qwen_image"),
+                       model.guidance_distilled)
+
+
+def test_generate_casts_to_the_policy_dtype_and_fills_every_field(models):
+    """The engine's float64 trajectories come back in the policy's dtype (float32 here), sigmas too; the rows
+    carry the micro-batch's prompts, step and version; an output without an image leaves ``images`` unset."""
+    wcfg = WorkerConfig(policy=PolicyConfig(arch="sd3", dtype="float32"), sampler=_sampler(), seed=SEED,
+                        rollout_backend="vllm")
+    engine = FakeOmni(models["sd3"], "sd3")
+    backend = VllmOmniRollout(wcfg, engine=engine, params_cls=FakeParams, shape=_shape(models),
+                              conditioner=models["sd3"].encode_prompts)
+    traj = backend.generate(STEP, 6, PIDS, SIDS, PROMPTS)
+    for f in ("states", "next_states", "log_probs", "final_latents", "sigmas", "sigmas_next"):
+        assert getattr(traj, f).dtype == torch.float32, f
+    assert torch.equal(traj.sigmas, wcfg.sampler.sigmas(torch.float32)[traj.step_indices])
+    assert traj.prompts == PROMPTS and traj.global_step == STEP and traj.versions.tolist() == [6, 6, 6]
+    assert traj.images is not None and traj.images.shape[0] == 3
+    generate = engine.generate
+
+    def one_without_image(prompts, params):
+        outs = generate(prompts, params)
+        outs[1].images = []
+        return outs
+
+    engine.generate = one_without_image
+    assert backend.generate(STEP, 6, PIDS, SIDS, PROMPTS).images is None
+
+
+def test_a_foreign_pipeline_gets_each_samples_own_seed_and_the_batchs_settings(models):
+    """verl-omni's pipelines draw a request's noise from its seed: one call per sample, with the sample's
+    ``sample_seed(seed, step, prompt, sample, "sde")`` (31 bits) and every sampling setting of the batch."""
+    from verl_digen.algo.seeding import sample_seed
+
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    backend, _ = _backend(models, "sd3", cfg)
+    outs, _, _ = _verl_omni_outputs(models["sd3"], "sd3", cfg)
+    calls = []
+
+    def generate(prompts, params):
+        calls.append((prompts, params))
+        return [outs[len(calls) - 1]]
+
+    backend.engine.generate = generate
+    backend.layout = VERL_OMNI
+    reqs = backend.requests(STEP, PIDS, SIDS, PROMPTS)
+    backend.generate(STEP, 0, PIDS, SIDS, PROMPTS)
+    for (prompts, (params,)), prompt, pid, sid in zip(calls, reqs.prompts, PIDS, SIDS, strict=True):
+        assert prompts == [prompt]
+        assert params.seed == sample_seed(SEED, STEP, pid, sid, "sde") & 0x7FFFFFFF
+        assert params.num_inference_steps == cfg.num_steps and params.sigmas == reqs.params["sigmas"]
+
+
+def test_outputs_are_put_in_request_order_only_when_every_id_says_where():
+    from types import SimpleNamespace as NS
+
+    a, b, c = NS(request_id="2_u"), NS(request_id="0_v"), NS(request_id="1_w")
+    assert VllmOmniRollout._in_order([a, b, c], None) == [b, c, a]
+    bare = [NS(), NS()]  # no request ids at all: the engine's order
+    assert VllmOmniRollout._in_order(bare, None) == bare
+    partial = [NS(request_id=""), NS(request_id="0_x")]  # one id missing: not a permutation, left as it is
+    assert VllmOmniRollout._in_order(partial, None) == partial
+
+
+def test_a_backend_without_an_engine_needs_a_checkpoint():
+    with pytest.raises(ValueError, match="set model.path"):
+        VllmOmniRollout(_wcfg(), omni_cls=object, params_cls=FakeParams)
+
+
+def test_the_served_shape_comes_from_the_checkpoint_with_the_policys_sizes(tmp_path, models):
+    model = models["wan"]
+    model.transformer.save_config(tmp_path / "transformer")
+    model.vae.save_config(tmp_path / "vae")
+    wcfg = _wcfg("wan", pretrained=str(tmp_path), latent_size=8, latent_width=12, num_frames=9)
+    backend = VllmOmniRollout(wcfg, engine=FakeOmni(model, "wan"), params_cls=FakeParams,
+                              conditioner=model.encode_prompts)
+    assert backend.shape == read_served_shape("wan", str(tmp_path), latent_size=8, latent_width=12, num_frames=9)
+    assert backend.shape.latent_shape == (model.transformer.config.in_channels, 3, 8, 12)
+
+
+def test_the_engine_starts_on_the_checkpoint_with_its_own_kwargs(models):
+    from verl_digen.workers.vllm_backend import engine_kwargs
+
+    started = []
+
+    class Recording(FakeOmni):
+        def __init__(self, model: str, **kwargs: Any) -> None:
+            started.append((model, kwargs))
+            super().__init__(models["sd3"], "sd3")
+
+    wcfg = _wcfg(pretrained="/ckpt", vllm_max_batch=3)
+    backend = VllmOmniRollout(wcfg, omni_cls=Recording, params_cls=FakeParams, shape=_shape(models),
+                              conditioner=models["sd3"].encode_prompts)
+    ((model, kwargs),) = started
+    assert model == "/ckpt" and kwargs == engine_kwargs(wcfg, backend.pipeline, backend.master_port)
+    assert kwargs["custom_pipeline_args"] == {"pipeline_class": backend.pipeline}
+
+
+def test_digen_pipelines_encode_prompts_in_the_engine(models):
+    """No conditioner given: verl-digen's pipeline encodes through the engine (one copy of the encoders), asking
+    for the negative rows only where the model uses classifier-free guidance."""
+    from verl_digen.rollout.omni.extension import ENCODE
+    from verl_digen.workers.vllm_backend import EngineConditioner
+
+    engine = FakeOmni(models["sd3"], "sd3")
+    backend = VllmOmniRollout(_wcfg(), engine=engine, params_cls=FakeParams, shape=_shape(models))
+    assert isinstance(backend.conditioner, EngineConditioner)
+    pos, neg = {"prompt_embeds": torch.ones(2, 3)}, {"prompt_embeds": torch.zeros(2, 3)}
+    engine.replies[ENCODE] = [[(pos, neg)]]
+    cond = backend.conditioner(["a", "b"])
+    assert engine.rpcs == [(ENCODE, (["a", "b"], ["", ""], True))]  # SD3: CFG, so negatives too
+    assert torch.equal(cond.tensors["prompt_embeds"], pos["prompt_embeds"])
+
+
+def test_a_foreign_pipeline_is_served_in_its_own_layout_with_the_checkpoints_encoders(models, monkeypatch):
+    from verl_digen.rollout.omni import served
+    from verl_digen.workers import vllm_backend
+
+    loaded = []
+    monkeypatch.setattr(vllm_backend.TextConditioner, "from_checkpoint",
+                        classmethod(lambda cls, *a: loaded.append(a) or "encoders"))
+    wcfg = _wcfg(pretrained="/ckpt", vllm_pipeline="verl_omni.pipelines.SD3RLPipeline")
+    backend = VllmOmniRollout(wcfg, "cpu", engine=FakeOmni(models["sd3"], "sd3"), params_cls=FakeParams,
+                              shape=_shape(models))
+    assert backend.pipeline == "verl_omni.pipelines.SD3RLPipeline" and backend.layout == VERL_OMNI
+    assert backend.conditioner == "encoders" and served.TextConditioner is vllm_backend.TextConditioner
+    assert loaded == [("sd3", "/ckpt", torch.float64, "cpu", False)]
+
+
+def test_lora_adapters_get_the_trainers_peft_config(models):
+    from verl_digen.models.arch import MODEL_REGISTRY
+    from verl_digen.models.lora import default_lora_targets
+
+    backend, _ = _backend(models, "sd3", _sampler(), lora_rank=4)
+    assert backend.slot.config == L.peft_config(4, None, default_lora_targets(MODEL_REGISTRY["sd3"]))
+    assert backend.weights() == {}  # nothing served before the first update
+    backend.close()
+    wcfg = _wcfg(lora_rank=4, lora_alpha=8.0, lora_target_modules=("to_q", "to_v"))
+    backend = VllmOmniRollout(wcfg, engine=FakeOmni(models["sd3"], "sd3"), params_cls=FakeParams,
+                              lora_cls=lambda *a: a, shape=_shape(models), conditioner=models["sd3"].encode_prompts)
+    assert backend.slot.config["lora_alpha"] == 8.0 and backend.slot.config["target_modules"] == ["to_q", "to_v"]
+    backend.close()
+
+
+@pytest.mark.parametrize("arch,lora_rank", [("sd3", 0), ("hunyuan_video", 2)])
+def test_weights_go_to_the_engines_device(models, arch, lora_rank):
+    """The tensors handed to the engine are on its device (the meta device stands in for a GPU here)."""
+    model = models[arch]
+    backend = VllmOmniRollout(_wcfg(arch, lora_rank=lora_rank), "meta", engine=FakeOmni(model, arch),
+                              params_cls=FakeParams, shape=_shape(models, arch), conditioner=model.encode_prompts)
+    backend.load_weights(1, {"proj_out.weight": torch.ones(2, 2)})
+    ((_, (sent, *_)),) = backend.engine.rpcs
+    assert sent["proj_out.weight"].device.type == "meta"
+
+
+@pytest.mark.parametrize("mb,want", [(0, 1 << 20), (3, 3 << 20)])
+def test_full_weights_go_in_buckets_of_the_configured_mib(models, mb, want):
+    backend = VllmOmniRollout(_wcfg(sync_bucket_mb=mb), engine=FakeOmni(models["sd3"], "sd3"), params_cls=FakeParams,
+                              shape=_shape(models), conditioner=models["sd3"].encode_prompts)
+    assert backend.bucket_bytes == want  # at least 1 MiB
+    third = want // 3 // 8  # three float64 tensors that fill one bucket
+    backend.load_weights(1, {f"w{i}": torch.zeros(third, dtype=torch.float64) for i in range(3)})
+    assert len(backend.engine.rpcs) == 1
+
+
+def test_buckets_of_starts_each_chunk_empty():
+    from verl_digen.workers.vllm_backend import buckets_of
+
+    state = {k: torch.zeros(2, dtype=torch.float64) for k in "abcd"}  # 16 bytes each
+    assert [list(c) for c in buckets_of(state, 32)] == [["a", "b"], ["c", "d"]]
+
+
+def test_the_collective_template_is_built_once(models, monkeypatch):
+    from verl_digen.workers import vllm_backend
+
+    made = []
+    monkeypatch.setattr(vllm_backend, "sync_layout", lambda cfg: made.append(cfg) or (("w", torch.float64, (2,)),))
+    backend, _ = _backend(models, "sd3", _sampler())
+    assert backend.template() == (("w", torch.float64, (2,)),) and backend.template() is backend.template()
+    assert len(made) == 1
+
+
+def test_an_engine_sink_makes_tensors_on_its_device_counts_its_peak_and_finds_a_torn_pickup(models):
+    from verl_digen.workers.buckets import layout_of, plan_for
+
+    state = {"a": torch.zeros(4, 4, dtype=torch.float64), "b": torch.zeros(2, dtype=torch.float64)}
+    plan = plan_for(layout_of(state), 64, 1)  # "a" (128 bytes) in two buckets, then "b"
+    backend, _ = _backend(models, "sd3", _sampler(), lora_rank=4)
+    sink = backend.sink(plan, "meta")  # adapters: kept whole (``done``) for ``load_weights``
+    assert sink.peak_bytes == 0 and sink["a"].device.type == "meta" and sink["a"].dtype == torch.float64
+    assert sink.peak_bytes == 128
+    sink.landed(0)
+    with pytest.raises(RuntimeError, match="incomplete"):
+        sink.check_complete()
+    for k in range(1, len(plan.pieces)):
+        for piece in plan.pieces[k]:
+            sink[piece.name]
+        sink.landed(k)
+    sink.check_complete()
+    assert set(sink.done) == {"a", "b"} and sink.peak_bytes == 128  # "a" was handed over before "b" began
+    backend.close()
+
+
+def test_the_generators_rollout_backend_is_built_on_its_device(monkeypatch):
+    from verl_digen.workers import vllm_backend
+
+    built = []
+    monkeypatch.setattr(vllm_backend, "VllmOmniRollout", lambda *a: built.append(a) or "engine")
+    wcfg = _wcfg()
+    assert vllm_backend.build_rollout_backend(wcfg, "meta") == "engine" and built == [(wcfg, "meta")]
+    with pytest.raises(ValueError, match="unknown rollout_backend 'diffusers'"):
+        vllm_backend.build_rollout_backend(WorkerConfig())
+
+
+def test_a_foreign_pipelines_packed_latents_are_unpacked(models):
+    """FLUX's verl-omni pipeline returns 2x2-packed latents: the backend unpacks them into the policy's layout."""
+    cfg = _sampler("flow_grpo", StepSelection("window", k=2, window_range=(1, 4)))
+    backend, _ = _backend(models, "flux", cfg)
+    outs, full, (start, end) = _verl_omni_outputs(models["flux"], "flux", cfg, packed=True)
+    backend.engine.generate = lambda prompts, params: [outs.pop(0)]
+    backend.layout = VERL_OMNI
+    traj = backend.generate(STEP, 0, PIDS, SIDS, PROMPTS)
+    assert torch.equal(traj.states, full.states[:, start:end].float().double())

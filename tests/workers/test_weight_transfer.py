@@ -195,6 +195,22 @@ def test_verify_payload_hashes_every_byte_on_both_ends_when_asked():
     assert all(torch.equal(byte_view(into[k]), byte_view(state[k])) for k in state)
 
 
+def test_small_tensors_share_packed_buckets_and_arrive_bit_identical_through_two_staging_buffers():
+    """Tensors smaller than a bucket are packed together: the receiver unpacks each packed bucket from one of two
+    staging buffers it reuses (two buckets in flight), however many packed buckets come."""
+    g = torch.Generator().manual_seed(3)
+    state = {f"n{i}.w": torch.randn(3, generator=g, dtype=torch.float64) for i in range(12)}  # 24 bytes each
+    port, secret = _port(), new_secret()
+    plan = plan_for(layout_of(state), 64, 1)  # 288 bytes in five packed buckets of up to 64
+    assert sum(not plan.direct(k) for k in range(len(plan.pieces))) == 5
+    into = {k: torch.zeros_like(v) for k, v in state.items()}
+    _, moved = _run(
+        lambda: SyncGroup("127.0.0.1", port, 2, 0, timeout_s=60, secret=secret).send(1, 3, state, 64),
+        lambda: SyncGroup("127.0.0.1", port, 2, 1, timeout_s=60, secret=secret).receive(3, plan, into, [0]))
+    assert all(torch.equal(into[k], state[k]) for k in state)
+    assert moved[ledger.STAGING_PEAK] == 2 * plan.staged_size()
+
+
 def test_a_replayed_handshake_is_refused_before_any_tensor_moves():
     """A stranger that recorded a real sender's handshake reply (version, layout and MAC included) replays
     it to the same generator: the generator's fresh nonce makes the recorded MAC wrong."""
