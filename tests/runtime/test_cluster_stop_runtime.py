@@ -1,4 +1,4 @@
-"""Stopping as cluster schedulers do it, on command-line runs that start their own Ray head (driver/cluster.py):
+"""Stopping as cluster schedulers do it, on command-line runs (driver/cluster.py):
 
 - a SIGTERM to the run's whole process group (``timeout``, ``scancel`` of a job step, a pod stop) stops it like
   one to the driver: exit 143, the step's checkpoint (written on the way out: not a ``save_freq`` step), the
@@ -7,13 +7,15 @@
   driver (a cluster scheduler's preemption), with Ray's driver set-up inside the signalled process;
 - SIGUSR1 (Slurm's ``--signal`` advance warning) saves after the step and exits ``REQUEUE_EXIT_CODE`` (on a
   cluster the run was told to join, which it leaves running);
-- ``trainer.resume_from=auto`` then continues to the end, bit-identical to an unstopped run (every tensor
-  of the final checkpoint; every reward metric of every step bit-identical, the actor's to a sum's rounding);
+- ``trainer.resume_from=auto`` resumes from the signal's checkpoint bit-identical to an unstopped run (every
+  tensor of the next signal's checkpoint; every reward metric of every step bit-identical, the actor's to a sum's
+  rounding). A resumed run that goes on to ``total_steps``: test_reliability_runtime.py;
+- the run's own head takes only the run's token and keeps its address file to itself;
 - with ``trainer.stop_grace_s`` shorter than a (slowed) step, the step is abandoned at once and the exit
   comes within the grace, keeping the previous checkpoint.
 
-One chain of runs covers the first three (each run's start costs ~10-30 s on 2 cores: imports, its Ray head,
-its workers).
+Two tests, two command-line runs with a head of their own and one joining the test session's Ray (each run's
+start costs ~10-30 s on 2 cores: imports, its Ray head, its workers).
 """
 
 import json
@@ -27,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from ray._private.utils import read_ray_address
 from runtime_helpers import TINY, compose_run, train
 
 from verl_digen.driver.cluster import session_processes
@@ -51,7 +54,9 @@ class Run:
                "hydra.run.dir=" + str(tmp_path / "hydra")]
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         if join is not None:
-            env["RAY_ADDRESS"] = join
+            env["RAY_ADDRESS"] = join  # with this process's Ray settings (its token, when it has one)
+        else:  # the run's own head makes a token of its own
+            env = {k: v for k, v in env.items() if not k.startswith("RAY_AUTH")}
         env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
         with open(self.log, "w") as out, open(self.err_log, "w") as err:
             self.proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=out, stderr=err, start_new_session=True)
@@ -85,61 +90,85 @@ class Run:
         return [self.proc.pid, int(head[1])]
 
 
+@pytest.fixture
+def start(tmp_path):
+    """Starts ``Run``s in ``tmp_path``; any still running when the test ends (it failed) is killed with its group,
+    its own head with it (the head's watchdog sees the driver gone)."""
+    started: list[Run] = []
+
+    def run(name: str, *overrides: str, join: str | None = None) -> Run:
+        started.append(Run(tmp_path, name, *overrides, join=join))
+        return started[-1]
+
+    yield run
+    for r in started:
+        if r.proc.poll() is None:
+            os.killpg(r.proc.pid, signal.SIGKILL)
+            r.proc.wait()
+
+
 def _assert_nothing_left(run: Run, exited_at: float) -> None:
-    time.sleep(max(0.0, exited_at + 5.0 - time.monotonic()))
-    left = {sid: session_processes(sid) for sid in run.sessions()}
-    assert not any(left.values()), f"processes alive 5 s after the run exited: {left}"
+    """No process of the driver's session or its own head's is alive 5 s after the run exited. A session gains no
+    member once it is empty (a process joins its parent's session, and ``setsid`` makes a new one), so the check
+    passes as soon as both are empty and fails with what is still alive 5 s after the exit."""
+    sessions = run.sessions()
+    while True:
+        left = {sid: session_processes(sid) for sid in sessions}
+        if not any(left.values()):
+            return
+        assert time.monotonic() < exited_at + 5.0, f"processes alive 5 s after the run exited: {left}"
+        time.sleep(0.1)
 
 
-def test_usr1_then_a_group_sigterm_stop_cleanly_and_auto_resume_is_bit_identical(ray_session, tmp_path):
-    # tiny steps (~0.1 s): a signal after step k lands in step k + 1 or k + 2, well before the last; save_freq=11:
-    # the checkpoints of runs 1 and 2 are the signals' own
-    common = ["trainer.total_steps=12", "trainer.save_freq=11"]
+def test_usr1_then_a_group_sigterm_stop_cleanly_and_the_resume_is_bit_identical(ray_session, tmp_path, start):
+    # tiny steps (~0.1 s): a signal after step k lands in step k + 1 or k + 2; save_freq=9: the checkpoints of
+    # both runs are the signals' own
+    common = ["trainer.total_steps=10", "trainer.save_freq=9"]
     # 1: the advance warning after step 1: saved after its step (save_freq would not), exit 75, resume line. This
     # run joins the test session's Ray when told (RAY_ADDRESS; a head of its own costs ~5 s) and leaves it running
     session = ray_session.get_runtime_context().gcs_address
-    first = Run(tmp_path, "usr1", *common, join=session)
-    first.wait_for(r"^step 1/12")
+    first = start("usr1", *common, join=session)
+    first.wait_for(r"^step 1/10")
     first.proc.send_signal(signal.SIGUSR1)
     assert first.finish() == REQUEUE_EXIT_CODE, first.text()[-3000:]
     saved = [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")]
-    assert saved and saved[-1] < 11, first.text()[-3000:]
+    assert saved and saved[-1] < 9, first.text()[-3000:]
     assert "stopped by SIGUSR1 after step" in first.text() and "resume with:" in first.text()
     assert f"joined the Ray cluster at {session}" in first.text(), first.text()[-3000:]
     assert [n["Alive"] for n in ray_session.nodes()] == [True]  # the cluster it joined is not stopped with it
 
-    # 2: resumed with auto; a SIGTERM to the whole process group after step 5 (the issue's 12-step run)
-    second = Run(tmp_path, "group", *common, "trainer.resume_from=auto")
-    second.wait_for(r"^step 5/12")
+    # 2: resumed with auto from run 1's checkpoint, on a head of its own; a SIGTERM to the whole process group
+    # after step 4
+    second = start("group", *common, "trainer.resume_from=auto")
+    second.wait_for(r"^step 4/10")
     os.killpg(second.proc.pid, signal.SIGTERM)
     signalled = time.monotonic()
     assert second.finish() == 128 + signal.SIGTERM, second.text()[-3000:]
     exited = time.monotonic()
     assert exited - signalled < 10.0, second.text()[-3000:]
-    last = ckpt.complete_checkpoints(tmp_path / "ckpt")[-1]
-    assert saved[-1] < last[0] < 11, second.text()[-3000:]  # written on the way out
+    stopped, path = ckpt.complete_checkpoints(tmp_path / "ckpt")[-1]
+    assert saved[-1] < stopped < 9, second.text()[-3000:]  # written on the way out
+    assert f"resumed from {tmp_path / 'ckpt' / f'global_step_{saved[-1]}'}" in second.text(), second.text()[-3000:]
     assert "resume with: python -m verl_digen.main" in second.err(), second.text()[-3000:]
-    assert f"trainer.resume_from={last[1]}" in second.err()
+    assert f"trainer.resume_from={path}" in second.err()
     trace = json.loads((tmp_path / "trace" / "digen_trace.json").read_text())["otherData"]
     assert trace["complete"] is False and "SIGTERM" in trace["stopped"], trace
     assert "received SIGTERM: finishing the current step" in second.text()  # well within the default grace
     _assert_nothing_left(second, exited)
 
-    # 3: resumed again to the end; equal to a run that was never stopped
-    third = Run(tmp_path, "rest", *common, "trainer.resume_from=auto")
-    assert third.finish() == 0, third.text()[-3000:]
-    _assert_nothing_left(third, time.monotonic())
-    resumed, _ = ckpt.read(tmp_path / "ckpt" / "global_step_12", 0)
-    result, _ = train(compose_run(*common, tmp_path=tmp_path / "straight"))
-    straight, _ = ckpt.read(tmp_path / "straight" / "ckpt" / "global_step_12", 0)
+    # the resumed run equals one that was never stopped, up to the SIGTERM's checkpoint: the same run saving
+    # every step (resuming that checkpoint in turn is the same reader on the same writer's files)
+    result, _ = train(compose_run("trainer.total_steps=10", "trainer.save_freq=1", tmp_path=tmp_path / "straight"))
+    resumed, _ = ckpt.read(path, 0)
+    straight, _ = ckpt.read(tmp_path / "straight" / "ckpt" / f"global_step_{stopped}", 0)
     assert _tensors(straight) and _tensors(straight).keys() == _tensors(resumed).keys()
     for name, value in _tensors(straight).items():  # weights, AdamW state, counters: every tensor
         assert torch.equal(value, _tensors(resumed)[name]), name
     rows = [json.loads(line) for line in (tmp_path / "trace" / "digen_metrics.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rows] == list(range(1, 13))  # the stopped runs' steps, then the resumed ones
-    for row, report in zip(rows, result.reports, strict=True):  # every training number, step by step: the
-        # rewards bit-identical (summed in (prompt, sample) order), the actor's to the rounding of a sum (its row
-        # losses are merged in completion order: 1 ulp seen under load)
+    assert [r["step"] for r in rows] == list(range(1, stopped + 1))  # run 1's steps, then run 2's
+    for row, report in zip(rows, result.reports[:stopped], strict=True):  # every training number, step by step:
+        # the rewards bit-identical (summed in (prompt, sample) order), the actor's to the rounding of a sum (its
+        # row losses are merged in completion order: 1 ulp seen under load)
         rewards = {k: v for k, v in report.metrics.items() if k.startswith("reward/")}
         assert rewards and {k: row[k] for k in rewards} == rewards, row["step"]
         trained = {k: v for k, v in report.metrics.items() if k.startswith("actor/")}
@@ -154,31 +183,23 @@ def _tensors(tree, prefix: str = "") -> dict[str, torch.Tensor]:
     return {k: v for key, sub in items for k, v in _tensors(sub, f"{prefix}/{key}").items()}
 
 
-def test_a_step_longer_than_the_grace_is_abandoned_at_once_keeping_the_last_checkpoint(tmp_path):
-    # two scores a step: step 1's take 4 s each (the driver's estimate of a step: 8 s), every later one 15 s
-    # (the issue's 30 s step); the signal lands in step 2
-    reward = tmp_path / "slow_reward.py"
-    reward.write_text("import time\n\n\ndef compute_score(images, prompts, sleep_s=0.0, slow_s=0.0, calls=''):\n"
-                      "    with open(calls, 'a+') as f:\n        f.seek(0)\n        n = len(f.read())\n"
-                      "        f.write('x')\n"
-                      "    time.sleep(sleep_s if n < 2 else slow_s)\n    return [float(i.mean()) for i in images]\n")
-    run = Run(tmp_path, "grace", "trainer.total_steps=6", "trainer.save_freq=1", "trainer.stop_grace_s=5",
-              f"custom_reward_function.path={reward}",
-              f"custom_reward_function.reward_kwargs={{sleep_s: 4, slow_s: 15, calls: '{tmp_path / 'calls'}'}}")
-    run.wait_for(r"^step 1/6")
-    time.sleep(0.5)  # into step 2 (30 s)
-    os.killpg(run.proc.pid, signal.SIGTERM)
-    signalled = time.monotonic()
-    assert run.finish() == 128 + signal.SIGTERM, run.text()[-3000:]
-    took = time.monotonic() - signalled
-    print(f"exit {took:.1f} s after the group SIGTERM in a 30 s step")
-    assert took < 8.0, run.text()[-3000:]  # the issue's bound for a 5 s grace
-    text = run.text()
-    assert "abandoning the current step at once" in text and "more than trainer.stop_grace_s=5" in text, text[-3000:]
-    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")] == [1]
-    assert f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}" in text
-    _assert_nothing_left(run, time.monotonic())
+SLOW_REWARD = """
+import os, time
 
+
+def compute_score(images, prompts, sleep_s=0.0, slow_s=0.0, calls="", gate=""):
+    # scores once the test has checked the run's head (the gate file exists); step 1's two calls sleep sleep_s,
+    # every later one slow_s
+    deadline = time.monotonic() + 300
+    while not os.path.exists(gate) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    with open(calls, "a+") as f:
+        f.seek(0)
+        n = len(f.read())
+        f.write("x")
+    time.sleep(sleep_s if n < 2 else slow_s)
+    return [float(i.mean()) for i in images]
+"""
 
 STRANGER = """
 import sys, ray
@@ -189,41 +210,61 @@ except Exception as err:
     print("refused", type(err).__name__)
 """
 
-OWN_HEAD_AND_A_STRANGER = """
-import os, subprocess, sys, ray
-from ray._private.utils import read_ray_address
-from verl_digen.driver.cluster import OwnHead
-before = read_ray_address()
-head = OwnHead.start(1)
-try:
-    print("address file kept", read_ray_address() == before)
-    print("own address file", read_ray_address(head.temp_dir).endswith(":" + head.address.split(":")[-1]))
-    ray.init(address=head.address, include_dashboard=False, log_to_driver=False)
-    print("driver", os.environ["RAY_AUTH_MODE"], len(ray.nodes()))
-    env = {k: v for k, v in os.environ.items() if not k.startswith("RAY_AUTH")}
-    env["RAY_NUM_REDIS_GET_RETRIES"] = "5"  # a refused join retries once a second, 20 times by default
-    out = subprocess.run([sys.executable, "-c", sys.argv[1], head.address], env=env, capture_output=True,
-                         text=True, timeout=120)
-    print("stranger", out.stdout.strip().splitlines()[-1] if out.stdout.strip() else "no output")
-finally:
-    ray.shutdown()
-    head.stop()
-print("gone", not os.path.exists(head.temp_dir) and read_ray_address() == before)
-"""
 
-
-def test_an_own_head_takes_only_the_runs_token_and_is_not_what_a_plain_ray_init_joins():
+def test_a_step_longer_than_the_grace_is_abandoned_at_once_on_a_head_that_takes_only_the_runs_token(tmp_path, start):
     """The run's own head turns Ray's token authentication on with a secret of the run's own (unless the user
-    chose RAY_AUTH_MODE): the driver joins it, a process on the machine without the token is refused.
+    chose RAY_AUTH_MODE): the driver joins it, a process on the machine without the token is refused. ``ray
+    start`` writes its address where every later ``ray.init()`` on the machine looks first (the default temp
+    dir's ``ray_current_cluster``): another job would join this run's head, or fail on its dead address once it
+    is gone; the run's head keeps that file in a temp dir of its own, removed with it.
 
-    ``ray start`` writes its address where every later ``ray.init()`` on the machine looks first (the default
-    temp dir's ``ray_current_cluster``): another job would join this run's head, or fail on its dead address once
-    it is gone. The run's head keeps that file in a temp dir of its own, removed with it."""
+    Then a SIGTERM to the group in a step longer than ``trainer.stop_grace_s=5``: abandoned at once, the exit
+    within the grace, the last checkpoint kept, nothing left."""
+    # two scores a step: step 1's take 3 s each (the driver's estimate of a step: 6 s, so a signal up to ~4 s
+    # into step 2 is abandoned), every later one 15 s (the issue's 30 s step); the signal lands in step 2
+    reward, gate = tmp_path / "slow_reward.py", tmp_path / "gate"
+    reward.write_text(SLOW_REWARD)
+    run = start("grace", "trainer.total_steps=6", "trainer.save_freq=1", "trainer.stop_grace_s=5",
+              f"custom_reward_function.path={reward}",
+              f"custom_reward_function.reward_kwargs={{sleep_s: 3, slow_s: 15, calls: '{tmp_path / 'calls'}', "
+              f"gate: '{gate}'}}")
+    run.wait_for(r"started a Ray cluster of its own")
+    head = _own_head(run)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("RAY_AUTH", "RAY_ADDRESS"))}
-    out = subprocess.run([sys.executable, "-c", OWN_HEAD_AND_A_STRANGER, STRANGER], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=START_TIMEOUT_S)
-    lines = out.stdout.splitlines()
-    assert "driver token 1" in lines, out.stdout + out.stderr[-3000:]
-    assert any(line.startswith("stranger refused") for line in lines), out.stdout + out.stderr[-3000:]
-    for held in ("address file kept True", "own address file True", "gone True"):
-        assert held in lines, out.stdout + out.stderr[-3000:]
+    env["RAY_NUM_REDIS_GET_RETRIES"] = "5"  # a refused join retries once a second, 20 times by default
+    out = subprocess.run([sys.executable, "-c", STRANGER, head["address"]], env=env, capture_output=True, text=True,
+                         timeout=120)
+    assert out.stdout.startswith("refused"), out.stdout + out.stderr[-3000:]
+    gate.touch()
+
+    run.wait_for(r"^step 1/6")
+    time.sleep(0.5)  # into step 2 (30 s)
+    os.killpg(run.proc.pid, signal.SIGTERM)
+    signalled = time.monotonic()
+    assert run.finish() == 128 + signal.SIGTERM, run.text()[-3000:]
+    exited = time.monotonic()
+    print(f"exit {exited - signalled:.1f} s after the group SIGTERM in a 30 s step")
+    assert exited - signalled < 8.0, run.text()[-3000:]  # the issue's bound for a 5 s grace
+    text = run.text()
+    assert "abandoning the current step at once" in text and "more than trainer.stop_grace_s=5" in text, text[-3000:]
+    assert [s for s, _ in ckpt.complete_checkpoints(tmp_path / "ckpt")] == [1]
+    assert f"trainer.resume_from={tmp_path / 'ckpt' / 'global_step_1'}" in text
+    _assert_nothing_left(run, exited)
+    assert not os.path.exists(head["temp_dir"])  # its address file went with it
+    assert head["port"] not in (read_ray_address() or "")
+
+
+def _own_head(run: Run) -> dict:
+    """What the run's own head is while it runs: its address, its temp dir (from the head's command line), its
+    token setting (from the environment the driver gave it), and which address files name it."""
+    pid = run.sessions()[1]
+    args = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+    port = next(a.split("=", 1)[1] for a in args if a.startswith("--port="))
+    temp_dir = next(a.split("=", 1)[1] for a in args if a.startswith("--temp-dir="))
+    environ = Path(f"/proc/{pid}/environ").read_bytes().decode().split("\0")
+    env = dict(line.split("=", 1) for line in environ if "=" in line)
+    assert env.get("RAY_AUTH_MODE") == "token" and re.fullmatch(r"[0-9a-f]{64}", env.get("RAY_AUTH_TOKEN", "")), \
+        {k: v for k, v in env.items() if k.startswith("RAY_AUTH")}
+    assert (read_ray_address(temp_dir) or "").endswith(f":{port}")  # its own temp dir's file names it ...
+    assert f":{port}" not in (read_ray_address() or "")  # ... and the one every ray.init() reads does not
+    return {"address": f"127.0.0.1:{port}", "port": f":{port}", "temp_dir": temp_dir}

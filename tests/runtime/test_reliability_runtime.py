@@ -1,5 +1,7 @@
 """Reliability on real (tiny) Ray runs: the NaN guard, and a SIGTERM-stopped run resumed with
-``trainer.resume_from=auto`` past partial directories, with retention and run ids."""
+``trainer.resume_from=auto`` past partial directories, with retention and run ids, to ``total_steps`` (the
+command-line stops of test_cluster_stop_runtime.py check their resume bit for bit up to the next stop and leave
+going on to the end to this one)."""
 
 import json
 import os
