@@ -83,9 +83,32 @@ def test_real_timeline_keeps_the_invariants_with_tcss(ray_session, tmp_path):
     assert model.trainer.hardware.train_pass.fixed + model.trainer.hardware.train_pass.per_unit > 0
 
 
-def test_resume_reproduces_the_uninterrupted_run(ray_session, tmp_path):
+def test_resume_reproduces_the_uninterrupted_run_and_a_broken_invariant_fails_the_run(ray_session, tmp_path,
+                                                                                        monkeypatch):
+    """The uninterrupted run is also the one whose end-of-run invariant check is made to fail (a check of the
+    whole timeline after the last step: its training, checkpoints and workers are those of a passing run)."""
+    import verl_digen.driver.runtime as runtime
+
+    def strict(timeline, staleness_bound=None):
+        check_timeline(timeline, staleness_bound)
+        raise TimelineError("step 0 micro-batch 0 generated 2 times (expected once)")
+
     common = ["trainer.total_steps=4", "trainer.save_freq=2", "digen.tag.policy=never"]
-    _, straight = _train(compose_run(*common, tmp_path=tmp_path / "a"))
+    cfg = compose_run(*common, tmp_path=tmp_path / "a")
+    with monkeypatch.context() as mp:
+        mp.setattr(runtime, "check_timeline", strict)
+        trainer = DigenRuntime(cfg, log=lambda _: None)
+        try:
+            with pytest.raises(TimelineError, match="broke a scheduling invariant: step 0 micro-batch 0 generated 2"):
+                trainer.fit()
+            straight = trainer.trn_wg.full_state()[0]["params"]
+        finally:
+            trainer.shutdown()
+    trace_dir = Path(cfg.trainer.trace_dir)
+    assert "generated 2 times" in (trace_dir / "digen_violation.txt").read_text()
+    assert (trace_dir / "digen_trace.json").is_file()  # what was measured is kept for inspection
+    assert not (trace_dir / "digen_profile.json").exists()  # no profile from a broken run
+
     ckpt = tmp_path / "a" / "ckpt" / "global_step_2"
     assert ckpt.is_dir()
     resumed_cfg = compose_run(*common, f"trainer.resume_from={ckpt}", tmp_path=tmp_path / "b")
@@ -200,20 +223,3 @@ def test_pools_larger_than_the_cluster_fail_before_any_worker_starts(ray_session
     with pytest.raises(ConfigError, match="resources.generator.workers"):
         trainer.init_workers()
     assert trainer.gen_wg is None and trainer.trn_wg is None
-
-
-def test_a_broken_invariant_fails_the_run_and_is_written_next_to_the_trace(ray_session, tmp_path, monkeypatch):
-    import verl_digen.driver.runtime as runtime
-
-    def strict(timeline, staleness_bound=None):
-        check_timeline(timeline, staleness_bound)
-        raise TimelineError("step 0 micro-batch 0 generated 2 times (expected once)")
-
-    monkeypatch.setattr(runtime, "check_timeline", strict)
-    cfg = compose_run("trainer.total_steps=1", tmp_path=tmp_path)
-    with pytest.raises(TimelineError, match="broke a scheduling invariant: step 0 micro-batch 0 generated 2"):
-        _run(cfg)
-    trace_dir = Path(cfg.trainer.trace_dir)
-    assert "generated 2 times" in (trace_dir / "digen_violation.txt").read_text()
-    assert (trace_dir / "digen_trace.json").is_file()  # what was measured is kept for inspection
-    assert not (trace_dir / "digen_profile.json").exists()  # no profile from a broken run
