@@ -136,7 +136,10 @@ def _readers(name: str) -> dict[str, list[int]]:
     root = Path(verl_digen.__file__).parent
     found: dict[str, list[int]] = {}
     for path in sorted(root.rglob("*.py")):
-        tree = ast.parse(path.read_text())
+        source = path.read_text()
+        if name not in source:  # parse only the modules that name it at all
+            continue
+        tree = ast.parse(source)
         docs = {id(n.value) for n in ast.walk(tree) if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant)}
         for node in ast.walk(tree):
             text = isinstance(node, ast.Constant) and isinstance(node.value, str) and name in node.value
