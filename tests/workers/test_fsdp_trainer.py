@@ -7,6 +7,7 @@ optimizer step, each rank as its own TAG slot == local generation, and weight sy
 from dataclasses import replace
 
 import pytest
+import ray
 import torch
 from workers_helpers import assert_state_equal, kill_group, local_batch, make_group, rows_of, tiny_cfg
 
@@ -150,25 +151,37 @@ def test_a_resident_generation_copy_is_gathered_once_per_version_and_never_moved
     assert all(ledger.GATHERED not in m for m in again)
 
 
-def test_a_generation_copy_that_may_not_stay_is_freed_and_gathered_again(ray_session):
+def _keep_generation_copy(trainer, keep: bool) -> None:
+    """Set every rank's ``keep_generation_copy`` in place: the switch back to training reads it each time (nothing
+    at start-up does), so the module's pool serves the memory plan's no-room case without a pool of its own."""
+    def setting(worker, keep):
+        worker.cfg = replace(worker.cfg, keep_generation_copy=keep)
+
+    ray.get([w.__ray_call__.remote(setting, keep) for w in trainer.workers])
+
+
+def test_a_generation_copy_that_may_not_stay_is_freed_and_gathered_again(setup):
     """keep_generation_copy=False (the memory plan has no room beside the training state): the switch back
     frees the whole copy on every rank, and the next switch gathers it exactly once again, into the same modules
     (no rebuild), which then generate what the trainer's weights generate."""
-    cfg = replace(tiny_cfg(tsp_degree=1), keep_generation_copy=False)
-    trainer = make_group(HybridWorker, cfg, 2)
+    cfg, trainer, _ = setup
+    _step(cfg, trainer)  # a new version: the first switch below gathers it into the resident copy
+    local = P.build_policy(cfg)
+    P.load_policy_weights(local, trainer.export_weights()[0], cfg.policy.lora)
+    version = trainer.weights_version()[0]
+    model_bytes = sum(t.numel() * t.element_size() for t in local.transformer.state_dict().values())
+    _keep_generation_copy(trainer, False)
     try:
-        local = P.build_policy(cfg)
-        model_bytes = sum(t.numel() * t.element_size() for t in local.transformer.state_dict().values())
         first, back = _switch_round_trip(trainer)
         assert [m[ledger.FREED] for m in back] == [model_bytes, model_bytes]
         second = [o["moved"] for o in trainer.switch_to_gen()]
         assert [m[ledger.GATHERED] for m in second] == [m[ledger.GATHERED] for m in first]
         assert sum(m[ledger.GATHERED] for m in second) == model_bytes
         rows, texts = rows_of([1], 2)
-        parts = trainer.tag_generate([0, 0], [0, 0], [rows, rows], [texts, texts])
+        parts = trainer.tag_generate([0, 0], [version, version], [rows, rows], [texts, texts])
         trainer.switch_to_train()
-        want = P.generate_rows(local, cfg, 0, 0, rows, texts)
+        want = P.generate_rows(local, cfg, 0, version, rows, texts)
         for part in parts:
             torch.testing.assert_close(part.final_latents, want.final_latents, rtol=0, atol=TOL)
     finally:
-        kill_group(trainer)
+        _keep_generation_copy(trainer, True)
