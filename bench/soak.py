@@ -175,10 +175,11 @@ def _row(run: str, steps: int, driver_ms: list[float], rss: dict[str, list[float
     kb = {name: _kb_per_step(v) for name, v in rss.items()}
     after = {}
     if warmup and len(driver_ms) - warmup >= 10:
+        fits = {name: _fit_kb(v, warmup) for name, v in rss.items()}  # (slope, its standard error)
         after = {"warmup_steps": warmup, "steps_after_warmup": len(driver_ms) - warmup,
                  "rss_kb_per_step_after_warmup": {name: _kb_per_step(v, warmup) for name, v in rss.items()},
-                 "rss_kb_per_step_fit_after_warmup": {name: _slope_kb(v, warmup) for name, v in rss.items()},
-                 "rss_kb_per_step_fit_after_warmup_se": {name: _fit_kb(v, warmup)[1] for name, v in rss.items()}}
+                 "rss_kb_per_step_fit_after_warmup": {name: fit for name, (fit, _) in fits.items()},
+                 "rss_kb_per_step_fit_after_warmup_se": {name: se for name, (_, se) in fits.items()}}
     if split is not None:
         for label, values in zip(SPLIT, split):
             after[f"driver_{label}_kb_per_step"] = _kb_per_step(values)
