@@ -134,7 +134,7 @@ def test_a_one_rank_profile_prices_what_sharding_the_trainer_adds():
 #: rows per rank (alone, unsharded with both busy, sharded with both busy), the switch's gather, the optimizer step
 WORK = [{"kind": "sharded_work", "work": "pass", "size": 2, "alone": 0.010, "plain": 0.015, "sharded": 0.027},
         {"kind": "sharded_work", "work": "pass", "size": 8, "alone": 0.020, "plain": 0.030, "sharded": 0.048},
-        {"kind": "sharded_work", "work": "switch", "alone": 0.001, "plain": 0.002, "sharded": 0.050},
+        {"kind": "sharded_work", "work": "switch", "alone": 0.001, "plain": 0.002, "sharded": 0.052},
         {"kind": "sharded_work", "work": "step", "alone": 0.002, "plain": 0.003, "sharded": 0.011}]
 
 
@@ -142,8 +142,9 @@ def test_the_probes_sharded_work_sets_each_works_latency_per_collective():
     """Sharding adds per pass the sharded pass (both processes busy) less the time alone, in time-alone units (the
     simulator slows both by the update's contention, so it prices the probe's sharded pass): with no contention
     0.017 at 2 rows and 0.028 at 8 (per pass 0.04 / 3, per row 0.011 / 6); at contention 0.5, 0.027 / 1.5 - 0.010
-    and 0.048 / 1.5 - 0.020. The switch adds its whole sharded gather (an unsharded rank gathers nothing), the
-    step sharded - unsharded (0.008). Each work's collectives share what is left after the bytes (0.125 us each)."""
+    and 0.048 / 1.5 - 0.020. The switch (stash and gather) and the step add sharded - unsharded, both busy (0.050,
+    0.008): an unsharded rank's switch only stashes, which the profile's own switch_to_gen holds. Each work's
+    collectives share what is left after the bytes (0.125 us each)."""
     added, per_row = sharding_adds(WORK)
     assert added == pytest.approx({"pass": 0.04 / 3, "switch": 0.050, "step": 0.008})
     assert per_row == pytest.approx(0.011 / 6)
@@ -257,3 +258,79 @@ def test_generation_mostly_beside_an_update_counts_as_contended():
     others = busy_others(recs, trainer_ranks=1)
     assert sorted(round(o, 9) for r, o in zip(recs, others) if r.kind == GENERATE) == [0, 0, 0, 0.7, 0.7, 0.7]
     assert host_contention(recs, others)[GENERATE] == pytest.approx((0.0812 / 0.05 - 1) / 0.7)
+
+
+def test_an_action_beside_another_kind_slows_by_that_pair():
+    """``beside``: a generation next to a generation (the probe ran two at once) slows by 1.0 per other process,
+    next to an update by the kind's own 0.25; an action on two processes (a colocated phase) is beside its own kind
+    on its second one."""
+    from verl_digen.schedule.actions import Action
+    from verl_digen.schedule.costs import uniform_stage_costs
+    from verl_digen.schedule.executor import SimBackend
+
+    costs = uniform_stage_costs(generate=1.0, update=1.0)
+    pairs = {(GENERATE, GENERATE): 1.0, (GENERATE, TAG_GENERATE): 1.0, (TAG_GENERATE, GENERATE): 1.0}
+    backend = SimBackend(costs, contention={GENERATE: 0.25}, beside=pairs)
+    backend.launch(Action(GENERATE, ("gen0",), 0, 0, 0))
+    backend.launch(Action(TAG_GENERATE, ("tag0",), 0, 0, 0))
+    assert backend.wait()[1] == pytest.approx(2.0)  # both at half speed
+    upd = SimBackend(costs, contention={GENERATE: 0.25}, beside=pairs)
+    upd.launch(Action(GENERATE, ("gen0",), 0, 0, 0))
+    upd.launch(Action(UPDATE, (TRAINER,), 0, 0, 0))
+    assert [c.action.kind for c in upd.wait()[0]] == [UPDATE]  # an update beside anything: not slowed
+    assert upd.clock == pytest.approx(1.0)
+    assert upd.wait()[1] == pytest.approx(1.2)  # 1 / 1.25 of the generation done by then, the last 0.2 s alone
+    # one action on two processes (colocated: generator 0 and the trainer) runs beside its own kind
+    both = SimBackend(costs, contention={GENERATE: 0.25}, beside=pairs, processes=lambda a: 2)
+    both.launch(Action(GENERATE, ("gen0", TRAINER), 0, 0, 0))
+    assert both.wait()[1] == pytest.approx(2.0)
+    only = SimBackend(costs, beside={(GENERATE, GENERATE): 0.5}, processes=lambda a: 2)  # no per-kind figure at all
+    only.launch(Action(GENERATE, ("gen0", TRAINER), 0, 0, 0))
+    assert only.wait()[1] == pytest.approx(1.5)
+
+
+#: the probe's generations two at once (generator 0 and trainer rank 0) and scores two at once, at 2 samples: alone
+#: a generation takes 0.06 s (PROBES), at once 0.09 and 0.12 s; a score alone 0.01 s (the run's), at once 0.015
+PAIRED = [{"kind": "paired", "action": "generate", "beside": "tag_generate", "size": 2, "seconds": 0.09},
+          {"kind": "paired", "action": "tag_generate", "beside": "generate", "size": 2, "seconds": 0.12},
+          {"kind": "paired", "action": "score", "beside": "score", "size": 2, "seconds": 0.015},
+          {"kind": "paired", "action": "score", "beside": "score", "size": 2, "seconds": 0.015}]
+
+
+def test_the_probes_pairs_price_a_generation_beside_a_generation():
+    """One hardware type: both generation kinds share the median of (0.09 / 0.06 - 1, 0.12 / 0.06 - 1) = 0.75 for
+    every pair of them; the score beside a score 0.5 by its alone cost, here the probe's 0.01 s."""
+    from verl_digen.reporting.metrics import paired_contention
+
+    scores = [{"pool": "generator", "kind": "score", "size": 2, "seconds": 0.01},
+              {"pool": "generator", "kind": "score", "size": 4, "seconds": 0.01}]
+    model, _ = measured_profile(compose(BASE), _timeline(), PROBES + scores + PAIRED)
+    beside = {(k, o): c for k, o, c in model.host_contention_beside}
+    assert beside == pytest.approx({(k, o): 0.75 for k in (GENERATE, TAG_GENERATE) for o in (GENERATE, TAG_GENERATE)}
+                                   | {(SCORE, SCORE): 0.5})
+    assert model.shared_host()["beside"] == beside
+    # pools of two hardware types: each pair as measured
+    alone = {GENERATE: 0.06, TAG_GENERATE: 0.06, SCORE: 0.01}
+    apart = paired_contention(PAIRED, lambda kind, n: alone[kind], same_hw=False)
+    assert apart == pytest.approx({(GENERATE, TAG_GENERATE): 0.5, (TAG_GENERATE, GENERATE): 1.0, (SCORE, SCORE): 0.5})
+    # a colocated step from this profile: its generation (both processes at once) 1.75x the time alone
+    col = compose([*BASE, "trainer=colocated"])
+    from verl_digen.schedule.simulator import simulate
+
+    sim = simulate(col.schedule_config(steps=1), model)
+    gen = next(r for r in sim.timeline.records if r.kind == GENERATE)
+    assert gen.duration == pytest.approx(1.75 * model.generator.hardware.generate(2))
+    plain = simulate(col.schedule_config(steps=1), replace(model, host_contention_beside=()))
+    assert next(r for r in plain.timeline.records if r.kind == GENERATE).duration == pytest.approx(
+        model.generator.hardware.generate(2))  # this run's generations never overlapped anything: no contention
+
+
+def test_the_pairs_survive_the_profile_file(tmp_path):
+    model, workload = measured_profile(compose(BASE), _timeline(), PROBES + PAIRED)
+    dump_profile(model, tmp_path / "p.json", workload=workload)
+    assert load(tmp_path / "p.json")[0].host_contention_beside == model.host_contention_beside != ()
+    from verl_digen.schedule.profile_io import model_from_dict
+
+    with pytest.raises(ValueError, match="host_contention_beside"):
+        model_from_dict({"generator": {"workers": 1}, "trainer": {"workers": 1},
+                         "host_contention_beside": {"generate": {"nope": 1.0}}})

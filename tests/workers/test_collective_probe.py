@@ -48,3 +48,32 @@ def test_the_sharded_probe_gives_up_without_its_peer():
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     assert time_sharded(None, "127.0.0.1", port, 1, 2, [4], timeout_s=0.1) == []
+
+
+def test_the_probes_switch_stashes_the_training_state_as_the_runtimes_does():
+    """The timed switch moves the gradients and AdamW state out (``switch.stash``, as ``HybridWorker.switch_to_gen``:
+    on a sharded rank a copy per DTensor shard, which the probe's gather alone never paid) and, sharded, gathers
+    the generation copy; the untimed way back restores both bit-identical."""
+    from verl_digen.workers import switch
+    from verl_digen.workers.collective_probe import switch_back, switch_out
+
+    torch.set_num_threads(1)
+    transformer, _ = tiny_components("flux")
+    gen, _ = tiny_components("flux", seed=1)
+    params = [p for p in transformer.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=1e-3)
+    for p in params:
+        p.grad = torch.ones_like(p)
+    opt.step()
+    grads = [p.grad.clone() for p in params]
+    moments = [opt.state[p]["exp_avg"].clone() for p in params]
+    stash = switch.TrainingStash()
+    switch_out(transformer, gen, opt, stash, sharded=False)  # an unsharded rank: the stash, no gather
+    assert all(p.grad is None for p in params) and not opt.state and stash
+    assert not torch.equal(next(iter(gen.state_dict().values())), next(iter(transformer.state_dict().values())))
+    switch_back(transformer, opt, stash)
+    assert all(torch.equal(p.grad, g) for p, g in zip(params, grads))
+    assert all(torch.equal(opt.state[p]["exp_avg"], m) for p, m in zip(params, moments)) and not stash
+    switch_out(transformer, gen, opt, stash, sharded=True)  # sharded: the gather into the generation copy too
+    assert all(torch.equal(a, b) for a, b in zip(gen.state_dict().values(), transformer.state_dict().values()))
+    assert all(p.grad is None for p in params) and not opt.state

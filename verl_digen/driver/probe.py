@@ -1,7 +1,8 @@
 """The runtime's after-run probe: what a run's own actions never sized, measured so its profile can
 predict other modes and TAG policies (``DigenRuntime(probe=True)``, see its docstring). Its actions run
-through the one executor loop on the Ray backend, as the run's do, one at a time (:class:`OneAtATime`),
-each carrying its rows as the run's actions do; it gets the run's pools and row mapping as arguments."""
+through the one executor loop on the Ray backend, as the run's do, one at a time or, where the probe measures
+two processes at once, two together (:class:`OneAtATime`), each carrying its rows as the run's actions do; it
+gets the run's pools and row mapping as arguments."""
 
 from __future__ import annotations
 
@@ -13,21 +14,24 @@ import ray
 from verl_digen.config import RunConfig
 from verl_digen.driver.ray_backend import RayBackend, Work
 from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE, Action
-from verl_digen.schedule.costs import ALL_GATHER, SHARDED_CALLS, SHARDED_WORK
+from verl_digen.schedule.costs import ALL_GATHER, PAIRED, SHARDED_CALLS, SHARDED_WORK
 from verl_digen.schedule.executor import events
 from verl_digen.schedule.timeline import TRAINER, Timeline, gen_worker, tag_slot
 
 Rows = Callable[[int, tuple], tuple[list[tuple[int, int]], list[str]]]
+#: one action of the probe: the action, what it carries, its profile sample less the seconds
+Item = tuple[Action, "Work | None", dict[str, Any]]
 
 
 class OneAtATime:
-    """A scheduler of a fixed list of actions, each launched when the one before completed; ``seconds``:
-    each one's, from its launch to its completion. Nothing enters a timeline."""
+    """A scheduler of a fixed list of action groups (most of one action), each group launched at once when the one
+    before completed; ``seconds``: per action (by ``id``), from its launch to its completion. Nothing enters a
+    timeline."""
 
-    def __init__(self, actions: list[Action]) -> None:
-        self.todo, self.seconds = list(reversed(actions)), []
+    def __init__(self, groups: list[list[Action]]) -> None:
+        self.todo, self.seconds = list(reversed(groups)), {}
         self.timeline = Timeline([], micro_batches=1, steps=1, mode="probe")
-        self._running = False
+        self._running = 0
 
     @property
     def done(self) -> bool:
@@ -39,12 +43,13 @@ class OneAtATime:
     def next_actions(self, now: float) -> list[Action]:
         if self._running or not self.todo:
             return []
-        self._running = True
-        return [self.todo.pop()]
+        group = self.todo.pop()
+        self._running = len(group)
+        return list(group)
 
     def on_complete(self, action: Action, end: float, moved: tuple[tuple[str, int], ...] = ()) -> None:
-        self.seconds.append(end - action.issued)
-        self._running = False
+        self.seconds[id(action)] = end - action.issued
+        self._running -= 1
 
 
 def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int = 3) -> list[dict[str, Any]]:
@@ -53,28 +58,28 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     Runs after the last optimizer step, on the prompts of the next (untrained) global step
     ``step``, one action at a time: generation, scoring and a training pass at the run's micro-batch
     size and at a second size (up to 4 micro-batches), then a switch to generation, one micro-batch
-    generated on trainer rank 0 and the switch back; ``reps`` times after one cold repetition (new
-    sizes are cold starts, as the run's first step is). The training pass has loss scale 0: the
-    full forward + backward, adding zero to the gradients, and no optimizer step follows. Nothing
-    here enters the timeline or the step reports. Run alone, these calls do not contend with the
-    other pool for the host as the run's do, so the profile takes from them the cost's shape and
-    the level from the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective
-    counts, an all-gather between it and generator 0 at two sizes, and a training pass (a micro-batch's rows and
-    the largest update's at the TSP degree, per rank), the switch's gather and an optimizer step run sharded over
-    the two against unsharded (``costs.Sharded``: what sharding the trainer adds). ``pools``: the run's
+    generated on trainer rank 0, at each size a generation on generator 0 and one on trainer rank 0 at
+    once and the two scored at once (each by its own pool: ``costs.PAIRED``), and the switch back;
+    ``reps`` times after one cold repetition (new sizes are cold starts, as the run's first step is).
+    The training pass has loss scale 0: the full forward + backward, adding zero to the gradients, and no optimizer
+    step follows. Nothing here enters the timeline or the step reports. Run alone, these calls do not contend with
+    the other pool for the host as the run's do, so the profile takes from them the cost's shape and the level from
+    the run (``measured_profile``). With one CPU trainer rank, last: the trainer's collective counts, an all-gather
+    between it and generator 0 at two sizes, and a training pass (a micro-batch's rows and the largest update's at
+    the TSP degree, per rank), an optimizer step and the switch (stash and gather) run sharded over the two against
+    unsharded (``costs.Sharded``: what sharding the trainer adds). ``pools``: the run's
     ``RunPools``; ``rows_of`` maps (prompt-in-step, sample) pairs to rows as the run did (``Prompts.rows``)."""
     gen_wg, trn_wg = pools.gen_wg, pools.trn_wg
     held = (ray.get(gen_wg.workers[0].weights_version.remote()) - step,
             ray.get(trn_wg.workers[0].weights_version.remote()) - step)  # as versions relative to ``step``
-    plan = [item for _ in range(reps + 1) for item in _repetition(cfg, rows_of, step, held)]
-    sched = OneAtATime([a for a, _, _ in plan])
-    works = {id(a): work for a, work, _ in plan}
+    plan = [_repetition(cfg, rows_of, step, held) for _ in range(reps + 1)]
+    sched = OneAtATime([[a for a, _, _ in group] for rep in plan for group in rep])
+    works = {id(a): work for rep in plan for group in rep for a, work, _ in group}
     # loss scale 0: the update adds zero to the gradients
     backend = RayBackend(gen_wg, trn_wg, pools.sync, scale=0.0, base=step)
     for _ in events(sched, backend, lambda a: works[id(a)]):
         pass
-    per_rep = len(plan) // (reps + 1)
-    out = [{**sample, "seconds": t} for (_, _, sample), t in zip(plan, sched.seconds, strict=True)][per_rep:]
+    out = [{**sample, "seconds": sched.seconds[id(a)]} for rep in plan[1:] for group in rep for a, _, sample in group]
     # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
     # gloo, as timed here; a GPU pool's NCCL is not)
     if len(trn_wg.workers) == 1 and cfg.trainer.device == "cpu":
@@ -86,9 +91,12 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     return out
 
 
-def _repetition(cfg: RunConfig, rows_of: Rows, step: int,
-                held: tuple[int, int]) -> list[tuple[Action, Work | None, dict[str, Any]]]:
-    """One repetition of the probe: (action, what it carries, its profile sample less the seconds)."""
+def _repetition(cfg: RunConfig, rows_of: Rows, step: int, held: tuple[int, int]) -> list[list[Item]]:
+    """One repetition of the probe, as groups of actions launched together (each its action, what it carries and
+    its profile sample less the seconds): every action alone (a group of one), then, with the trainer switched to
+    generation, a generation on generator 0 and one on trainer rank 0 at once, and the two scored at once, at each
+    size (``costs.PAIRED``: what a colocated phase runs on both processes, and TAG beside a generator, which a
+    ``never`` run's overlaps of a generation with an update do not measure)."""
     mb, batch = cfg.rollout.micro_batch_size, cfg.batch
     # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
     # fitted per-sample / per-row slope stable against host noise
@@ -96,8 +104,9 @@ def _repetition(cfg: RunConfig, rows_of: Rows, step: int,
     pairs = tuple((p, s) for p in range(cfg.data.train_batch_size) for s in range(cfg.rollout.n))
     degree = cfg.digen.tsp.degree or cfg.trained_steps()
     gen, (gen_v, trn_v) = gen_worker(0), held
-    out: list[tuple[Action, Work | None, dict[str, Any]]] = []
-    for m, size in enumerate(sorted({mb, second})):
+    sizes = sorted({mb, second})
+    out: list[Item] = []
+    for m, size in enumerate(sizes):
         rows, texts = rows_of(step, pairs[:size])
         zero_adv = {(pid, s): 0.0 for pid, s in rows}  # any size: the ranks split its rows (schedule.rows)
         out += [(Action(GENERATE, (gen,), 0, gen_v, mb=m, samples=pairs[:size]), Work(rows, texts),
@@ -106,10 +115,25 @@ def _repetition(cfg: RunConfig, rows_of: Rows, step: int,
                 (Action(UPDATE, (TRAINER,), 0, trn_v, mb=m), Work(rows, texts, zero_adv),
                  {"kind": UPDATE, "size": size, "tsp_degree": degree})]
     rows, texts = rows_of(step, pairs[:mb])
-    return out + [(Action(SWITCH_TO_GEN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_GEN}),
-                  (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=0, samples=pairs[:mb]), Work(rows, texts),
-                   {"kind": TAG_GENERATE, "size": mb}),
-                  (Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]
+    out += [(Action(SWITCH_TO_GEN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_GEN}),
+            (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=0, samples=pairs[:mb]), Work(rows, texts),
+             {"kind": TAG_GENERATE, "size": mb})]
+    groups = [[item] for item in out]
+    for m, size in enumerate(sizes):  # micro-batch ids of their own: each generation is scored by its own pool
+        g_mb, t_mb = len(sizes) + 2 * m, len(sizes) + 2 * m + 1
+        rows, texts = rows_of(step, pairs[:size])
+        groups += [[(Action(GENERATE, (gen,), 0, gen_v, mb=g_mb, samples=pairs[:size]), Work(rows, texts),
+                     _paired(GENERATE, TAG_GENERATE, size)),
+                    (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=t_mb, samples=pairs[:size]), Work(rows, texts),
+                     _paired(TAG_GENERATE, GENERATE, size))],
+                   [(Action(SCORE, (gen,), 0, gen_v, mb=g_mb), None, _paired(SCORE, SCORE, size)),
+                    (Action(SCORE, (TRAINER,), 0, trn_v, mb=t_mb), None, _paired(SCORE, SCORE, size))]]
+    return groups + [[(Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]]
+
+
+def _paired(kind: str, beside: str, size: int) -> dict[str, Any]:
+    """The profile sample (less the seconds) of an action of ``kind`` run at once with one of ``beside``."""
+    return {"kind": PAIRED, "action": kind, "beside": beside, "size": size}
 
 
 def _sharded_samples(trainer: Any, gen: Any, rows: list[int]) -> list[dict[str, Any]]:

@@ -17,6 +17,7 @@ from verl_digen.schedule.bounds import busy_fractions, window_bounds
 from verl_digen.schedule.config import COLOCATED
 from verl_digen.schedule.costs import (
     ALL_GATHER,
+    PAIRED,
     PASS,
     SHARDED_CALLS,
     SHARDED_WORK,
@@ -173,15 +174,41 @@ def _alone(model: CostModel, degree: int) -> Callable[[str, int], float]:
     return alone
 
 
+#: the kinds that run the same code on one hardware type whichever pool runs them (``pool_samples``)
+GENERATION = (GENERATE, TAG_GENERATE)
+
+
+def paired_contention(paired: list[dict[str, Any]], alone: Callable[[str, int], float],
+                      same_hw: bool) -> dict[tuple[str, str], float]:
+    """Per (kind, kind beside), how much one other process running the second slows an action of the first
+    (``CostModel.host_contention_beside``), from the probe's actions run two at once (``costs.PAIRED``): the median
+    over its samples of ``seconds / alone(kind, size) - 1`` (one other process), ``alone`` the probe's own calls one
+    at a time. The run's overlaps measure an action beside whatever the other pool ran (a generation beside an
+    update, in a ``never`` run); a colocated phase runs the same kind on both processes, and TAG generates beside
+    a generator. With one hardware type the generation kinds share one figure (the same code on the same
+    hardware), for every pair of them."""
+    ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
+    for p in paired:
+        ref = alone(p["action"], int(p["size"]))
+        if ref > 0:
+            ratios[(p["action"], p["beside"])].append(float(p["seconds"]) / ref - 1)
+    if same_hw:
+        gen = [x for (k, o), xs in ratios.items() if k in GENERATION and o in GENERATION for x in xs]
+        if gen:
+            ratios.update({(k, o): gen for k in GENERATION for o in GENERATION})
+    return {pair: max(0.0, statistics.median(xs)) for pair, xs in ratios.items() if xs}
+
+
 def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) -> tuple[dict[str, float], float]:
     """Per work (``costs.PASS``, ``SWITCH``, ``STEP``), the seconds sharding it over two of the run's processes
     added, from the probe's timings (``collective_probe.time_sharded``), each in the terms the simulator prices
     it in. A training pass: the sharded pass (both processes busy, as a colocated update runs) less the time alone,
     in time-alone units: the simulator slows an update's time alone, sharded term included, by the host's
     contention (``update_contention``: one other busy process), so the priced pass is the probe's sharded one;
-    fitted per pass + per row over the sizes (the second value returned: per row). The switch: the sharded
-    gather with both busy (an unsharded rank generates from its own weights and gathers nothing). The optimizer
-    step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed)."""
+    fitted per pass + per row over the sizes (the second value returned: per row). The switch and the optimizer
+    step: sharded - unsharded, both busy (switches and steps are priced as measured, not slowed); the switch is the
+    runtime's (``collective_probe.switch_out``): the training state stashed, shard by shard on a sharded rank,
+    then the gather, where an unsharded rank only stashes its tensors (the profile's own ``switch_to_gen``)."""
     by = defaultdict(list)
     for w in work:
         by[w["work"]].append(w)
@@ -191,7 +218,7 @@ def sharding_adds(work: list[dict[str, Any]], update_contention: float = 0.0) ->
                           for w in by[PASS]])
         out[PASS], per_row = fit.fixed, fit.per_unit
     if by[SWITCH]:
-        out[SWITCH] = statistics.median(w["sharded"] for w in by[SWITCH])
+        out[SWITCH] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[SWITCH])
     if by[STEP]:
         out[STEP] = statistics.median(max(0.0, w["sharded"] - w["plain"]) for w in by[STEP])
     return out, per_row
@@ -221,15 +248,17 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     base = CostModel(Pool(Hardware(res.generator.node_resource or "generator"), res.generator.workers),
                      Pool(Hardware(res.trainer.node_resource or "trainer"), res.trainer.workers),
                      steps_trained=k, sequence_parallel=cfg.actor.ulysses_sequence_parallel_size)
-    gathers, counts, work = [], None, []
+    gathers, counts, work, paired = [], None, [], []
     if probes:
         gathers = [(float(p["size"]), float(p["seconds"])) for p in probes if p.get("kind") == ALL_GATHER]
         counts = next((p for p in probes if p.get("kind") == SHARDED_CALLS), None)
         work = [p for p in probes if p.get("kind") == SHARDED_WORK]
-        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS, SHARDED_WORK)]
+        paired = [p for p in probes if p.get("kind") == PAIRED]
+        probes = [p for p in probes if p.get("kind") not in (ALL_GATHER, SHARDED_CALLS, SHARDED_WORK, PAIRED)]
         base = fit_samples(base, pool_samples(probes) if same_hardware(cfg) else probes)
     samples = []
     contention: dict[str, float] = {}
+    beside: dict[tuple[str, str], float] = {}
     records = timeline.records
     steps = {r.step for r in records}
     if len(steps) > 1:  # the first step is warm-up (allocator, caches, first BTS solves): not a cost
@@ -259,6 +288,8 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
                 for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
                     if a in contention and b not in contention:
                         contention[b] = contention[a]
+            if paired:  # what the run never overlapped: the probe ran it two at once
+                beside = paired_contention(paired, _alone(base, degree), same_hardware(cfg))
         # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
         # alone): the run's, divided by a median slowdown, only add its noise
         alone_by_probe = set(contention) if probes else set()
@@ -287,5 +318,5 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
         added, per_row = sharding_adds(work, contention.get(UPDATE, 0.0))
         sharded = Sharded.from_probe(fit_points(gathers), {c: int(v) for c, v in counts.items() if c != "kind"},
                                      added, per_row)
-    return replace(fit_samples(base, samples), sharded=sharded,
-                   host_contention=tuple(sorted(contention.items()))), workload
+    return replace(fit_samples(base, samples), sharded=sharded, host_contention=tuple(sorted(contention.items())),
+                   host_contention_beside=tuple(sorted((k, o, c) for (k, o), c in beside.items()))), workload

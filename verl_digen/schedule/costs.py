@@ -181,6 +181,10 @@ class BaselineCosts:
 ALL_GATHER = "all_gather"
 SHARDED_CALLS = "sharded_calls"
 SHARDED_WORK = "sharded_work"
+#: the probe's actions run two at once (generation beside generation, one on each of two processes of the host):
+#: ``{"kind": PAIRED, "action": kind, "beside": the other's kind, "size": samples, "seconds": ...}``, for
+#: ``CostModel.host_contention_beside`` (``metrics.paired_contention``)
+PAIRED = "paired"
 #: what a sharded trainer does that an unsharded rank does not, each priced by its own collectives
 PASS, SWITCH, STEP = "pass", "switch", "step"
 
@@ -287,6 +291,10 @@ class CostModel:
     # of that kind, as a fraction of its time alone ((kind, fraction) pairs; the simulator's processor sharing,
     # ``executor.SimBackend``); empty for pools of their own
     host_contention: tuple[tuple[str, float], ...] = ()
+    # the same, for an action of one kind beside a process running a given other kind ((kind, other kind, fraction)
+    # triples; a colocated phase's own ranks are beside their own kind), where the probe ran the two at once
+    # (generation beside generation: ``metrics.paired_contention``); any other pair takes ``host_contention``
+    host_contention_beside: tuple[tuple[str, str, float], ...] = ()
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -300,6 +308,13 @@ class CostModel:
             _check_cost(name, getattr(self, name))
         for kind, c in self.host_contention:
             _check_cost(f"host_contention.{kind}", c)
+        for kind, other, c in self.host_contention_beside:
+            _check_cost(f"host_contention_beside.{kind}.{other}", c)
+
+    def shared_host(self) -> dict[str, object]:
+        """The simulator's shared-host arguments (``executor.SimBackend``'s ``contention`` and ``beside``)."""
+        return {"contention": dict(self.host_contention),
+                "beside": {(k, o): c for k, o, c in self.host_contention_beside}}
 
     @property
     def total_workers(self) -> int:

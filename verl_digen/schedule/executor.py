@@ -104,17 +104,22 @@ class SimBackend:
 
     ``contention`` (action kind -> c): every process shares one host (a CPU testbed,
     ``CostModel.host_contention``); while N processes are busy, an action of that kind runs 1 + c x (N - 1) times
-    slower than alone (processor sharing, re-rated at each launch and completion). ``processes(action)``: how
-    many processes an action keeps busy (default one per worker it occupies)."""
+    slower than alone (processor sharing, re-rated at each launch and completion). ``beside`` ((kind, other kind)
+    -> c, ``CostModel.host_contention_beside``): the fraction for an action beside a process running that other
+    kind (an action's own processes beyond its first run its own kind), where it differs from ``contention``'s.
+    ``processes(action)``: how many processes an action keeps busy (default one per worker it occupies)."""
 
     def __init__(self, costs: StageCosts, noise: float = 0.0, seed: int = 0,
                  duration: Callable[[Action], float] | None = None, contention: dict[str, float] | None = None,
-                 processes: Callable[[Action], int] | None = None) -> None:
+                 processes: Callable[[Action], int] | None = None,
+                 beside: dict[tuple[str, str], float] | None = None) -> None:
         self.costs = costs
         self.noise = noise
         self.rng = random.Random(seed)
         self.duration = duration or (lambda a: costs.duration(a.kind))
         self.contention = {k: c for k, c in (contention or {}).items() if c > 0}
+        self.beside = dict(beside or {})
+        self.shared = bool(self.contention) or any(c > 0 for c in self.beside.values())
         self.processes = processes or (lambda a: len(a.workers))
         self.clock = 0.0
         self._heap: list[tuple[float, int, Action]] = []
@@ -131,7 +136,7 @@ class SimBackend:
         d = self.duration(action)
         if self.noise:
             d *= math.exp(self.rng.gauss(0.0, self.noise) - self.noise * self.noise / 2)
-        if self.contention:
+        if self.shared:
             n = self.processes(action)
             self._work[self._seq] = [action, d, n]
             self._busy += n
@@ -139,10 +144,16 @@ class SimBackend:
             heapq.heappush(self._heap, (self.clock + d, self._seq, action))
         self._seq += 1
 
+    def _slowdown(self, kind: str, other: str) -> float:
+        return self.beside.get((kind, other), self.contention.get(kind, 0.0))
+
     def _shared_wait(self) -> tuple[list[Completion], float]:
         """To the next end of work at the rates of the processes busy until then; every action's work advances."""
-        others = max(self._busy - 1, 0)
-        rate = {s: 1.0 / (1.0 + self.contention.get(a.kind, 0.0) * others) for s, (a, _, _) in self._work.items()}
+        rate = {}
+        for s, (a, _, n) in self._work.items():  # each other process by what it runs, its own by its own kind
+            load = max(n - 1, 0) * self._slowdown(a.kind, a.kind) + sum(
+                m * self._slowdown(a.kind, b.kind) for t, (b, _, m) in self._work.items() if t != s)
+            rate[s] = 1.0 / (1.0 + load)
         dt = min(w / rate[s] for s, (_, w, _) in self._work.items())
         self.clock += dt
         done = []
@@ -158,7 +169,7 @@ class SimBackend:
     def wait(self) -> tuple[list[Completion], float]:
         if not self._heap and not self._work:
             raise RuntimeError("scheduler stalled: no action in flight and not done")
-        if self.contention:
+        if self.shared:
             return self._shared_wait()
         t, _, a = heapq.heappop(self._heap)
         done = [Completion(a, t)]

@@ -112,6 +112,16 @@ def _contention(d: Any) -> tuple[tuple[str, float], ...]:
     return tuple(sorted((str(k), float(v)) for k, v in d.items()))
 
 
+def _beside(d: Any) -> tuple[tuple[str, str, float], ...]:
+    if d is None:
+        return ()
+    if (not isinstance(d, dict) or set(d) - set(KINDS)
+            or any(not isinstance(v, dict) or set(v) - set(KINDS) for v in d.values())):
+        raise ValueError(f"host_contention_beside: expected a mapping from action kinds {list(KINDS)} to mappings "
+                         f"from the kind beside to fractions, got {d!r}")
+    return tuple(sorted((str(k), str(o), float(c)) for k, v in d.items() for o, c in v.items()))
+
+
 def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
     """Parse a profile mapping (see module docstring); raw ``samples`` refit the costs."""
     if d.get("format", FORMAT) != FORMAT:
@@ -128,6 +138,7 @@ def model_from_dict(d: dict) -> tuple[CostModel, Workload | None]:
         baselines=_baselines(d.get("baselines")),
         sharded=_sharded(d.get("sharded")),
         host_contention=_contention(d.get("host_contention")),
+        host_contention_beside=_beside(d.get("host_contention_beside")),
     )
     if d.get("samples"):
         model = fit_samples(model, d["samples"])
@@ -240,6 +251,11 @@ def model_to_dict(model: CostModel, name: str = "", workload: Workload | None = 
         out["sharded"] = asdict(model.sharded)
     if model.host_contention:
         out["host_contention"] = dict(model.host_contention)
+    if model.host_contention_beside:
+        beside: dict[str, dict[str, float]] = {}
+        for kind, other, c in model.host_contention_beside:
+            beside.setdefault(kind, {})[other] = c
+        out["host_contention_beside"] = beside
     if workload is not None:
         out["workload"] = asdict(workload)
     return out

@@ -70,10 +70,11 @@ class SimResult:
 
 
 def execute(sched: StepScheduler, true_costs: StageCosts, noise: float = 0.0, seed: int = 0,
-            check: bool = True, contention: dict[str, float] | None = None) -> Timeline:
-    """Run ``sched`` to completion on a virtual clock; returns its (checked) timeline. ``contention``: the
-    cost model's ``host_contention`` (all processes on one host)."""
-    return run(sched, SimBackend(true_costs, noise, seed, contention=contention,
+            check: bool = True, contention: dict[str, float] | None = None,
+            beside: dict[tuple[str, str], float] | None = None) -> Timeline:
+    """Run ``sched`` to completion on a virtual clock; returns its (checked) timeline. ``contention``, ``beside``:
+    the cost model's host contention (all processes on one host, ``CostModel.shared_host``)."""
+    return run(sched, SimBackend(true_costs, noise, seed, contention=contention, beside=beside,
                                  processes=_processes(sched.timeline.trainer_ranks)), check=check)
 
 
@@ -103,7 +104,7 @@ def simulate(
     pol = parse_policy(policy if policy is not None else config.policy)
     R = model.trainer.workers
     sched = StepScheduler(config, costs, G, pol, Profiler(costs, warmup=warmup), trainer_ranks=R)
-    tl = execute(sched, costs, noise, seed, check, dict(model.host_contention))
+    tl = execute(sched, costs, noise, seed, check, **model.shared_host())
     span = tl.makespan
     bounds = step_bounds(costs, sched.M, G, config.steps, sched.unit_size, sched.update_size, R,
                          synchronous=sched.stale_budget == 0, mini_batches=config.mini_batches)
@@ -131,7 +132,7 @@ def simulate_colocated(config: ScheduleConfig, model: CostModel, label: str | No
                         config.rows_per_pass), model)
     workers = [gen_worker(i) for i in range(model.generator.workers)] + [TRAINER]
     tl = run(ColocatedScheduler(config, workers),
-             SimBackend(costs, contention=dict(model.host_contention), processes=_processes(model.trainer.workers)),
+             SimBackend(costs, **model.shared_host(), processes=_processes(model.trainer.workers)),
              check=check)
     span = tl.makespan
     return SimResult(

@@ -50,9 +50,34 @@ def time_all_gather(host: str, port: int, rank: int, world: int, numels: list[in
 
 
 #: what :func:`time_sharded` times, each sharded as the trainer shards (``fsdp.shard_transformer``) against the same
-#: work on an unsharded copy: a training pass (forward + backward), the switch's gather of the generation copy
-#: (``fsdp.copy_full_state``) and the optimizer step (gradient-norm clip, the ranks' skip verdict, AdamW)
+#: work on an unsharded copy: a training pass (forward + backward), the optimizer step (gradient-norm clip, the
+#: ranks' skip verdict, AdamW) and the switch to generation as the runtime's makes it (:func:`switch_out`)
 TIMED_WORK = ("pass", "switch", "step")
+
+
+def _trained(transformer: torch.nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [(n, p) for n, p in transformer.named_parameters() if p.requires_grad]
+
+
+def switch_out(transformer: torch.nn.Module, gen: torch.nn.Module, optimizer: torch.optim.Optimizer,
+               into: Any, sharded: bool) -> None:
+    """The switch to generation of a CPU trainer rank (``HybridWorker.switch_to_gen``): its gradients and optimizer
+    state moved into the stash ``into`` (``switch.stash``: on a sharded rank one copy per DTensor shard, with
+    DTensor dispatch), then, ``sharded``, the full weights gathered into the generation copy ``gen``
+    (``fsdp.copy_full_state``; an unsharded rank generates with its own weights). :func:`switch_back` undoes it."""
+    from verl_digen.workers import fsdp, switch
+
+    switch.stash(_trained(transformer), optimizer, torch.device("cpu"), into)
+    if sharded:
+        fsdp.copy_full_state(transformer, gen)
+
+
+def switch_back(transformer: torch.nn.Module, optimizer: torch.optim.Optimizer, stashed: Any) -> None:
+    """The training state :func:`switch_out` stashed, put back (``switch.restore``; not timed: the probe prices the
+    switch to generation, the way back is the run's own ``switch_to_train``)."""
+    from verl_digen.workers import switch
+
+    switch.restore(_trained(transformer), optimizer, torch.device("cpu"), stashed)
 
 
 def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: list[int], reps: int = 9,
@@ -92,13 +117,15 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
 
 def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, fsdp: Any,
                   P: Any) -> list[dict[str, Any]]:
+    from verl_digen.workers import switch
+
     cpu = torch.device("cpu")
     plain, sharded, gen = (P.build_policy(cfg, cpu) for _ in range(3))
     fsdp.shard_transformer(sharded.transformer, world, cpu)
     optims = {id(m): torch.optim.AdamW([p for p in m.transformer.parameters() if p.requires_grad], lr=1e-6)
               for m in (plain, sharded)}
 
-    def timed(work: Any, active: bool) -> float:
+    def timed(work: Any, active: bool, after: Any = None) -> float:
         times = []
         for i in range(2 + reps):
             dist.barrier()  # every rank starts together; an idle one waits here
@@ -107,13 +134,19 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
                 work()
             if i >= 2:
                 times.append(time.perf_counter() - t0)
+            if active and after is not None:  # untimed: what puts the work's state back
+                after()
             dist.barrier()
         return statistics.median(times)
 
-    def three(work: Any) -> dict[str, float]:
-        """(alone, plain, sharded): ``work(model)`` on the unsharded copy on rank 0 alone, on every rank, sharded."""
-        return {"alone": timed(lambda: work(plain), rank == 0), "plain": timed(lambda: work(plain), True),
-                "sharded": timed(lambda: work(sharded), True)}
+    def three(work: Any, after: Any = None) -> dict[str, float]:
+        """(alone, plain, sharded): ``work(model)`` on the unsharded copy on rank 0 alone, on every rank, sharded
+        (``after(model)``, untimed, after each)."""
+        def undo(m: Any) -> Any:
+            return None if after is None else (lambda: after(m))
+        return {"alone": timed(lambda: work(plain), rank == 0, undo(plain)),
+                "plain": timed(lambda: work(plain), True, undo(plain)),
+                "sharded": timed(lambda: work(sharded), True, undo(sharded))}
 
     out = []
     for r in rows:
@@ -126,7 +159,6 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
             m.velocity(x, sigmas, cond).square().mean().backward()
 
         out.append({"work": "pass", "size": r, **three(one_pass)})
-    out.append({"work": "switch", **three(lambda m: fsdp.copy_full_state(m.transformer, gen.transformer))})
 
     def step(m: Any) -> None:  # as the trainer's optimizer_step: clip, agree on a skip (sharded), AdamW
         params = [p for p in m.transformer.parameters() if p.requires_grad]
@@ -137,4 +169,9 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
         optims[id(m)].step()
 
     out.append({"work": "step", **three(step)})
+    # after the step, as in a run: gradients and AdamW state to stash, then (sharded) the gather
+    stashes = {id(m): switch.TrainingStash() for m in (plain, sharded)}
+    out.append({"work": "switch", **three(
+        lambda m: switch_out(m.transformer, gen.transformer, optims[id(m)], stashes[id(m)], m is sharded),
+        lambda m: switch_back(m.transformer, optims[id(m)], stashes[id(m)]))})
     return out if rank == 0 else []

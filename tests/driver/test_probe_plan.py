@@ -1,0 +1,47 @@
+"""The after-run probe's plan (no Ray): actions alone, and the pairs it runs two at once."""
+
+import pytest
+
+from verl_digen.config import compose
+from verl_digen.driver.probe import OneAtATime, _repetition
+from verl_digen.schedule.actions import GENERATE, SCORE, SWITCH_TO_GEN, SWITCH_TO_TRAIN, TAG_GENERATE, UPDATE
+from verl_digen.schedule.costs import PAIRED, uniform_stage_costs
+from verl_digen.schedule.executor import SimBackend, events
+
+
+def _rows(step, pairs):
+    return [(p, s) for p, s in pairs], ["a prompt"] * len(pairs)
+
+
+def test_the_probe_runs_generations_and_scores_two_at_once_with_the_trainer_switched():
+    cfg = compose(["data.train_batch_size=2", "rollout.n=2", "rollout.micro_batch_size=2", "rollout.num_steps=3",
+                   "rollout.train_steps=2", "trainer=digen", "digen.tag.policy=never"])
+    groups = _repetition(cfg, _rows, 5, (0, 0))
+    kinds = [[a.kind for a, _, _ in g] for g in groups]
+    alone = [k for (k,) in (g for g in kinds if len(g) == 1)]
+    assert alone == [GENERATE, SCORE, UPDATE, GENERATE, SCORE, UPDATE, SWITCH_TO_GEN, TAG_GENERATE, SWITCH_TO_TRAIN]
+    pairs = [g for g in groups if len(g) == 2]  # at each size (2 and 4 samples): generations, then their scores
+    assert [[a.kind for a, _, _ in g] for g in pairs] == [[GENERATE, TAG_GENERATE], [SCORE, SCORE]] * 2
+    assert kinds.index([GENERATE, TAG_GENERATE]) > kinds.index([SWITCH_TO_GEN])  # with the trainer switched
+    assert kinds[-1] == [SWITCH_TO_TRAIN]
+    for gens, scores in zip(pairs[::2], pairs[1::2]):
+        (g, _, gs), (t, _, ts) = gens
+        assert (gs["kind"], gs["action"], gs["beside"]) == (PAIRED, GENERATE, TAG_GENERATE)
+        assert (ts["kind"], ts["action"], ts["beside"]) == (PAIRED, TAG_GENERATE, GENERATE)
+        assert len(g.samples) == len(t.samples) == gs["size"] == ts["size"]
+        assert [a.mb for a, _, _ in scores] == [g.mb, t.mb]  # each pool scores its own generation
+        assert len({g.mb, t.mb} & {a.mb for grp in groups for a, _, _ in grp if len(grp) == 1}) == 0
+    assert sorted(gs["size"] for (_, _, gs), _ in pairs[::2]) == [2, 4]
+
+
+def test_a_group_is_launched_at_once_and_each_action_timed():
+    """Each group starts when the one before completed; the actions of a group start together."""
+    from verl_digen.schedule.actions import Action
+
+    one, two, three = (Action(GENERATE, (w,), 0, 0, 0) for w in ("gen0", "tag0", "gen1"))
+    sched = OneAtATime([[one], [two, three]])
+    backend = SimBackend(uniform_stage_costs(generate=1.0, update=1.0))
+    for _ in events(sched, backend):
+        pass
+    assert sched.done and two.issued == three.issued == pytest.approx(1.0)
+    assert [sched.seconds[id(a)] for a in (one, two, three)] == pytest.approx([1.0, 1.0, 1.0])
