@@ -240,7 +240,8 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
     (latency + per byte), the trainer's collective counts and the probe's pass, switch and optimizer step run
     sharded over two of the run's processes (``sharding_adds``, ``costs.Sharded.from_probe``): what a sharded
     trainer (colocated, or more trainer ranks) adds per pass, switch and optimizer step, which this run never
-    ran, priced per collective it issues."""
+    ran, priced per collective it issues. On a CPU host, the probe's actions two at once (``costs.PAIRED``) set
+    the contention of those pairs of kinds (``paired_contention``), the run's overlaps that of every other."""
     mb = cfg.rollout.micro_batch_size
     k = cfg.trained_steps()
     degree = cfg.digen.tsp.degree or k
