@@ -19,18 +19,23 @@ def test_the_probe_runs_generations_and_scores_two_at_once_with_the_trainer_swit
     groups = _repetition(cfg, _rows, 5, (0, 0))
     kinds = [[a.kind for a, _, _ in g] for g in groups]
     alone = [k for (k,) in (g for g in kinds if len(g) == 1)]
-    assert alone == [GENERATE, SCORE, UPDATE, GENERATE, SCORE, UPDATE, SWITCH_TO_GEN, TAG_GENERATE, SWITCH_TO_TRAIN]
+    assert alone == [GENERATE, SCORE, UPDATE, GENERATE, SCORE, UPDATE, SWITCH_TO_GEN, TAG_GENERATE,
+                     *[GENERATE, TAG_GENERATE] * 2, SWITCH_TO_TRAIN]  # at each size each alone, right before both
     pairs = [g for g in groups if len(g) == 2]  # at each size (2 and 4 samples): generations, then their scores
     assert [[a.kind for a, _, _ in g] for g in pairs] == [[GENERATE, TAG_GENERATE], [SCORE, SCORE]] * 2
     assert kinds.index([GENERATE, TAG_GENERATE]) > kinds.index([SWITCH_TO_GEN])  # with the trainer switched
     assert kinds[-1] == [SWITCH_TO_TRAIN]
     for gens, scores in zip(pairs[::2], pairs[1::2]):
         (g, _, gs), (t, _, ts) = gens
+        i = groups.index(gens)  # the same two generations alone, just before: the ratio's reference
+        assert [gs["alone"], ts["alone"]] == [groups[i - 2][0][0], groups[i - 1][0][0]]
+        assert [(a.kind, a.workers, len(a.samples)) for a in (gs["alone"], ts["alone"])] == [
+            (g.kind, g.workers, len(g.samples)), (t.kind, t.workers, len(t.samples))]
         assert (gs["kind"], gs["action"], gs["beside"]) == (PAIRED, GENERATE, TAG_GENERATE)
         assert (ts["kind"], ts["action"], ts["beside"]) == (PAIRED, TAG_GENERATE, GENERATE)
         assert len(g.samples) == len(t.samples) == gs["size"] == ts["size"]
         assert [a.mb for a, _, _ in scores] == [g.mb, t.mb]  # each pool scores its own generation
-        assert len({g.mb, t.mb} & {a.mb for grp in groups for a, _, _ in grp if len(grp) == 1}) == 0
+        assert not {g.mb, t.mb} & {a.mb for grp in groups[:i - 2] for a, _, _ in grp}  # not an earlier id
     assert sorted(gs["size"] for (_, _, gs), _ in pairs[::2]) == [2, 4]
 
 
@@ -45,3 +50,12 @@ def test_a_group_is_launched_at_once_and_each_action_timed():
         pass
     assert sched.done and two.issued == three.issued == pytest.approx(1.0)
     assert [sched.seconds[id(a)] for a in (one, two, three)] == pytest.approx([1.0, 1.0, 1.0])
+
+
+def test_a_paired_sample_carries_the_seconds_of_its_action_alone():
+    from verl_digen.driver.probe import _paired, _sample
+    from verl_digen.schedule.actions import Action
+
+    before = Action(GENERATE, ("gen0",), 0, 0, 0)
+    got = _sample(_paired(GENERATE, TAG_GENERATE, 4, before), {id(before): 0.25})
+    assert got == {"kind": PAIRED, "action": GENERATE, "beside": TAG_GENERATE, "size": 4, "alone": 0.25}

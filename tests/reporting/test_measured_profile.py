@@ -313,6 +313,10 @@ def test_the_probes_pairs_price_a_generation_beside_a_generation():
     alone = {GENERATE: 0.06, TAG_GENERATE: 0.06, SCORE: 0.01}
     apart = paired_contention(PAIRED, lambda kind, n: alone[kind], same_hw=False)
     assert apart == pytest.approx({(GENERATE, TAG_GENERATE): 0.5, (TAG_GENERATE, GENERATE): 1.0, (SCORE, SCORE): 0.5})
+    # a sample that carries its action's seconds alone just before (the host's load then) is set against those
+    drifted = [{**PAIRED[0], "alone": 0.09}, {**PAIRED[1], "alone": 0.08}]
+    assert paired_contention(drifted, lambda kind, n: alone[kind], same_hw=False) == pytest.approx(
+        {(GENERATE, TAG_GENERATE): 0.0, (TAG_GENERATE, GENERATE): 0.5})
     # a colocated step from this profile: its generation (both processes at once) 1.75x the time alone
     col = compose([*BASE, "trainer=colocated"])
     from verl_digen.schedule.simulator import simulate

@@ -77,3 +77,22 @@ def test_the_probes_switch_stashes_the_training_state_as_the_runtimes_does():
     switch_out(transformer, gen, opt, stash, sharded=True)  # sharded: the gather into the generation copy too
     assert all(torch.equal(a, b) for a, b in zip(gen.state_dict().values(), transformer.state_dict().values()))
     assert all(p.grad is None for p in params) and not opt.state
+
+
+def test_the_sharded_probe_interleaves_its_variants():
+    """alone, plain and sharded take turns, so a load that comes and goes moves all three alike: the order of the
+    runs, and each variant's median over its timed runs (the first two rounds are warm-up)."""
+    from verl_digen.workers.collective_probe import interleaved
+
+    order: list[str] = []
+    clock = iter(range(100))
+
+    def run(name: str):
+        def once() -> float:
+            order.append(name)
+            return float(next(clock))
+        return once
+
+    got = interleaved([(n, run(n)) for n in ("alone", "plain", "sharded")], reps=3, warmup=1)
+    assert order == ["alone", "plain", "sharded"] * 4
+    assert got == {"alone": 6.0, "plain": 7.0, "sharded": 8.0}  # runs 3, 6, 9 / 4, 7, 10 / 5, 8, 11

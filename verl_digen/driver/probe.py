@@ -79,7 +79,8 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     backend = RayBackend(gen_wg, trn_wg, pools.sync, scale=0.0, base=step)
     for _ in events(sched, backend, lambda a: works[id(a)]):
         pass
-    out = [{**sample, "seconds": sched.seconds[id(a)]} for rep in plan[1:] for group in rep for a, _, sample in group]
+    out = [_sample(sample, sched.seconds) | {"seconds": sched.seconds[id(a)]}
+           for rep in plan[1:] for group in rep for a, _, sample in group]
     # what sharding the trainer would add, which this run's unsharded rank never did (CPU ranks gather over
     # gloo, as timed here; a GPU pool's NCCL is not)
     if len(trn_wg.workers) == 1 and cfg.trainer.device == "cpu":
@@ -122,18 +123,34 @@ def _repetition(cfg: RunConfig, rows_of: Rows, step: int, held: tuple[int, int])
     for m, size in enumerate(sizes):  # micro-batch ids of their own: each generation is scored by its own pool
         g_mb, t_mb = len(sizes) + 2 * m, len(sizes) + 2 * m + 1
         rows, texts = rows_of(step, pairs[:size])
-        groups += [[(Action(GENERATE, (gen,), 0, gen_v, mb=g_mb, samples=pairs[:size]), Work(rows, texts),
-                     _paired(GENERATE, TAG_GENERATE, size)),
-                    (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=t_mb, samples=pairs[:size]), Work(rows, texts),
-                     _paired(TAG_GENERATE, GENERATE, size))],
+
+        def gen_on(kind: str, mb_id: int, size: int = size) -> Action:
+            worker, version = (gen, gen_v) if kind == GENERATE else (tag_slot(0), trn_v)
+            return Action(kind, (worker,), 0, version, mb=mb_id, samples=pairs[:size])
+
+        # each generation alone right before the two at once: a load that moves over seconds (other jobs on the
+        # host) moves both alike, so their ratio is the contention, not the drift
+        g_alone, t_alone = gen_on(GENERATE, g_mb), gen_on(TAG_GENERATE, t_mb)
+        groups += [[(g_alone, Work(rows, texts), {"pool": "generator", "kind": GENERATE, "size": size})],
+                   [(t_alone, Work(rows, texts), {"kind": TAG_GENERATE, "size": size})],
+                   [(gen_on(GENERATE, g_mb), Work(rows, texts), _paired(GENERATE, TAG_GENERATE, size, g_alone)),
+                    (gen_on(TAG_GENERATE, t_mb), Work(rows, texts), _paired(TAG_GENERATE, GENERATE, size, t_alone))],
                    [(Action(SCORE, (gen,), 0, gen_v, mb=g_mb), None, _paired(SCORE, SCORE, size)),
                     (Action(SCORE, (TRAINER,), 0, trn_v, mb=t_mb), None, _paired(SCORE, SCORE, size))]]
     return groups + [[(Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]]
 
 
-def _paired(kind: str, beside: str, size: int) -> dict[str, Any]:
-    """The profile sample (less the seconds) of an action of ``kind`` run at once with one of ``beside``."""
-    return {"kind": PAIRED, "action": kind, "beside": beside, "size": size}
+def _paired(kind: str, beside: str, size: int, alone: Action | None = None) -> dict[str, Any]:
+    """The profile sample (less the seconds) of an action of ``kind`` run at once with one of ``beside``; ``alone``:
+    the same action run alone just before, whose seconds the sample carries (``_sample``)."""
+    return {"kind": PAIRED, "action": kind, "beside": beside, "size": size, **({"alone": alone} if alone else {})}
+
+
+def _sample(sample: dict[str, Any], seconds: dict[int, float]) -> dict[str, Any]:
+    """A planned sample as the profile keeps it: an ``alone`` action replaced by its measured seconds."""
+    if isinstance(sample.get("alone"), Action):
+        return {**sample, "alone": seconds[id(sample["alone"])]}
+    return dict(sample)
 
 
 def _sharded_samples(trainer: Any, gen: Any, rows: list[int]) -> list[dict[str, Any]]:

@@ -182,14 +182,15 @@ def paired_contention(paired: list[dict[str, Any]], alone: Callable[[str, int], 
                       same_hw: bool) -> dict[tuple[str, str], float]:
     """Per (kind, kind beside), how much one other process running the second slows an action of the first
     (``CostModel.host_contention_beside``), from the probe's actions run two at once (``costs.PAIRED``): the median
-    over its samples of ``seconds / alone(kind, size) - 1`` (one other process), ``alone`` the probe's own calls one
-    at a time. The run's overlaps measure an action beside whatever the other pool ran (a generation beside an
-    update, in a ``never`` run); a colocated phase runs the same kind on both processes, and TAG generates beside
-    a generator. With one hardware type the generation kinds share one figure (the same code on the same
-    hardware), for every pair of them."""
+    over its samples of ``seconds / alone - 1`` (one other process), ``alone`` the same action's seconds run alone
+    just before (the sample's ``alone``; a load that drifts over seconds moves both alike), else ``alone(kind,
+    size)``: the probe's own calls one at a time. The run's overlaps measure an action beside whatever the other
+    pool ran (a generation beside an update, in a ``never`` run); a colocated phase runs the same kind on both
+    processes, and TAG generates beside a generator. With one hardware type the generation kinds share one figure
+    (the same code on the same hardware), for every pair of them."""
     ratios: dict[tuple[str, str], list[float]] = defaultdict(list)
     for p in paired:
-        ref = alone(p["action"], int(p["size"]))
+        ref = float(p.get("alone") or alone(p["action"], int(p["size"])))
         if ref > 0:
             ratios[(p["action"], p["beside"])].append(float(p["seconds"]) / ref - 1)
     if same_hw:

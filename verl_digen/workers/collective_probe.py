@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 
@@ -115,6 +116,19 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
             listener.close()
 
 
+def interleaved(variants: list[tuple[str, Callable[[], float]]], reps: int, warmup: int = 2) -> dict[str, float]:
+    """Per variant (name, a call that runs it once and returns its seconds), the median of ``reps`` runs after
+    ``warmup``, the variants taking turns (one run of each per round): a load on the host that comes and goes over
+    seconds (other jobs) falls on all of them alike, so their differences (what sharding adds) are not the drift."""
+    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    for i in range(warmup + reps):
+        for name, run in variants:
+            seconds = run()
+            if i >= warmup:
+                times[name].append(seconds)
+    return {name: statistics.median(ts) for name, ts in times.items()}
+
+
 def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, fsdp: Any,
                   P: Any) -> list[dict[str, Any]]:
     from verl_digen.workers import switch
@@ -125,28 +139,25 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
     optims = {id(m): torch.optim.AdamW([p for p in m.transformer.parameters() if p.requires_grad], lr=1e-6)
               for m in (plain, sharded)}
 
-    def timed(work: Any, active: bool, after: Any = None) -> float:
-        times = []
-        for i in range(2 + reps):
-            dist.barrier()  # every rank starts together; an idle one waits here
-            t0 = time.perf_counter()
-            if active:
-                work()
-            if i >= 2:
-                times.append(time.perf_counter() - t0)
-            if active and after is not None:  # untimed: what puts the work's state back
-                after()
-            dist.barrier()
-        return statistics.median(times)
+    def once(work: Any, active: bool, after: Any = None) -> float:
+        dist.barrier()  # every rank starts together; an idle one waits here
+        t0 = time.perf_counter()
+        if active:
+            work()
+        seconds = time.perf_counter() - t0
+        if active and after is not None:  # untimed: what puts the work's state back
+            after()
+        dist.barrier()
+        return seconds
 
     def three(work: Any, after: Any = None) -> dict[str, float]:
         """(alone, plain, sharded): ``work(model)`` on the unsharded copy on rank 0 alone, on every rank, sharded
-        (``after(model)``, untimed, after each)."""
+        (``after(model)``, untimed, after each), interleaved (:func:`interleaved`)."""
         def undo(m: Any) -> Any:
             return None if after is None else (lambda: after(m))
-        return {"alone": timed(lambda: work(plain), rank == 0, undo(plain)),
-                "plain": timed(lambda: work(plain), True, undo(plain)),
-                "sharded": timed(lambda: work(sharded), True, undo(sharded))}
+        return interleaved([("alone", lambda: once(lambda: work(plain), rank == 0, undo(plain))),
+                            ("plain", lambda: once(lambda: work(plain), True, undo(plain))),
+                            ("sharded", lambda: once(lambda: work(sharded), True, undo(sharded)))], reps)
 
     out = []
     for r in rows:
