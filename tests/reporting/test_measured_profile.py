@@ -338,3 +338,23 @@ def test_the_pairs_survive_the_profile_file(tmp_path):
     with pytest.raises(ValueError, match="host_contention_beside"):
         model_from_dict({"generator": {"workers": 1}, "trainer": {"workers": 1},
                          "host_contention_beside": {"generate": {"nope": 1.0}}})
+
+
+def test_the_runs_own_contention_stands_where_it_measured_the_kind():
+    """A run whose generations overlapped its updates (each other process adds half) keeps that figure for every
+    generation, the probe's pairs (0.75) only where the run measured nothing: the score beside a score."""
+    tl = Timeline(["gen0", TRAINER], micro_batches=4, steps=2)
+    for step in range(2):
+        t = 10.0 * step
+        for i in range(4):
+            busy = i % 2 == 1
+            end = t + (0.15 if busy else 0.1)
+            tl.add(Record("gen0", GENERATE, i, step, step, t, end, samples=2))
+            if busy:
+                tl.add(Record(TRAINER, UPDATE, i - 1, step, step, t, end, samples=2))
+            t = end + 1.0
+    probes = [{"pool": "generator", "kind": "generate", "size": n, "seconds": 0.1} for n in (2, 4)]
+    scores = [{"pool": "generator", "kind": "score", "size": n, "seconds": 0.01} for n in (2, 4)]
+    model, _ = measured_profile(compose(BASE), tl, probes + scores + PAIRED)
+    assert dict(model.host_contention)[GENERATE] == pytest.approx(0.5)
+    assert {(k, o): c for k, o, c in model.host_contention_beside} == pytest.approx({(SCORE, SCORE): 0.5})

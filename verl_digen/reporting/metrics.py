@@ -290,8 +290,13 @@ def measured_profile(cfg: RunConfig, timeline: Timeline,
                 for a, b in ((GENERATE, TAG_GENERATE), (TAG_GENERATE, GENERATE)):
                     if a in contention and b not in contention:
                         contention[b] = contention[a]
-            if paired:  # what the run never overlapped: the probe ran it two at once
-                beside = paired_contention(paired, _alone(base, degree), same_hardware(cfg))
+            if paired:  # a kind the run never overlapped (a colocated phase's score): the probe's pair two at once
+                # (the run's figure, over all its overlaps, is the steadier one where it has one: the probe's pairs
+                # took 1-2 s, and a generation beside a generation measured there 0.07-0.08 on a quiet host and
+                # 0.85 on a busy one against the run's 0.09-1.05 beside an update, docs/benchmarks.md)
+                beside = {pair: c for pair, c in paired_contention(paired, _alone(base, degree),
+                                                                   same_hardware(cfg)).items()
+                          if pair[0] not in contention}
         # a kind whose contention was measured against the probe's calls alone keeps the probe's costs (the time
         # alone): the run's, divided by a median slowdown, only add its noise
         alone_by_probe = set(contention) if probes else set()
