@@ -292,8 +292,8 @@ class CostModel:
     # ``executor.SimBackend``); empty for pools of their own
     host_contention: tuple[tuple[str, float], ...] = ()
     # the same, for an action of one kind beside a process running a given other kind ((kind, other kind, fraction)
-    # triples; a colocated phase's own ranks are beside their own kind), where the probe ran the two at once
-    # (generation beside generation: ``metrics.paired_contention``); any other pair takes ``host_contention``
+    # triples; a colocated phase's own ranks are beside their own kind), where the probe ran the two at once and the
+    # run never overlapped that kind (``metrics.paired_contention``); any other pair takes ``host_contention``
     host_contention_beside: tuple[tuple[str, str, float], ...] = ()
     resize: Callable[[int, int, int | None], CostModel] | None = field(default=None, compare=False, repr=False)
 
