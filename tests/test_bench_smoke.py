@@ -109,11 +109,16 @@ def test_e2e_bench_predicts_every_mode_from_the_digen_profile(tmp_path):
     # the digen row's cross prediction is its own profile's prediction
     assert rows[0]["cross_prediction_error"] == rows[0]["prediction_error"] and rows[0]["transfer_error"] == 0
     probes = json.loads((tmp_path / "round1" / "digen" / "digen_probes.json").read_text())["samples"]
-    # the probe ran the trainer's own pass (2 sizes), switch gather and optimizer step sharded over 2 of the run's
-    # processes, and the digen profile prices each per collective from them
+    # the probe ran the trainer's own pass (2 sizes), optimizer step and switch (stash and gather) sharded over 2 of
+    # the run's processes, and the digen profile prices each per collective from them
     work = [p for p in probes if p["kind"] == "sharded_work"]
     assert sorted(p["work"] for p in work) == ["pass", "pass", "step", "switch"]
     assert all(p["sharded"] > 0 and p["plain"] > 0 and p["alone"] > 0 for p in work)
+    # and generations (each with its own time alone just before) and scores two at once, through Ray as the run's
+    paired = [p for p in probes if p["kind"] == "paired"]
+    assert {(p["action"], p["beside"]) for p in paired} == {("generate", "tag_generate"), ("tag_generate", "generate"),
+                                                            ("score", "score")}
+    assert all(p["seconds"] > 0 and (p["action"] == "score" or p["alone"] > 0) for p in paired)
     sharded = json.loads((tmp_path / "round1" / "digen" / "digen_profile.json").read_text())["sharded"]
     assert sharded["switch_latency"] > 0 and sharded["step_calls"] == 2
     # the same table again from what the run kept, every profile fitted again: the same steps and predictions

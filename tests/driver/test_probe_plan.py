@@ -20,9 +20,9 @@ def test_the_probe_runs_generations_and_scores_two_at_once_with_the_trainer_swit
     kinds = [[a.kind for a, _, _ in g] for g in groups]
     alone = [k for (k,) in (g for g in kinds if len(g) == 1)]
     assert alone == [GENERATE, SCORE, UPDATE, GENERATE, SCORE, UPDATE, SWITCH_TO_GEN, TAG_GENERATE,
-                     *[GENERATE, TAG_GENERATE] * 2, SWITCH_TO_TRAIN]  # at each size each alone, right before both
-    pairs = [g for g in groups if len(g) == 2]  # at each size (2 and 4 samples): generations, then their scores
-    assert [[a.kind for a, _, _ in g] for g in pairs] == [[GENERATE, TAG_GENERATE], [SCORE, SCORE]] * 2
+                     GENERATE, TAG_GENERATE, SWITCH_TO_TRAIN]  # each alone, right before the two at once
+    pairs = [g for g in groups if len(g) == 2]  # at the micro-batch size (TAG's): generations, then their scores
+    assert [[a.kind for a, _, _ in g] for g in pairs] == [[GENERATE, TAG_GENERATE], [SCORE, SCORE]]
     assert kinds.index([GENERATE, TAG_GENERATE]) > kinds.index([SWITCH_TO_GEN])  # with the trainer switched
     assert kinds[-1] == [SWITCH_TO_TRAIN]
     for gens, scores in zip(pairs[::2], pairs[1::2]):
@@ -36,7 +36,7 @@ def test_the_probe_runs_generations_and_scores_two_at_once_with_the_trainer_swit
         assert len(g.samples) == len(t.samples) == gs["size"] == ts["size"]
         assert [a.mb for a, _, _ in scores] == [g.mb, t.mb]  # each pool scores its own generation
         assert not {g.mb, t.mb} & {a.mb for grp in groups[:i - 2] for a, _, _ in grp}  # not an earlier id
-    assert sorted(gs["size"] for (_, _, gs), _ in pairs[::2]) == [2, 4]
+    assert [gs["size"] for (_, _, gs), _ in pairs[::2]] == [cfg.rollout.micro_batch_size]
 
 
 def test_a_group_is_launched_at_once_and_each_action_timed():

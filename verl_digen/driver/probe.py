@@ -58,7 +58,7 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
     Runs after the last optimizer step, on the prompts of the next (untrained) global step
     ``step``, one action at a time: generation, scoring and a training pass at the run's micro-batch
     size and at a second size (up to 4 micro-batches), then a switch to generation, one micro-batch
-    generated on trainer rank 0, at each size a generation on generator 0 and one on trainer rank 0 at
+    generated on trainer rank 0, at the micro-batch size a generation on generator 0 and one on trainer rank 0 at
     once and the two scored at once (each by its own pool: ``costs.PAIRED``), and the switch back;
     ``reps`` times after one cold repetition (new sizes are cold starts, as the run's first step is).
     The training pass has loss scale 0: the full forward + backward, adding zero to the gradients, and no optimizer
@@ -95,9 +95,9 @@ def probe_costs(cfg: RunConfig, pools: Any, rows_of: Rows, step: int, reps: int 
 def _repetition(cfg: RunConfig, rows_of: Rows, step: int, held: tuple[int, int]) -> list[list[Item]]:
     """One repetition of the probe, as groups of actions launched together (each its action, what it carries and
     its profile sample less the seconds): every action alone (a group of one), then, with the trainer switched to
-    generation, a generation on generator 0 and one on trainer rank 0 at once, and the two scored at once, at each
-    size (``costs.PAIRED``: what a colocated phase runs on both processes, and TAG beside a generator, which a
-    ``never`` run's overlaps of a generation with an update do not measure)."""
+    generation, a generation on generator 0 and one on trainer rank 0 at once, and the two scored at once, at the
+    micro-batch size (``costs.PAIRED``: what a colocated phase runs on both processes, and TAG beside a generator,
+    which a ``never`` run's overlaps of a generation with an update do not measure)."""
     mb, batch = cfg.rollout.micro_batch_size, cfg.batch
     # a wide lever arm (up to the whole batch, which separate trains in one update) keeps the
     # fitted per-sample / per-row slope stable against host noise
@@ -120,23 +120,23 @@ def _repetition(cfg: RunConfig, rows_of: Rows, step: int, held: tuple[int, int])
             (Action(TAG_GENERATE, (tag_slot(0),), 0, trn_v, mb=0, samples=pairs[:mb]), Work(rows, texts),
              {"kind": TAG_GENERATE, "size": mb})]
     groups = [[item] for item in out]
-    for m, size in enumerate(sizes):  # micro-batch ids of their own: each generation is scored by its own pool
-        g_mb, t_mb = len(sizes) + 2 * m, len(sizes) + 2 * m + 1
-        rows, texts = rows_of(step, pairs[:size])
+    # at the micro-batch size (TAG's): each pair with its generations alone adds a second or two to every probe, and
+    # the profile uses the pairs only for a kind the run never overlapped (``measured_profile``)
+    size, g_mb, t_mb = mb, len(sizes), len(sizes) + 1  # ids of their own: each generation is scored by its own pool
 
-        def gen_on(kind: str, mb_id: int, size: int = size) -> Action:
-            worker, version = (gen, gen_v) if kind == GENERATE else (tag_slot(0), trn_v)
-            return Action(kind, (worker,), 0, version, mb=mb_id, samples=pairs[:size])
+    def gen_on(kind: str, mb_id: int) -> Action:
+        worker, version = (gen, gen_v) if kind == GENERATE else (tag_slot(0), trn_v)
+        return Action(kind, (worker,), 0, version, mb=mb_id, samples=pairs[:size])
 
-        # each generation alone right before the two at once: a load that moves over seconds (other jobs on the
-        # host) moves both alike, so their ratio is the contention, not the drift
-        g_alone, t_alone = gen_on(GENERATE, g_mb), gen_on(TAG_GENERATE, t_mb)
-        groups += [[(g_alone, Work(rows, texts), {"pool": "generator", "kind": GENERATE, "size": size})],
-                   [(t_alone, Work(rows, texts), {"kind": TAG_GENERATE, "size": size})],
-                   [(gen_on(GENERATE, g_mb), Work(rows, texts), _paired(GENERATE, TAG_GENERATE, size, g_alone)),
-                    (gen_on(TAG_GENERATE, t_mb), Work(rows, texts), _paired(TAG_GENERATE, GENERATE, size, t_alone))],
-                   [(Action(SCORE, (gen,), 0, gen_v, mb=g_mb), None, _paired(SCORE, SCORE, size)),
-                    (Action(SCORE, (TRAINER,), 0, trn_v, mb=t_mb), None, _paired(SCORE, SCORE, size))]]
+    # each generation alone right before the two at once: a load that moves over seconds (other jobs on the
+    # host) moves both alike, so their ratio is the contention, not the drift
+    g_alone, t_alone = gen_on(GENERATE, g_mb), gen_on(TAG_GENERATE, t_mb)
+    groups += [[(g_alone, Work(rows, texts), {"pool": "generator", "kind": GENERATE, "size": size})],
+               [(t_alone, Work(rows, texts), {"kind": TAG_GENERATE, "size": size})],
+               [(gen_on(GENERATE, g_mb), Work(rows, texts), _paired(GENERATE, TAG_GENERATE, size, g_alone)),
+                (gen_on(TAG_GENERATE, t_mb), Work(rows, texts), _paired(TAG_GENERATE, GENERATE, size, t_alone))],
+               [(Action(SCORE, (gen,), 0, gen_v, mb=g_mb), None, _paired(SCORE, SCORE, size)),
+                (Action(SCORE, (TRAINER,), 0, trn_v, mb=t_mb), None, _paired(SCORE, SCORE, size))]]
     return groups + [[(Action(SWITCH_TO_TRAIN, (TRAINER,), 0, trn_v), None, {"kind": SWITCH_TO_TRAIN})]]
 
 
