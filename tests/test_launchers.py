@@ -87,6 +87,7 @@ def _sbatch(tmp_path: Path, **env: str) -> subprocess.Popen:
             "FAKE_DIR": str(tmp_path), "FAKE_NODES": "node1 node2", "SLURM_JOB_NODELIST": "node[1-2]",
             "SLURM_JOB_ID": "77", "RECIPE": "hunyuanvideo-13b-hetero", "DIGEN_DIR": str(ROOT),
             "OUTPUT_DIR": str(tmp_path / "out"), "HEAD_IP": "127.0.0.1", "HEAD_WAIT_S": "0",
+            "JOIN_POLL_S": "0.1",  # the stand-ins join at once: no 5 s wait before a join check that follows one
             "NODE_RESOURCES": '{"gpu_48gb": 8};{"gpu_96gb": 8}', **env}
     return subprocess.Popen(["bash", str(SBATCH), "trainer.total_steps=2"], env=full, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)

@@ -42,3 +42,27 @@ def test_worker_groups_have_task_events_only_when_asked(monkeypatch, asked):
         wg = pools._group(_Worker, 1, "gen", None, threads=threads, restarts=restarts)
         assert wg.actor_cls._options["enable_task_events"] is asked
     assert _Group.made[-1].actor_cls._options["max_restarts"] == 3
+
+
+def test_both_pools_start_their_models_before_either_is_waited_on(monkeypatch):
+    """The generator and trainer actors start side by side (each imports verl and builds its model), and the
+    waits go in group order, so the generator pool's start-up error is still the one raised first."""
+    events: list[tuple[str, str]] = []
+
+    class Group:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def execute_all_async(self, method: str) -> list[str]:
+            events.append(("call", f"{self.name}.{method}"))
+            return [self.name]
+
+    def get(refs):
+        events.append(("wait", refs[0]))
+        if refs[0] == "gen":
+            raise RuntimeError("generator failed to start")
+
+    monkeypatch.setattr(run_pools.ray, "get", get)
+    with pytest.raises(RuntimeError, match="generator failed"):
+        run_pools.RunPools._init_models(Group("gen"), Group("trn"))
+    assert events == [("call", "gen.init_model"), ("call", "trn.init_model"), ("wait", "gen")]

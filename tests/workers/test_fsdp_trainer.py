@@ -9,7 +9,7 @@ from dataclasses import replace
 import pytest
 import ray
 import torch
-from workers_helpers import assert_state_equal, kill_group, local_batch, make_group, rows_of, tiny_cfg
+from workers_helpers import assert_state_equal, kill_group, local_batch, make_groups, rows_of, tiny_cfg
 
 from verl_digen.algo.tsp import tsp_backward
 from verl_digen.models import disable_adapters, lora_state_dict
@@ -26,8 +26,7 @@ TOL = 1e-10
 def setup(request, ray_session):
     lora = request.param
     cfg = tiny_cfg(lora_rank=lora, kl_coef=0.05 if lora else 0.0, tsp_degree=1)
-    trainer = make_group(HybridWorker, cfg, 2)
-    gens = make_group(GeneratorWorker, cfg, 1)
+    trainer, gens = make_groups((HybridWorker, cfg, 2), (GeneratorWorker, cfg, 1))
     yield cfg, trainer, gens
     kill_group(trainer)
     kill_group(gens)

@@ -10,7 +10,7 @@ from workers_helpers import (
     assert_trajectories_equal,
     kill_group,
     local_batch,
-    make_group,
+    make_groups,
     rows_of,
     tiny_cfg,
 )
@@ -27,8 +27,7 @@ K = 2
 
 @pytest.fixture(scope="module")
 def pools(ray_session):
-    trainer = make_group(HybridWorker, CFG, 1)
-    gens = make_group(GeneratorWorker, CFG, 2)
+    trainer, gens = make_groups((HybridWorker, CFG, 1), (GeneratorWorker, CFG, 2))
     yield trainer, gens
     kill_group(trainer)
     kill_group(gens)

@@ -36,11 +36,15 @@ def rows_of(prompt_ids: list[int], n: int) -> tuple[list[tuple[int, int]], list[
     return rows, [PROMPTS[p % len(PROMPTS)] for p, _ in rows]
 
 
-def make_group(cls, cfg: WorkerConfig, n: int) -> RayWorkerGroup:
-    pool = RayResourcePool([n], use_gpu=False, max_colocate_count=1)
-    wg = RayWorkerGroup(pool, RayClassWithInitArgs(cls=ray.remote(cls), cfg=cfg), device_name="cpu")
-    wg.init_model()
-    return wg
+def make_groups(*specs: tuple[type, WorkerConfig, int]) -> list[RayWorkerGroup]:
+    """One worker group per ``(cls, cfg, workers)``, their models started side by side as the driver's pools
+    start theirs (each actor spends seconds importing verl and building its model)."""
+    groups = [RayWorkerGroup(RayResourcePool([n], use_gpu=False, max_colocate_count=1),
+                             RayClassWithInitArgs(cls=ray.remote(cls), cfg=cfg), device_name="cpu")
+              for cls, cfg, n in specs]
+    for refs in [wg.execute_all_async("init_model") for wg in groups]:
+        ray.get(refs)
+    return groups
 
 
 def kill_group(wg: RayWorkerGroup) -> None:

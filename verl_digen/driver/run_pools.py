@@ -72,9 +72,16 @@ class RunPools:
             actor_cls.update_options({"max_concurrency": threads})
         if restarts:  # Ray restarts a dead actor; the backend restores and retries it (driver/faults.py)
             actor_cls.update_options({"max_restarts": restarts})
-        wg = RayWorkerGroup(pool, actor_cls, name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
-        wg.init_model()
-        return wg
+        return RayWorkerGroup(pool, actor_cls, name_prefix=prefix, device_name="cuda" if self.use_gpu else "cpu")
+
+    @staticmethod
+    def _init_models(*groups: RayWorkerGroup) -> None:
+        """``init_model`` on every worker of ``groups`` at once, then wait for each group in turn: the actors
+        start (each imports verl and builds its model, seconds of CPU) side by side instead of one group after
+        the other, and the first group's error is still the one raised (its wait comes first)."""
+        calls = [wg.execute_all_async("init_model") for wg in groups]
+        for refs in calls:
+            ray.get(refs)
 
     def workers(self) -> list[tuple[str, int, Any]]:
         """(role, rank, actor) of every worker of the run's pools."""
@@ -101,6 +108,7 @@ class RunPools:
             self.log(f"warning: {warning}")
         if self.cfg.trainer.mode == COLOCATED:
             self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated", res.trainer.node_resource)
+            self._init_models(self.trn_wg)
         else:
             self._disaggregated()
         if self.judge is not None and self.judge.pooled:
@@ -131,6 +139,7 @@ class RunPools:
                                   restarts=fault_policy(self.cfg).max_restarts)
         self.trn_wg = self._group(HybridWorker if tag else TSPActorWorker, res.trainer.workers, "trainer",
                                   res.trainer.node_resource, backend.trainer_threads)
+        self._init_models(self.gen_wg, self.trn_wg)  # both pools placed first, in the same order as before
         self.sync = WeightSync(self.cfg.digen.sync.backend)
         self.sync.setup(self.trn_wg, self.gen_wg, device=self.cfg.trainer.device)
 
