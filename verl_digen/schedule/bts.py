@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import math
 import time
-from collections import deque
+from array import array
 from dataclasses import dataclass, field
 from heapq import heappop, heappush
 
@@ -746,7 +746,9 @@ class SolveLog:
     """BTS's per-solve figures in bounded memory: totals over the run (solves, capped solves, the
     slowest) and the last ``window`` solves' times and cap flags, oldest first. A run makes several solves a
     step for as long as it runs; a log of every one grew the driver by about 0.08 KB a step
-    (docs/benchmarks.md, "Soak")."""
+    (docs/benchmarks.md, "Soak"). The window is a ring of flat arrays allocated whole up front: a ring of
+    Python floats (a ``deque``) still grew the driver by a float and a slot per solve until it filled, some
+    0.1 KB a step over the first ~350 steps of the tiny run, which is the soak's whole measuring window."""
 
     WINDOW = 1024
 
@@ -756,12 +758,13 @@ class SolveLog:
         self.count = 0
         self.capped = 0
         self.max_seconds = 0.0
-        self._seconds: deque[float] = deque(maxlen=window)
-        self._capped: deque[int] = deque(maxlen=window)  # 1: the solve hit a cap
+        self._seconds = array("d", bytes(8 * window))  # ring: solve i lives at i % window
+        self._capped = array("b", bytes(window))  # 1: the solve hit a cap
 
     def add(self, seconds: float, capped: bool) -> None:
-        self._seconds.append(seconds)
-        self._capped.append(int(capped))
+        i = self.count % len(self._seconds)
+        self._seconds[i] = seconds
+        self._capped[i] = bool(capped)
         self.count += 1
         self.capped += bool(capped)
         self.max_seconds = max(self.max_seconds, seconds)
@@ -769,15 +772,23 @@ class SolveLog:
     def __len__(self) -> int:
         return self.count
 
-    @property
-    def recent_seconds(self) -> deque[float]:
-        """Seconds of the last ``window`` solves (all of them in a shorter run), oldest first."""
-        return self._seconds
+    def _recent(self, ring: array) -> array:
+        """The ring's held values, oldest first (a copy)."""
+        n = len(ring)
+        if self.count <= n:
+            return ring[:self.count]
+        head = self.count % n
+        return ring[head:] + ring[:head]
 
     @property
-    def recent_capped(self) -> deque[int]:
+    def recent_seconds(self) -> array:
+        """Seconds of the last ``window`` solves (all of them in a shorter run), oldest first."""
+        return self._recent(self._seconds)
+
+    @property
+    def recent_capped(self) -> array:
         """Whether each of the last ``window`` solves hit a cap (1) or not (0), oldest first."""
-        return self._capped
+        return self._recent(self._capped)
 
 
 @register_tag_policy("bts")
