@@ -610,6 +610,9 @@ def test_digen_pipelines_encode_prompts_in_the_engine(models):
     cond = backend.conditioner(["a", "b"])
     assert engine.rpcs == [(ENCODE, (["a", "b"], ["", ""], True))]  # SD3: CFG, so negatives too
     assert torch.equal(cond.tensors["prompt_embeds"], pos["prompt_embeds"])
+    assert torch.equal(cond.negative["prompt_embeds"], neg["prompt_embeds"])  # the unconditional branch
+    engine.replies[ENCODE] = [[(pos, None)]]  # an engine that encodes no negative rows
+    assert backend.conditioner(["a", "b"]).negative is None
 
 
 def test_a_foreign_pipeline_is_served_in_its_own_layout_with_the_checkpoints_encoders(models, monkeypatch):
