@@ -680,7 +680,14 @@ def test_the_collective_template_is_built_once(models, monkeypatch):
     monkeypatch.setattr(vllm_backend, "sync_layout", lambda cfg: made.append(cfg) or (("w", torch.float64, (2,)),))
     backend, _ = _backend(models, "sd3", _sampler())
     assert backend.template() == (("w", torch.float64, (2,)),) and backend.template() is backend.template()
-    assert len(made) == 1
+    assert made == [backend.cfg]  # from this generator's own settings, once
+
+
+def test_a_full_fine_tunes_sink_hands_each_completed_tensor_to_the_engine(models):
+    from verl_digen.workers.buckets import layout_of, plan_for
+
+    backend, _ = _backend(models, "sd3", _sampler())  # no LoRA: the transformer's tensors, chunk by chunk
+    assert backend.sink(plan_for(layout_of({"a": torch.zeros(2)}), 64, 1), "meta").load == backend.load_chunk
 
 
 def test_an_engine_sink_makes_tensors_on_its_device_counts_its_peak_and_finds_a_torn_pickup(models):
