@@ -74,11 +74,15 @@ def _member(wire: _Loopback, rank: int, secret: str, world: int = 2) -> SyncGrou
 
 
 def _pickup(state: dict[str, torch.Tensor], *, verify: bool = False, version: int = 3, sent: int | None = None,
-            bucket: int = 64) -> tuple[SyncGroup, dict[str, torch.Tensor], object]:
-    """Member 0 serves ``state`` as version ``sent`` (default ``version``); member 1 receives ``version``.
-    Returns the receiver, what it received, and its ledger (or the error it raised)."""
-    wire, secret = _Loopback(), new_secret()
-    src, dst = _member(wire, 0, secret), _member(wire, 1, secret)
+            bucket: int = 64, members: tuple[SyncGroup, SyncGroup] | None = None,
+            ) -> tuple[SyncGroup, dict[str, torch.Tensor], object]:
+    """Member 0 serves ``state`` as version ``sent`` (default ``version``); member 1 receives ``version``
+    (``members``: the two, when they are kept from pickup to pickup). Returns the receiver, what it received,
+    and its ledger (or the error it raised)."""
+    if members is None:
+        wire, secret = _Loopback(), new_secret()
+        members = _member(wire, 0, secret), _member(wire, 1, secret)
+    src, dst = members
     packer = Packer(state, bucket, torch.device("cpu"))
     source = threading.Thread(target=lambda: _quiet(src.serve, 1, version if sent is None else sent, packer.plan,
                                                     packer.bucket, verify_payload=verify), daemon=True)
@@ -153,6 +157,31 @@ def test_a_pickup_over_a_transport_that_checks_sizes_arrives_whole(verify):
     _, into, out = _pickup(state, verify=verify)
     assert not isinstance(out, Exception), out
     assert _identical(into, state)
+
+
+def test_a_pickup_reuses_the_last_ones_staging_buffers_only_when_they_fit_within_twice_its_need():
+    """Staging buffers are kept from pickup to pickup (no fresh allocation in steady state), but one more than
+    twice what a pickup needs is not held for it."""
+    wire, secret = _Loopback(), new_secret()
+    members = _member(wire, 0, secret), _member(wire, 1, secret)
+    dst = members[1]
+    g = torch.Generator().manual_seed(2)
+
+    def state(*sizes: int) -> dict[str, torch.Tensor]:  # one packed bucket of 8 * sum(sizes) bytes
+        return {f"t{i}": torch.randn(n, generator=g, dtype=torch.float64) for i, n in enumerate(sizes)}
+
+    def pickup(s: dict[str, torch.Tensor]) -> list[torch.Tensor]:
+        before = list(dst._pool)
+        _, into, out = _pickup(s, members=members)
+        assert not isinstance(out, Exception), out
+        assert _identical(into, s)
+        return [b for b in dst._pool if any(b is old for old in before)]
+
+    first = state(4, 4)  # 64 bytes
+    assert pickup(first) == [] and [b.numel() for b in dst._pool] == [64]
+    assert len(pickup(state(4, 4))) == 1  # the same size: reused
+    assert len(pickup(state(2, 2))) == 1  # 32 bytes: 64 is twice that, reused
+    assert pickup(state(2, 1)) == [] and [b.numel() for b in dst._pool] == [24]  # 24: 64 is too big, dropped
 
 
 def test_the_cpu_platform_says_it_is_available():
