@@ -301,3 +301,9 @@ def test_a_checkpoint_written_within_the_mtime_tick_is_read_again_at_the_next_ve
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(ckpt.CheckpointError, match="is corrupt"):
         ckpt.verify(path)
+
+
+def test_only_step_folders_have_a_step():
+    assert ckpt.step_of("/out/global_step_12") == 12 and ckpt.step_of("/out/.replaced-global_step_3") == 3
+    for name in ("global_step_x", "global_step_", "global_step_-1", "other_12", "12"):
+        assert ckpt.step_of(f"/out/{name}") is None, name

@@ -1,6 +1,7 @@
 """Worker-side policy helpers without Ray: identical policies per config, weight export/import."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
@@ -86,3 +87,14 @@ def test_bf16_wan_generator_generation_copy_and_synced_weights_sample_alike():
     a = P.generate_rows(generator, cfg, 1, 0, rows, prompts)
     for other in (copy, synced):
         assert torch.equal(P.generate_rows(other, cfg, 1, 0, rows, prompts).final_latents, a.final_latents)
+
+
+def test_a_worker_process_gets_one_blas_thread(monkeypatch):
+    """Several workers share the 2-core machine: one BLAS thread each, also for OpenMP code started later."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        P.setup_worker_process()
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)
