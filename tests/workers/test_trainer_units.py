@@ -120,6 +120,12 @@ def test_the_trainer_stores_its_policy_in_the_master_dtype():
     assert model.transformer.training
 
 
+def test_the_kl_reference_is_built_in_the_compute_dtype():
+    cfg = replace(tiny_cfg(kl_coef=0.5), memory=ActorMemoryConfig(param_dtype="float32"))
+    ref = actor_memory.reference_policy(cfg, torch.device("cpu"), 1, sharded=False)
+    assert {p.dtype for p in ref.transformer.parameters()} == {torch.float32}
+
+
 @pytest.mark.parametrize("memory,dtype,mixed,fsdp_needed", [
     (ActorMemoryConfig(), "float32", False, False),
     (ActorMemoryConfig(param_dtype="bfloat16"), "float32", True, True),  # computes in another dtype only
