@@ -5,7 +5,7 @@ import os
 
 import pytest
 import torch
-from workers_helpers import tiny_cfg
+from workers_helpers import rows_of, tiny_cfg
 
 from verl_digen.workers import fsdp
 from verl_digen.workers import policy as P
@@ -48,6 +48,19 @@ def test_full_export_mismatch_is_an_error():
 def test_rows_need_one_prompt_each():
     with pytest.raises(ValueError, match="one prompt per row"):
         P.check_rows([(0, 0), (0, 1)], ["a"])
+    with pytest.raises(ValueError, match="at least one"):
+        P.check_rows([], [])
+
+
+def test_rows_are_drawn_from_the_runs_seed_and_the_step():
+    """The same row, step and seed give the same trajectory on any worker; another step or seed, another."""
+    cfg = tiny_cfg()
+    model = P.freeze(P.build_policy(cfg))
+    rows, prompts = rows_of([0], 1)
+    base = P.generate_rows(model, cfg, 3, 0, rows, prompts).states
+    assert torch.equal(P.generate_rows(model, cfg, 3, 0, rows, prompts).states, base)
+    assert not torch.equal(P.generate_rows(model, cfg, 4, 0, rows, prompts).states, base)
+    assert not torch.equal(P.generate_rows(model, dataclasses.replace(cfg, seed=2), 3, 0, rows, prompts).states, base)
 
 
 def test_vllm_backend_without_vllm_names_the_extra():
