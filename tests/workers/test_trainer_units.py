@@ -98,6 +98,7 @@ def test_a_fresh_ranks_first_non_finite_loss_is_named_and_skipped(worker):
 def test_a_kl_reference_is_the_frozen_initial_policy_for_any_positive_coefficient(monkeypatch):
     _one_rank(monkeypatch, 29543)
     cfg = tiny_cfg(kl_coef=0.5)
+    cfg = replace(cfg, sampler=replace(cfg.sampler, guidance_scale=3.0))  # the reference under the run's guidance
     w = TSPActorWorker(cfg)
     w.init_model()
     ref = w._reference()
@@ -107,7 +108,7 @@ def test_a_kl_reference_is_the_frozen_initial_policy_for_any_positive_coefficien
     s = torch.full((2,), 0.5, dtype=torch.float64)
     cond = base.encode_prompts(["a red cube", "two cats"])
     g = w.train_cfg.guidance_scale
-    assert torch.equal(ref(x, s, cond), base.velocity(x, s, cond, g))
+    assert g == 3.0 and torch.equal(ref(x, s, cond), base.velocity(x, s, cond, g))
     assert actor_memory.reference_policy(cfg, torch.device("cpu"), 1, False) is not None
     for off in (tiny_cfg(kl_coef=0.0), tiny_cfg(kl_coef=0.5, lora_rank=2)):  # no KL; LoRA: adapters off, no copy
         assert actor_memory.reference_policy(off, torch.device("cpu"), 1, False) is None
