@@ -613,6 +613,11 @@ def test_digen_pipelines_encode_prompts_in_the_engine(models):
     assert torch.equal(cond.negative["prompt_embeds"], neg["prompt_embeds"])  # the unconditional branch
     engine.replies[ENCODE] = [[(pos, None)]]  # an engine that encodes no negative rows
     assert backend.conditioner(["a", "b"]).negative is None
+    assert models["flux"].guidance_distilled  # FLUX: guidance distilled, so no negative rows asked for
+    flux = FakeOmni(models["flux"], "flux")
+    flux.replies[ENCODE] = [[(pos, None)]]
+    VllmOmniRollout(_wcfg("flux"), engine=flux, params_cls=FakeParams, shape=_shape(models, "flux")).conditioner(["a"])
+    assert flux.rpcs[-1] == (ENCODE, (["a"], [""], False))
 
 
 def test_a_foreign_pipeline_is_served_in_its_own_layout_with_the_checkpoints_encoders(models, monkeypatch):
