@@ -86,6 +86,7 @@ def _pickup(state: dict[str, torch.Tensor], *, verify: bool = False, version: in
     packer = Packer(state, bucket, torch.device("cpu"))
     source = threading.Thread(target=lambda: _quiet(src.serve, 1, version if sent is None else sent, packer.plan,
                                                     packer.bucket, verify_payload=verify), daemon=True)
+    src.outcome = None
     source.start()
     into = {k: torch.full_like(v, 7) for k, v in state.items()}
     try:
@@ -98,10 +99,11 @@ def _pickup(state: dict[str, torch.Tensor], *, verify: bool = False, version: in
 
 
 def _quiet(fn, *args, **kwargs) -> None:
+    """Run a source's ``serve``; what it returned or raised goes to its member's ``outcome``."""
     try:
-        fn(*args, **kwargs)
-    except Exception:  # noqa: BLE001 - the receiver's outcome is what the tests read
-        pass
+        fn.__self__.outcome = fn(*args, **kwargs)
+    except Exception as err:  # noqa: BLE001 - inspected by the test
+        fn.__self__.outcome = err
 
 
 def _identical(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> bool:
@@ -144,10 +146,21 @@ def test_a_verified_pickup_stages_what_it_receives_and_nothing_more():
 
 def test_a_pickup_of_another_version_is_refused_naming_both_and_loads_nothing():
     state = _mixed_state()
-    _, into, out = _pickup(state, version=3, sent=4)
+    wire, secret = _Loopback(), new_secret()
+    src, dst = _member(wire, 0, secret), _member(wire, 1, secret)
+    _, into, out = _pickup(state, version=3, sent=4, members=(src, dst))
     assert isinstance(out, SyncRefused), out
     assert "sends version 4" in str(out) and f"expects version 3 ({len(state)} tensors" in str(out)
     assert all(torch.all(t == 7) for t in into.values())
+    assert isinstance(src.outcome, SyncRefused) and "refused by sync rank 1" in str(src.outcome)  # told so
+
+
+def test_a_source_outside_the_pickups_sources_owns_no_bucket():
+    plan = plan_for(layout_of(_mixed_state()), 64, 2)
+    assert sorted(plan.owned(0, 2) + plan.owned(1, 2)) == list(range(len(plan)))
+    for source in (-1, 2):
+        with pytest.raises(ValueError, match="out of range for 2 sources"):
+            plan.owned(source, 2)
 
 
 @pytest.mark.parametrize("verify", [False, True])
