@@ -322,3 +322,10 @@ def test_a_save_keeps_the_newest_checkpoints_down_to_one_and_refuses_another_for
     meta = json.loads(meta_file.read_text())
     meta_file.write_text(json.dumps({**meta, "format": "another"}))  # complete, but not this format
     assert ckpt.problem(ckpt.step_dir(tmp_path, 3)) is not None
+
+
+def test_a_save_writes_the_runs_config_beside_its_tensors(tmp_path):
+    path = ckpt.step_dir(tmp_path, 1)
+    ckpt.save(path, 0, {"params": {"w": torch.zeros(1)}, "optim": {}}, {ckpt.CONFIG_YAML_KEY: "trainer:\n  seed: 1\n"},
+              barrier=lambda: None)
+    assert (path / ckpt.CONFIG_FILE).read_text() == "trainer:\n  seed: 1\n" and ckpt.problem(path) is None
