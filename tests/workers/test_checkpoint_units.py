@@ -329,3 +329,5 @@ def test_a_save_writes_the_runs_config_beside_its_tensors(tmp_path):
     ckpt.save(path, 0, {"params": {"w": torch.zeros(1)}, "optim": {}}, {ckpt.CONFIG_YAML_KEY: "trainer:\n  seed: 1\n"},
               barrier=lambda: None)
     assert (path / ckpt.CONFIG_FILE).read_text() == "trainer:\n  seed: 1\n" and ckpt.problem(path) is None
+    (path / ckpt.CONFIG_FILE).unlink()
+    assert ckpt.problem(path) == f"{ckpt.CONFIG_FILE} is missing"
