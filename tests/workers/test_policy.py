@@ -111,3 +111,16 @@ def test_a_worker_process_gets_one_blas_thread(monkeypatch):
         assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
     finally:
         torch.set_num_threads(before)
+
+
+def test_build_policy_hands_every_policy_setting_to_the_model(monkeypatch):
+    """What the config says reaches the model: its checkpoint, seed, latent width, frames and LoRA targets."""
+    built, adapted = [], []
+    monkeypatch.setattr(P, "build_model", lambda arch, **kw: built.append((arch, kw)) or "model")
+    monkeypatch.setattr(P, "apply_lora", lambda model, **kw: adapted.append((model, kw)))
+    policy = dataclasses.replace(tiny_cfg().policy, pretrained="/ckpt", seed=5, latent_width=6, num_frames=3,
+                                 lora_rank=2, lora_alpha=4.0, lora_target_modules=("to_q",))
+    assert P.build_policy(dataclasses.replace(tiny_cfg(), policy=policy), "meta", dtype="float32") == "model"
+    assert built == [("flux", dict(pretrained="/ckpt", dtype=torch.float32, device="meta", seed=5, latent_size=8,
+                                   latent_width=6, num_frames=3))]
+    assert adapted == [("model", dict(rank=2, alpha=4.0, target_modules=("to_q",)))]
