@@ -331,3 +331,10 @@ def test_a_save_writes_the_runs_config_beside_its_tensors(tmp_path):
     assert (path / ckpt.CONFIG_FILE).read_text() == "trainer:\n  seed: 1\n" and ckpt.problem(path) is None
     (path / ckpt.CONFIG_FILE).unlink()
     assert ckpt.problem(path) == f"{ckpt.CONFIG_FILE} is missing"
+
+
+def test_one_element_tensors_in_the_metadata_are_written_as_numbers(tmp_path):
+    path = ckpt.step_dir(tmp_path, 1)
+    payload = {"params": {"w": torch.zeros(1)}, "optim": {}}
+    ckpt.save(path, 0, payload, {"loss": torch.tensor(0.5)}, barrier=lambda: None)
+    assert ckpt.read_meta(path)["extra"]["loss"] == 0.5
