@@ -18,7 +18,8 @@ schedule_tests="tests/schedule/"
 workers_tests="tests/workers/test_optimizer_step.py tests/workers/test_policy.py tests/workers/test_switch.py
   tests/workers/test_sync_registry.py tests/workers/test_weight_transfer.py tests/config/test_reliability.py
   tests/test_export.py tests/workers/test_sync_relay.py tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py
-  tests/workers/test_checkpoint_units.py tests/workers/test_trainer_units.py tests/workers/test_generator_units.py"
+  tests/workers/test_checkpoint_units.py tests/workers/test_trainer_units.py tests/workers/test_generator_units.py
+  tests/workers/test_sync_loopback.py"
 omni_tests="tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py"
 models_tests="tests/models/ tests/test_registry.py"
 # extra pytest arguments per scope, one per line: the models scope leaves out the slow tests and the two-rank
@@ -52,6 +53,48 @@ else
 fi
 git ls-files --cached --others --exclude-standard | grep -E '^(verl_digen|tests|recipes|docs)/|^setup.py$' \
   | tar -cf - -T - | tar -xf - -C "$work"
+# Signal guard, in the copy's tests/conftest.py only. os.kill / os.killpg pass signal 0 (a liveness probe
+# delivers nothing) and a signal to a child of the calling process (a test's own subprocess); they refuse
+# any other signal to a pid of 0 or below and, while a mutant's tests run (MUTANT_UNDER_TEST names one),
+# to any process that is not a child. Without it, a mutant of `checkpoint._alive` that turns its probe's
+# signal 0 into a real one, or its pid into -1, signals every process of the user. A refused call raises
+# (its test fails: the mutant counts as killed) and is logged to $work/guard.log; mutmut's own kills of
+# its children pass.
+cat >> "$work/tests/conftest.py" <<PY
+
+
+# -- added by scripts/mutation.sh (not in the repository) --
+class MutationGuardError(RuntimeError):
+    """A mutant tried to send a real signal."""
+
+
+def _mutation_guard_child(pid):
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return int(f.read().rsplit(")", 1)[1].split()[1]) == os.getpid()
+    except (OSError, ValueError, IndexError):
+        return False
+
+
+def _mutation_guard(real):
+    def guarded(pid, sig, *rest):
+        mutant = os.environ.get("MUTANT_UNDER_TEST", "")
+        probe = isinstance(sig, int) and sig == 0
+        if not isinstance(pid, int) or pid <= 0:
+            refused = not probe
+        else:
+            refused = not probe and "__mutmut_" in mutant and not _mutation_guard_child(pid)
+        if refused:
+            with open("$work/guard.log", "a") as f:
+                f.write(f"{mutant} {real.__name__}({pid!r}, {sig!r})\n")
+            raise MutationGuardError(f"{real.__name__}({pid!r}, {sig!r}) refused under {mutant!r}")
+        return real(pid, sig, *rest)
+    return guarded
+
+
+os.kill = _mutation_guard(os.kill)
+os.killpg = _mutation_guard(os.killpg)
+PY
 # The fast tests that exercise these packages (no Ray, no subprocess benchmarks). Not mutated (docs/testing.md):
 # export.py (trace file writing); presets.py (the published-figure presets and the arithmetic deriving stage
 # times from them, held against published step times by the calibration tests, not by exact values); and the

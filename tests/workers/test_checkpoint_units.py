@@ -301,3 +301,40 @@ def test_a_checkpoint_written_within_the_mtime_tick_is_read_again_at_the_next_ve
     os.utime(f, ns=(st.st_atime_ns, st.st_mtime_ns))
     with pytest.raises(ckpt.CheckpointError, match="is corrupt"):
         ckpt.verify(path)
+
+
+def test_only_step_folders_have_a_step():
+    assert ckpt.step_of("/out/global_step_12") == 12 and ckpt.step_of("/out/.replaced-global_step_3") == 3
+    for name in ("global_step_x", "global_step_", "global_step_-1", "other_12", "12"):
+        assert ckpt.step_of(f"/out/{name}") is None, name
+
+
+def test_a_save_keeps_the_newest_checkpoints_down_to_one_and_refuses_another_format(tmp_path):
+    def save(step: int, keep: int | None = None) -> Path:
+        path = ckpt.step_dir(tmp_path, step)
+        ckpt.save(path, 0, {"params": {"w": torch.zeros(1)}, "optim": {}}, {}, barrier=lambda: None, keep=keep)
+        return path
+
+    save(1), save(2)
+    assert ckpt.problem(save(3, keep=1)) is None
+    assert [ckpt.step_of(p) for _, p in ckpt.complete_checkpoints(tmp_path)] == [3]
+    meta_file = ckpt.step_dir(tmp_path, 3) / ckpt.META_FILE
+    meta = json.loads(meta_file.read_text())
+    meta_file.write_text(json.dumps({**meta, "format": "another"}))  # complete, but not this format
+    assert ckpt.problem(ckpt.step_dir(tmp_path, 3)) is not None
+
+
+def test_a_save_writes_the_runs_config_beside_its_tensors(tmp_path):
+    path = ckpt.step_dir(tmp_path, 1)
+    ckpt.save(path, 0, {"params": {"w": torch.zeros(1)}, "optim": {}}, {ckpt.CONFIG_YAML_KEY: "trainer:\n  seed: 1\n"},
+              barrier=lambda: None)
+    assert (path / ckpt.CONFIG_FILE).read_text() == "trainer:\n  seed: 1\n" and ckpt.problem(path) is None
+    (path / ckpt.CONFIG_FILE).unlink()
+    assert ckpt.problem(path) == f"{ckpt.CONFIG_FILE} is missing"
+
+
+def test_one_element_tensors_in_the_metadata_are_written_as_numbers(tmp_path):
+    path = ckpt.step_dir(tmp_path, 1)
+    payload = {"params": {"w": torch.zeros(1)}, "optim": {}}
+    ckpt.save(path, 0, payload, {"loss": torch.tensor(0.5)}, barrier=lambda: None)
+    assert ckpt.read_meta(path)["extra"]["loss"] == 0.5

@@ -1,10 +1,11 @@
 """Worker-side policy helpers without Ray: identical policies per config, weight export/import."""
 
 import dataclasses
+import os
 
 import pytest
 import torch
-from workers_helpers import tiny_cfg
+from workers_helpers import rows_of, tiny_cfg
 
 from verl_digen.workers import fsdp
 from verl_digen.workers import policy as P
@@ -47,6 +48,19 @@ def test_full_export_mismatch_is_an_error():
 def test_rows_need_one_prompt_each():
     with pytest.raises(ValueError, match="one prompt per row"):
         P.check_rows([(0, 0), (0, 1)], ["a"])
+    with pytest.raises(ValueError, match="at least one"):
+        P.check_rows([], [])
+
+
+def test_rows_are_drawn_from_the_runs_seed_and_the_step():
+    """The same row, step and seed give the same trajectory on any worker; another step or seed, another."""
+    cfg = tiny_cfg()
+    model = P.freeze(P.build_policy(cfg))
+    rows, prompts = rows_of([0], 1)
+    base = P.generate_rows(model, cfg, 3, 0, rows, prompts).states
+    assert torch.equal(P.generate_rows(model, cfg, 3, 0, rows, prompts).states, base)
+    assert not torch.equal(P.generate_rows(model, cfg, 4, 0, rows, prompts).states, base)
+    assert not torch.equal(P.generate_rows(model, dataclasses.replace(cfg, seed=2), 3, 0, rows, prompts).states, base)
 
 
 def test_vllm_backend_without_vllm_names_the_extra():
@@ -86,3 +100,27 @@ def test_bf16_wan_generator_generation_copy_and_synced_weights_sample_alike():
     a = P.generate_rows(generator, cfg, 1, 0, rows, prompts)
     for other in (copy, synced):
         assert torch.equal(P.generate_rows(other, cfg, 1, 0, rows, prompts).final_latents, a.final_latents)
+
+
+def test_a_worker_process_gets_one_blas_thread(monkeypatch):
+    """Several workers share the 2-core machine: one BLAS thread each, also for OpenMP code started later."""
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    before = torch.get_num_threads()
+    try:
+        P.setup_worker_process()
+        assert torch.get_num_threads() == 1 and os.environ["OMP_NUM_THREADS"] == "1"
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_build_policy_hands_every_policy_setting_to_the_model(monkeypatch):
+    """What the config says reaches the model: its checkpoint, seed, latent width, frames and LoRA targets."""
+    built, adapted = [], []
+    monkeypatch.setattr(P, "build_model", lambda arch, **kw: built.append((arch, kw)) or "model")
+    monkeypatch.setattr(P, "apply_lora", lambda model, **kw: adapted.append((model, kw)))
+    policy = dataclasses.replace(tiny_cfg().policy, pretrained="/ckpt", seed=5, latent_width=6, num_frames=3,
+                                 lora_rank=2, lora_alpha=4.0, lora_target_modules=("to_q",))
+    assert P.build_policy(dataclasses.replace(tiny_cfg(), policy=policy), "meta", dtype="float32") == "model"
+    assert built == [("flux", dict(pretrained="/ckpt", dtype=torch.float32, device="meta", seed=5, latent_size=8,
+                                   latent_width=6, num_frames=3))]
+    assert adapted == [("model", dict(rank=2, alpha=4.0, target_modules=("to_q",)))]

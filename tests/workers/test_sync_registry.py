@@ -141,7 +141,7 @@ def test_a_second_backend_under_a_taken_name_is_refused():
         class Impostor(SyncBackend):
             pass
     assert sync_backend("object_store") is ObjectStoreSync
-    for bad in ("Object-Store", "sync backend", "ObjectStore", ""):  # a "-", a space, upper case, nothing
+    for bad in ("Object-Store", "sync backend", "ObjectStore", "", "_"):  # "-", space, upper case, nothing, no letter
         with pytest.raises(ValueError, match="lower-case"):
             register_sync_backend(bad)
 

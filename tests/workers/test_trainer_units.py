@@ -80,6 +80,17 @@ def test_calls_before_init_model_or_in_generation_mode_are_refused(monkeypatch):
     w._sync = object()  # joined, but nothing staged
     with pytest.raises(RuntimeError, match="version 0 is not staged"):
         w.send_weights_to(1, 0)
+
+    class Group:  # records the serve of a staged version
+        def serve(self, dst, version, plan, bucket, **kw):
+            self.served = (dst, version, plan, bucket(0, 0))
+            return {"device_to_device": 8}
+
+    w._sync, w._staged = Group(), (1, "plan", ["bucket 0"])
+    with pytest.raises(RuntimeError, match=r"version 0 is not staged \(staged: 1\)"):
+        w.send_weights_to(1, 0)
+    assert w.send_weights_to(2, 1) == {"version": 1, "moved": {"device_to_device": 8}}
+    assert w._sync.served == (2, 1, "plan", "bucket 0")
     w._mode = "generate"
     with pytest.raises(RuntimeError, match="switch_to_train"):
         w._require()
@@ -98,6 +109,7 @@ def test_a_fresh_ranks_first_non_finite_loss_is_named_and_skipped(worker):
 def test_a_kl_reference_is_the_frozen_initial_policy_for_any_positive_coefficient(monkeypatch):
     _one_rank(monkeypatch, 29543)
     cfg = tiny_cfg(kl_coef=0.5)
+    cfg = replace(cfg, sampler=replace(cfg.sampler, guidance_scale=3.0))  # the reference under the run's guidance
     w = TSPActorWorker(cfg)
     w.init_model()
     ref = w._reference()
@@ -107,7 +119,7 @@ def test_a_kl_reference_is_the_frozen_initial_policy_for_any_positive_coefficien
     s = torch.full((2,), 0.5, dtype=torch.float64)
     cond = base.encode_prompts(["a red cube", "two cats"])
     g = w.train_cfg.guidance_scale
-    assert torch.equal(ref(x, s, cond), base.velocity(x, s, cond, g))
+    assert g == 3.0 and torch.equal(ref(x, s, cond), base.velocity(x, s, cond, g))
     assert actor_memory.reference_policy(cfg, torch.device("cpu"), 1, False) is not None
     for off in (tiny_cfg(kl_coef=0.0), tiny_cfg(kl_coef=0.5, lora_rank=2)):  # no KL; LoRA: adapters off, no copy
         assert actor_memory.reference_policy(off, torch.device("cpu"), 1, False) is None
@@ -118,6 +130,12 @@ def test_the_trainer_stores_its_policy_in_the_master_dtype():
     model = actor_memory.trainer_policy(cfg, torch.device("cpu"), 1, sharded=False)
     assert {p.dtype for p in model.transformer.parameters()} == {torch.float64}
     assert model.transformer.training
+
+
+def test_the_kl_reference_is_built_in_the_compute_dtype():
+    cfg = replace(tiny_cfg(kl_coef=0.5), memory=ActorMemoryConfig(param_dtype="float32"))
+    ref = actor_memory.reference_policy(cfg, torch.device("cpu"), 1, sharded=False)
+    assert {p.dtype for p in ref.transformer.parameters()} == {torch.float32}
 
 
 @pytest.mark.parametrize("memory,dtype,mixed,fsdp_needed", [

@@ -610,6 +610,14 @@ def test_digen_pipelines_encode_prompts_in_the_engine(models):
     cond = backend.conditioner(["a", "b"])
     assert engine.rpcs == [(ENCODE, (["a", "b"], ["", ""], True))]  # SD3: CFG, so negatives too
     assert torch.equal(cond.tensors["prompt_embeds"], pos["prompt_embeds"])
+    assert torch.equal(cond.negative["prompt_embeds"], neg["prompt_embeds"])  # the unconditional branch
+    engine.replies[ENCODE] = [[(pos, None)]]  # an engine that encodes no negative rows
+    assert backend.conditioner(["a", "b"]).negative is None
+    assert models["flux"].guidance_distilled  # FLUX: guidance distilled, so no negative rows asked for
+    flux = FakeOmni(models["flux"], "flux")
+    flux.replies[ENCODE] = [[(pos, None)]]
+    VllmOmniRollout(_wcfg("flux"), engine=flux, params_cls=FakeParams, shape=_shape(models, "flux")).conditioner(["a"])
+    assert flux.rpcs[-1] == (ENCODE, (["a"], [""], False))
 
 
 def test_a_foreign_pipeline_is_served_in_its_own_layout_with_the_checkpoints_encoders(models, monkeypatch):
@@ -677,7 +685,14 @@ def test_the_collective_template_is_built_once(models, monkeypatch):
     monkeypatch.setattr(vllm_backend, "sync_layout", lambda cfg: made.append(cfg) or (("w", torch.float64, (2,)),))
     backend, _ = _backend(models, "sd3", _sampler())
     assert backend.template() == (("w", torch.float64, (2,)),) and backend.template() is backend.template()
-    assert len(made) == 1
+    assert made == [backend.cfg]  # from this generator's own settings, once
+
+
+def test_a_full_fine_tunes_sink_hands_each_completed_tensor_to_the_engine(models):
+    from verl_digen.workers.buckets import layout_of, plan_for
+
+    backend, _ = _backend(models, "sd3", _sampler())  # no LoRA: the transformer's tensors, chunk by chunk
+    assert backend.sink(plan_for(layout_of({"a": torch.zeros(2)}), 64, 1), "meta").load == backend.load_chunk
 
 
 def test_an_engine_sink_makes_tensors_on_its_device_counts_its_peak_and_finds_a_torn_pickup(models):
