@@ -11,8 +11,10 @@ Two runs of the default tiny config, and Ray alone at the real run's pace (docs/
   metrics, logging, the streamed timeline). ``rss_mb`` is sampled every step for the driver and each
   worker (psutil on the workers' pids).
 - ``ray``: no verl-digen, the same number of actor calls per step as the real run made, at its step
-  time: the driver's growth that is Ray's own. The real row's ``driver_kb_per_step_over_ray`` is the
-  real driver's growth minus this one (verl-digen's share).
+  time, as many of them leaving a result in the object store (owned by the driver, passed on to a second
+  call, never fetched) as the run's generations and publishes do (``ray_store_results_per_step``): the
+  driver's growth that is Ray's own. The real row's ``driver_kb_per_step_over_ray`` is the real driver's
+  growth minus this one (verl-digen's share).
 
 One JSON row per run: ``steps``, ``driver_ms_per_step`` (mean), ``rss_mb`` (last sample per process),
 and the growth ratios last-10% / first-10% of the steps (medians of each tenth, so one cold first step
@@ -63,6 +65,7 @@ from verl_digen.driver.runtime import DigenRuntime  # noqa: E402
 from verl_digen.reporting.metrics import schedule_metrics, window_metrics  # noqa: E402
 from verl_digen.reporting.progress import Recent, forget_read  # noqa: E402
 from verl_digen.reporting.trace_stream import RecordStream  # noqa: E402
+from verl_digen.schedule.actions import GENERATE, PUBLISH, TAG_GENERATE  # noqa: E402
 from verl_digen.schedule.costs import StageCosts  # noqa: E402
 from verl_digen.schedule.executor import SimBackend, run  # noqa: E402
 from verl_digen.schedule.scheduler import StepScheduler  # noqa: E402
@@ -73,6 +76,13 @@ MB = 1024 * 1024
 #: TARGET_STEPS real steps
 TARGET_KB_PER_STEP, TARGET_STEPS = 1.0, 300
 SPLIT = ("private", "shared", "heap_in_use")  # the driver's figures beside its RSS (``_row``)
+#: the results of the Ray-alone row that stand for the run's trajectories and published weights: over Ray's
+#: inline limit (100 KiB; the tiny run's trajectories are 106 KB, its weights 336 KB), so each lands in the
+#: object store owned by the driver, as the run's do
+STORE_RESULT_BYTES = 128 * 1024
+#: the actions whose result the run keeps in the object store: a generation's trajectories, rank 0's
+#: published weights (object-store sync)
+STORE_KINDS = frozenset({GENERATE, TAG_GENERATE, PUBLISH})
 #: seconds per action, of the order the tiny CPU run measures (the default config has no profile, and
 #: all-zero prior costs would put every record at t = 0, which no real run does)
 SIM_COSTS = StageCosts(generate=0.20, tag_generate=0.25, score=0.02, update=0.30, switch_to_gen=0.05,
@@ -298,12 +308,22 @@ def soak_real(steps: int, out_dir: str, warmup: int = 0) -> dict:
         trainer.shutdown()
     row = _row("real", steps, driver_ms, rss, wall, warmup, (private, shared, in_use))
     row["ray_calls_per_step"] = len(result.timeline.records) / steps  # one call per worker an action ran on
+    row["ray_store_results_per_step"] = store_results_per_step(result.timeline.records, steps)
     return row
 
 
-def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) -> dict:
-    """Ray alone, at the real run's pace: ``calls_per_step`` no-op calls on two actors per step, waited one
-    by one, each step ``step_s`` long. The driver's growth here is Ray's own (its core worker's
+def store_results_per_step(records, steps: int) -> float:
+    """The results per step the run keeps in the object store, owned by the driver (one per generation and
+    per publish: ``STORE_KINDS``), which the Ray-alone row puts there as often."""
+    return sum(r.kind in STORE_KINDS for r in records) / steps
+
+
+def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0, store_per_step: int = 0) -> dict:
+    """Ray alone, at the real run's pace: ``calls_per_step`` calls on two actors per step, waited one by one,
+    each step ``step_s`` long. ``store_per_step`` of them return a result over Ray's inline limit, which
+    lands in the object store owned by the driver, and as many pass it on to the other actor as an argument
+    (as a generation's trajectories go to its scoring and published weights to a pickup; the driver never
+    fetches them); the rest are no-ops. The driver's growth here is Ray's own (its core worker's
     bookkeeping), the floor under the real run's; the difference is verl-digen's share. The actors are
     made as the run's are (no task events: ``driver/run_pools.py``), and the heap is trimmed after each
     step as the run's driver trims it (``driver/native_memory.py``), so both rows count the same memory."""
@@ -319,6 +339,12 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
         def call(self, x: int) -> int:
             return x
 
+        def blob(self) -> bytes:
+            return bytes(STORE_RESULT_BYTES)
+
+        def take(self, blob: bytes) -> int:
+            return len(blob)
+
     actors = [Echo.remote(), Echo.remote()]
     ray.get([a.call.remote(0) for a in actors])
     proc = psutil.Process()
@@ -327,10 +353,15 @@ def soak_ray(steps: int, calls_per_step: int, step_s: float, warmup: int = 0) ->
     try:
         for step in range(1, steps + 1):
             start = time.perf_counter()
-            pending = [actors[i % 2].call.remote(i) for i in range(calls_per_step)]
+            blobs = [actors[i % 2].blob.remote() for i in range(store_per_step)]
+            pending = [*blobs, *(actors[(i + 1) % 2].take.remote(b) for i, b in enumerate(blobs)),
+                       *(actors[i % 2].call.remote(i) for i in range(max(0, calls_per_step - 2 * store_per_step)))]
+            stored = set(blobs)
+            del blobs
             while pending:
                 done, pending = ray.wait(pending, num_returns=1)
-                ray.get(done)
+                if done[0] not in stored:  # the run fetches receipts, never what it keeps in the store
+                    ray.get(done)
             native_memory.trim(step)  # as the run's driver after each step (RunOutputs.report)
             driver_ms.append(1e3 * (time.perf_counter() - start))
             rss.append(float(proc.memory_info().rss))
@@ -368,7 +399,8 @@ def main() -> None:
             rows.append(real)
             with multiprocessing.get_context("spawn").Pool(1) as fresh:  # a process of its own, as the real run's
                 ray_only = fresh.apply(soak_ray, (args.steps, round(real["ray_calls_per_step"]),
-                                                  real["wall_s"] / args.steps, args.warmup))
+                                                  real["wall_s"] / args.steps, args.warmup,
+                                                  round(real["ray_store_results_per_step"])))
             rows.append(ray_only)
             real["driver_kb_per_step_over_ray"] = (real["rss_kb_per_step"]["driver"]
                                                    - ray_only["rss_kb_per_step"]["driver"])

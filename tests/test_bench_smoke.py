@@ -233,6 +233,23 @@ def test_soak_growth_after_the_warm_up_leaves_the_first_steps_out():
     assert not soak.target(soak._row("x", 400, [1.0] * 400, {"driver": in_use}, 1.0, 100))["met"]  # 2 KB a step
 
 
+def test_soak_ray_alone_row_takes_the_object_store_path_the_run_takes():
+    """The Ray-alone row puts in the object store as many results a step as the run keeps there (its
+    generations' trajectories and its publishes), each over Ray's inline limit (100 KiB), so the driver owns
+    store objects in both rows (docs/benchmarks.md, "Soak", fifth pass)."""
+    import importlib.util
+
+    from verl_digen.schedule.timeline import Record
+
+    spec = importlib.util.spec_from_file_location("soak_bench", ROOT / "bench" / "soak.py")
+    soak = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(soak)
+    kinds = ["generate", "tag_generate", "score", "update", "optimizer_step", "publish", "weight_sync", "generate"]
+    records = [Record("w", k, None, 0, 0, 0.0, 1.0) for k in kinds]
+    assert soak.store_results_per_step(records, 2) == 2.0  # 2 generations, 1 TAG generation, 1 publish
+    assert soak.STORE_RESULT_BYTES > 100 * 1024
+
+
 def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
     rows = _last_json(["bench/weight_sync.py", "--json", "--gib", "0.004", "--bucket-mb", "1", "--generators", "1",
                        "2", "--no-object-store"])
