@@ -9,7 +9,9 @@
 - ``scontrol``: the job's node list.
 
 The generator pool asks for a resource only node 1 advertises and the trainer pool one only node 2 does
-(``NODE_RESOURCES``); the run's trace then says its weight pickups crossed nodes. No process the job started
+(``NODE_RESOURCES``): each pool's workers run on its node (the nodes' worker logs), the run's trace says its
+weight pickups crossed nodes, and its profile fits each pool's hardware, named by its resource, from that pool's
+own workers. No process the job started
 may be alive 5 s after the script ends (checked until none is)."""
 
 import json
@@ -208,11 +210,31 @@ def _run_job(tmp_path: Path, fake: Path, marker: str) -> None:
     events = json.loads((out_dir / "trace" / "tiny2node" / "digen_trace.json").read_text())["traceEvents"]
     moved = [e["args"]["bytes"] for e in events if e.get("cat") == "weight_sync"]
     assert moved and all(m.get("inter_node", 0) > 0 and not m.get("intra_node") for m in moved), moved
+    # ... each pool on the node that advertises its resource: a Ray worker's log (in its node's temp dir) names
+    # the actor it hosts
+    assert _actors_by_node(fake) == {0: {"GeneratorWorker"}, 1: {"HybridWorker"}}, fake_log
+    # per-pool cost profiles are kept apart: each pool's hardware, named by its resource, is fitted from its own
+    # workers (one hardware type would pool both pools' samples into one fit)
+    profile = json.loads((out_dir / "trace" / "tiny2node" / "digen_profile.json").read_text())
+    gen, trn = profile["generator"]["hardware"], profile["trainer"]["hardware"]
+    assert (gen["name"], trn["name"]) == ("gen_node", "trn_node") and gen["generate"] != trn["generate"], profile
     # nothing the job started outlives it by 5 s (Ray's GCS, raylets, agents and workers on both "nodes"): every
     # process it started inherits the marker, so once none is alive none can appear, and the check ends there
     while left := _job_processes(marker):
         assert time.monotonic() < ended + 5.0, f"processes alive 5 s after the job ended: {left}\n{fake_log}"
         time.sleep(0.1)
+
+
+def _actors_by_node(fake: Path) -> dict[int, set[str]]:
+    """Fake node index -> the actor classes its Ray workers hosted (Ray writes ``:actor_name:<class>`` at the
+    top of an actor's worker log, under the temp dir of the node it runs on)."""
+    found: dict[int, set[str]] = {}
+    for log in fake.glob("n*/session_*/logs/worker-*.out"):
+        node = int(log.relative_to(fake).parts[0][1:])
+        names = {line.split(":actor_name:", 1)[1].strip() for line in log.read_text(errors="replace").splitlines()
+                 if line.startswith(":actor_name:")}
+        found.setdefault(node, set()).update(names)
+    return {node: names for node, names in found.items() if names}
 
 
 def ckpt_steps(root: Path) -> list[int]:

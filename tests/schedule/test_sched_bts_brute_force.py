@@ -15,6 +15,7 @@ import dataclasses
 import io
 import pickle
 import random
+import types
 
 import pytest
 from sched_helpers import random_config, random_costs
@@ -50,36 +51,37 @@ def _key(sched: StepScheduler, backend: SimBackend, now: float) -> tuple:
             tuple(sorted((c, len(v)) for c, v in st.later.items())))
 
 
+#: every lambda a snapshot refers to (the backends' duration functions), kept alive so that an id names one
+_FUNCTIONS: list = []
+_FUNCTION_INDEX: dict[int, int] = {}
+
+
+def _function(index: int):
+    return _FUNCTIONS[index]
+
+
 class _Pickler(pickle.Pickler):
-    """Pickles the scheduler and backend, keeping functions (the backend's duration lambdas) by reference."""
+    """Pickles the scheduler and backend, keeping lambdas by reference (``_FUNCTIONS``). ``reducer_override``
+    is asked only about objects that are not plain numbers, strings or containers (``persistent_id`` would be
+    asked about every object: most of a snapshot's time)."""
 
-    def __init__(self, file, shared: list) -> None:
-        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
-        self.shared = shared
-
-    def persistent_id(self, obj):
-        if callable(obj) and getattr(obj, "__name__", "") == "<lambda>":
-            self.shared.append(obj)
-            return len(self.shared) - 1
-        return None
-
-
-class _Unpickler(pickle.Unpickler):
-    def __init__(self, file, shared: list) -> None:
-        super().__init__(file)
-        self.shared = shared
-
-    def persistent_load(self, pid):
-        return self.shared[pid]
+    def reducer_override(self, obj):
+        if type(obj) is types.FunctionType and obj.__name__ == "<lambda>":
+            index = _FUNCTION_INDEX.get(id(obj))
+            if index is None:
+                index = _FUNCTION_INDEX[id(obj)] = len(_FUNCTIONS)
+                _FUNCTIONS.append(obj)
+            return _function, (index,)
+        return NotImplemented
 
 
-def _copy(obj):
-    """A deep copy by a pickle round trip (functions shared): what ``copy.deepcopy`` gives here, several times
-    faster; the search copies the whole scheduler and backend at every branch."""
-    buf, shared = io.BytesIO(), []
-    _Pickler(buf, shared).dump(obj)
-    buf.seek(0)
-    return _Unpickler(buf, shared).load()
+def _snapshot(obj) -> bytes:
+    """``obj`` pickled (lambdas by reference); ``pickle.loads`` of it is a deep copy, what ``copy.deepcopy``
+    gives here, several times faster. Most events offer no decision, so the search keeps the bytes and loads
+    them only to branch."""
+    buf = io.BytesIO()
+    _Pickler(buf, protocol=pickle.HIGHEST_PROTOCOL).dump(obj)
+    return buf.getvalue()
 
 
 def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float, int]:
@@ -101,7 +103,7 @@ def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float
         key = _key(sched, backend, now)
         if key in memo:
             return now + memo[key]
-        pristine = _copy((sched, backend))
+        pristine = _snapshot((sched, backend))
         sched.policy.k, sched.policy.most = 0, None
         for a in sched.next_actions(now):
             backend.launch(a)
@@ -109,7 +111,7 @@ def exhaustive_step_end(cfg, costs, gen_workers: int, ranks: int) -> tuple[float
         best = events(sched, backend)  # k = 0 (or no decision at this event)
         if most:
             for k in range(1, most + 1):
-                s, b = _copy(pristine)
+                s, b = pickle.loads(pristine)
                 s.policy.k, s.policy.most = k, None
                 for a in s.next_actions(now):
                     b.launch(a)
