@@ -19,7 +19,7 @@ workers_tests="tests/workers/test_optimizer_step.py tests/workers/test_policy.py
   tests/workers/test_sync_registry.py tests/workers/test_weight_transfer.py tests/config/test_reliability.py
   tests/test_export.py tests/workers/test_sync_relay.py tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py
   tests/workers/test_checkpoint_units.py tests/workers/test_trainer_units.py tests/workers/test_generator_units.py
-  tests/workers/test_sync_loopback.py"
+  tests/workers/test_sync_loopback.py tests/workers/test_sync_units.py tests/workers/test_sync_store_units.py"
 omni_tests="tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py"
 models_tests="tests/models/ tests/test_registry.py"
 # extra pytest arguments per scope, one per line: the models scope leaves out the slow tests and the two-rank
