@@ -156,6 +156,13 @@ def test_the_listener_is_bound_to_the_given_address_and_port_only_and_listens():
 
 def test_the_local_address_is_the_one_on_the_route_to_the_peer_else_the_peer():
     assert S._local_address("127.0.0.1") == "127.0.0.1"
+    assert S._local_address("127.0.0.2") == "127.0.0.1"  # the route's source, not the peer echoed back
+    try:  # an IPv6 socket reaches an IPv4-mapped peer where the host has IPv6 at all
+        with socket.socket(socket.AF_INET6, socket.SOCK_DGRAM) as s:
+            s.connect(("::ffff:127.0.0.2", 9))
+    except OSError:
+        return
+    assert S._local_address("::ffff:127.0.0.2") == "::ffff:127.0.0.1"
     assert S._local_address("no-such-host.invalid") == "no-such-host.invalid"
 
 
@@ -196,10 +203,21 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
-def test_a_sync_group_forms_in_this_process_with_its_store_on_rank_0_and_every_members_node():
+def test_a_sync_group_forms_in_this_process_with_its_store_on_rank_0_and_every_members_node(monkeypatch):
+    """Rank 0 serves on the given address (127.0.0.2 here); every other rank binds its gloo sockets to its own
+    address on the route there (127.0.0.1)."""
     port, secret = _port(), new_secret()
-    a, b = _threads(lambda: SyncGroup("127.0.0.1", port, 2, 0, timeout_s=7, secret=secret, node="n0"),
-                    lambda: SyncGroup("127.0.0.1", port, 2, 1, timeout_s=7, secret=secret))
+    hosts: dict[int, str] = {}
+    real = S._gloo_group
+
+    def recorded(store, rank, world, timeout, host):
+        hosts[rank] = host
+        return real(store, rank, world, timeout, host)
+
+    monkeypatch.setattr(S, "_gloo_group", recorded)
+    a, b = _threads(lambda: SyncGroup("127.0.0.2", port, 2, 0, timeout_s=7, secret=secret, node="n0"),
+                    lambda: SyncGroup("127.0.0.2", port, 2, 1, timeout_s=7, secret=secret))
+    assert hosts == {0: "127.0.0.2", 1: "127.0.0.1"}
     assert isinstance(a, SyncGroup) and isinstance(b, SyncGroup), (a, b)
     assert a.store_server is not None and b.store_server is None and a.store_server.world == 2
     assert (a.rank, a.world, a.backend, b.rank, b.world, b.backend) == (0, 2, "gloo", 1, 2, "gloo")
@@ -210,21 +228,31 @@ def test_a_sync_group_forms_in_this_process_with_its_store_on_rank_0_and_every_m
     assert a.counters == b.counters == {"sent": 0, "received": 0} and a._pool == [] and b._pool == []
     assert a.pg.rank() == 0 and b.pg.rank() == 1 and a.pg.size() == 2
     assert a.pg.options._timeout == timedelta(seconds=7)
-    assert a.store.port == port and a.store.host == "127.0.0.1" and a.store._timeout_s == 7
+    assert a.store.port == port and a.store.host == "127.0.0.2" and a.store._timeout_s == 7
     state = {"w": torch.arange(6, dtype=torch.float64)}
     sent, got = _threads(lambda: a.send(1, 1, state, 16), lambda: b.recv(1, state, 16))
     assert torch.equal(got["w"], state["w"]), (sent, got)
     assert a.counters["sent"] == b.counters["received"] == 48
 
 
+def test_a_lone_sync_group_waits_300_s_by_default():
+    g = SyncGroup("127.0.0.1", _port(), 1, 0, secret=new_secret())
+    assert g.store._timeout_s == 300.0 and g.pg.options._timeout == timedelta(seconds=300)
+    assert g.backend == "gloo" and g.store_server.members == 1
+
+
 def test_a_sync_group_refuses_a_rank_out_of_range_a_missing_secret_and_an_unknown_backend():
     for rank, world in ((-1, 2), (2, 2)):
         with pytest.raises(ValueError, match=f"sync-group rank {rank} out of range for world {world}"):
             SyncGroup("127.0.0.1", 1, world, rank, secret=new_secret())
-    with pytest.raises(ValueError, match="needs the run's secret"):
+    with pytest.raises(ValueError, match="^the weight-sync group needs the run's secret \\(new_secret\\(\\)\\)$"):
         SyncGroup("127.0.0.1", 1, 2, 0, secret="ab" * 15)
     with pytest.raises(ValueError, match="unknown sync backend 'mpi'; expected 'gloo' or 'nccl'"):
         SyncGroup("127.0.0.1", _port(), 1, 0, "mpi", timeout_s=5, secret="ab" * 16)
+    if not torch.cuda.is_available():  # a known backend: NCCL's own error on a machine without CUDA
+        with pytest.raises(Exception) as nccl:  # noqa: PT011 - whichever error torch's NCCL raises here
+            SyncGroup("127.0.0.1", _port(), 1, 0, "nccl", timeout_s=5, secret="ab" * 16)
+        assert "unknown sync backend" not in str(nccl.value)
 
 
 # -------------------------------------------------------------------------------------------- the source's side
