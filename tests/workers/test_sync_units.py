@@ -12,6 +12,7 @@ import hashlib
 import socket
 import struct
 import threading
+import types
 from datetime import timedelta
 
 import pytest
@@ -203,6 +204,73 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def _recording_gloo(monkeypatch, options_api: bool = True) -> tuple[list, list]:
+    """``sync``'s view of ``ProcessGroupGloo``, recording each group made and each device asked for."""
+    real = torch.distributed.ProcessGroupGloo
+    calls: list = []
+    devices: list = []
+
+    def group(*args):
+        calls.append(args)
+        return real(*args)
+
+    def create_device(**kwargs):
+        devices.append(kwargs)
+        return real.create_device(**kwargs)
+
+    if options_api:
+        group._Options, group.create_device = real._Options, create_device
+    monkeypatch.setattr(S, "dist", types.SimpleNamespace(ProcessGroupGloo=group))
+    return calls, devices
+
+
+def test_a_gloo_group_binds_its_sockets_to_the_given_address_with_the_given_timeout(monkeypatch):
+    calls, devices = _recording_gloo(monkeypatch)
+    store = torch.distributed.HashStore()
+    pg = S._gloo_group(store, 0, 1, timedelta(seconds=7), "127.0.0.1")
+    assert devices == [{"hostname": "127.0.0.1"}] and len(calls) == 1  # made once: no fallback
+    ((got_store, rank, world, opts),) = calls
+    assert got_store is store and (rank, world) == (0, 1)
+    assert isinstance(opts, torch.distributed.ProcessGroupGloo._Options)
+    assert opts._timeout == timedelta(seconds=7) and len(opts._devices) == 1 and pg.size() == 1
+
+
+def test_without_the_options_api_a_gloo_group_takes_the_default_device_and_the_timeout(monkeypatch):
+    calls, devices = _recording_gloo(monkeypatch, options_api=False)
+    store = torch.distributed.HashStore()
+    pg = S._gloo_group(store, 0, 1, timedelta(seconds=7), "127.0.0.1")
+    assert calls == [(store, 0, 1, timedelta(seconds=7))] and devices == [] and pg.size() == 1
+
+
+def test_the_handshake_mac_is_hmac_sha256_of_the_label_the_head_words_and_the_nonces():
+    import hmac
+
+    wire, secret = _Loopback(), new_secret()
+    g = _member(wire, 0, secret)
+    head, n1, n2 = [g.group_id, 3, -1, 2, 1], bytes(range(32)), bytes(range(32, 64))
+    digest = hmac.new(bytes.fromhex(secret), b"digen-send" + struct.pack("<5q", *head) + n1 + n2,
+                      hashlib.sha256).digest()
+    assert g._mac(b"digen-send", head, n1, n2) == list(struct.unpack("<4q", digest))
+
+
+def test_a_generator_relays_to_a_member_of_a_lower_rank():
+    """A relay's destination may be any other member, rank 0 included."""
+    state = _mixed_state()
+    wire, secret = _Loopback(), new_secret()
+    relay, dst = _member(wire, 1, secret), _member(wire, 0, secret)
+    packer = Packer(state, 64, torch.device("cpu"))
+    box: dict = {}
+    t = threading.Thread(target=lambda: box.setdefault("out", relay.serve(0, 2, packer.plan, packer.bucket)),
+                         daemon=True)
+    t.start()
+    into = {k: torch.zeros_like(v) for k, v in state.items()}
+    dst.receive(2, plan_for(layout_of(state), 64, 1), into, [1])
+    t.join(5)
+    assert all(torch.equal(into[k], state[k]) for k in state) and "out" in box
+
+
+
+
 def test_a_sync_group_forms_in_this_process_with_its_store_on_rank_0_and_every_members_node(monkeypatch):
     """Rank 0 serves on the given address (127.0.0.2 here); every other rank binds its gloo sockets to its own
     address on the route there (127.0.0.1)."""
@@ -235,10 +303,17 @@ def test_a_sync_group_forms_in_this_process_with_its_store_on_rank_0_and_every_m
     assert a.counters["sent"] == b.counters["received"] == 48
 
 
-def test_a_lone_sync_group_waits_300_s_by_default():
-    g = SyncGroup("127.0.0.1", _port(), 1, 0, secret=new_secret())
+def test_a_lone_sync_group_waits_300_s_by_default_and_starts_with_nothing_counted():
+    """A one-member group forms without a peer (fast, and alone in its test: a mutant that breaks a member's
+    fields fails here before any two-member test waits on a peer that broke)."""
+    secret = new_secret()
+    g = SyncGroup("127.0.0.1", _port(), 1, 0, secret=secret)
     assert g.store._timeout_s == 300.0 and g.pg.options._timeout == timedelta(seconds=300)
-    assert g.backend == "gloo" and g.store_server.members == 1
+    assert g.backend == "gloo" and g.store_server.members == 1 and g.store_server.world == 1
+    assert (g.rank, g.world, g.device) == (0, 1, torch.device("cpu")) and g.pg.size() == 1
+    assert g._key == bytes.fromhex(secret) and g.group_id == group_id(secret)
+    assert g.node == socket.gethostname() and g._nodes == {0: socket.gethostname()}
+    assert g.counters == {"sent": 0, "received": 0} and g._pool == []
 
 
 def test_a_sync_group_refuses_a_rank_out_of_range_a_missing_secret_and_an_unknown_backend():
