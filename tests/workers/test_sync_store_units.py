@@ -380,6 +380,16 @@ def test_a_wait_that_times_out_names_the_keys_still_missing(members):
     b.wait(["here"], timedelta(seconds=0.05))
 
 
+def test_a_wait_given_a_timeout_longer_than_the_members_own_waits_that_long(members):
+    a, b = members  # their own timeout: 0.3 s
+    writer = threading.Timer(0.5, lambda: a.set("slow", b"1"))
+    writer.start()
+    t0 = time.monotonic()
+    _bounded(lambda: b.wait(["slow"], timedelta(seconds=3)))
+    assert 0.4 <= time.monotonic() - t0 < 2.5
+    writer.join(2)
+
+
 @pytest.mark.parametrize("call", ["get", "wait_default", "wait_zero"])
 def test_get_and_a_wait_without_a_timeout_wait_for_the_stores_own(members, call):
     """The member's ``timeout_s`` (0.3 s here): a ``timedelta(0)`` means it too, as torch's stores read it."""
