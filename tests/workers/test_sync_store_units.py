@@ -179,6 +179,33 @@ def test_a_member_proves_the_secret_and_checks_the_stores_proof_over_fresh_nonce
         assert _wait_for(lambda: server.members == 1) and server.refused == [] and server.listening
 
 
+def test_each_operations_reply_on_the_wire():
+    """What the server answers, word for word (the member's client reads these)."""
+    server, port, key = _server(world=1)
+    s, nonce_s = _hello(port)
+    with s:
+        nonce_c = bytes(SS._NONCE)
+        s.sendall(nonce_c + SS._mac(key, b"digen-store-client", nonce_s, nonce_c))
+        SS._recv_exact(s, 32)
+
+        def ask(*parts: bytes) -> list[bytes]:
+            SS._send_frame(s, list(parts))
+            return _bounded(lambda: SS._recv_frame(s))
+
+        assert ask(b"set", b"k", b"v") == [b"ok"]
+        assert ask(b"wait", b"k", b"100") == [b"ok"]
+        assert ask(b"wait", b"k", b"nope", b"10") == [b"timeout", b"nope"]
+        assert ask(b"get", b"k") == [b"ok", b"v"] and ask(b"get", b"nope") == [b"missing"]
+        assert ask(b"add", b"n", b"2") == [b"ok", b"2"]
+        assert ask(b"compare_set", b"c", b"", b"x") == [b"ok", b"x"]
+        assert ask(b"compare_set", b"c", b"y", b"z") == [b"ok", b"x"]
+        assert ask(b"compare_set", b"d", b"y", b"z") == [b"ok", b"y"]
+        assert ask(b"check", b"k", b"c") == [b"ok", b"1"] and ask(b"check", b"k", b"d") == [b"ok", b"0"]
+        assert ask(b"delete", b"k") == [b"ok", b"1"] and ask(b"delete", b"k") == [b"ok", b"0"]
+        assert ask(b"num_keys") == [b"ok", b"2"]
+        assert ask(b"zap", b"k") == [b"error", b"unknown operation zap"]
+
+
 def test_a_stranger_with_a_wrong_proof_is_told_refused_and_dropped_before_any_request():
     server, port, key = _server(world=2)
     first = _member(port, key)
