@@ -332,18 +332,34 @@ def test_a_member_waits_for_a_store_that_starts_after_it_and_names_one_that_neve
     port, key = _port(), bytes.fromhex(new_secret())
     box: dict = {}
     t = threading.Thread(target=lambda: box.setdefault("m", SyncStore("127.0.0.1", port, key, 3.0)), daemon=True)
+    t0 = time.monotonic()
     t.start()
     time.sleep(0.15)
     server = StoreServer(bind_listener("127.0.0.1", port), key, 1)
     t.join(3)
     assert "m" in box and _wait_for(lambda: server.members == 1)
+    assert time.monotonic() - t0 < 0.8  # it kept trying, every 50 ms
     box["m"].close()
 
     t0 = time.monotonic()
     with pytest.raises(TimeoutError, match=f"the weight-sync store at 127.0.0.1:{port} did not take "
-                                           "this member within 0 s \\(trainer rank 0 not up"):
+                                           "this member within 0 s \\(trainer rank 0 not up, or the port "
+                                           "unreachable: .*Connection refused"):
         _bounded(lambda: SyncStore("127.0.0.1", port, key, 0.3))
     assert 0.25 <= time.monotonic() - t0 < 2.0
+
+
+def test_a_member_gives_up_on_a_port_that_accepts_and_says_nothing(monkeypatch):
+    """Each try waits for the greeting at most the handshake time; then the member tries again, and at its
+    timeout names the store."""
+    monkeypatch.setattr(SS, "HANDSHAKE_S", 0.1)
+    listener = bind_listener("127.0.0.1", 0)  # the kernel accepts; nobody greets
+    port = listener.getsockname()[1]
+    with listener:
+        t0 = time.monotonic()
+        with pytest.raises(TimeoutError, match=f"store at 127.0.0.1:{port} did not take this member"):
+            _bounded(lambda: SyncStore("127.0.0.1", port, bytes(32), 0.4))
+        assert time.monotonic() - t0 < 2.0
 
 
 # ------------------------------------------------------------------------------------------ the key semantics
