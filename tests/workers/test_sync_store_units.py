@@ -121,6 +121,10 @@ def test_reads_gather_bytes_that_trickle_in_and_a_closed_peer_raises():
         deadline = time.monotonic() + 2
         assert _bounded(lambda: SS._recv_exact(b, 5, deadline)) == bytes(range(5))
         assert SS._recv_exact(b, 0) == b""
+        a.sendall(b"abc")  # a short read, then the rest together with the next message
+        threading.Timer(0.05, lambda: a.sendall(b"deNEXT")).start()
+        assert _bounded(lambda: SS._recv_exact(b, 5)) == b"abcde"  # nothing of the next message
+        assert SS._recv_exact(b, 4) == b"NEXT"
         a.sendall(b"xy")
         a.close()
         with pytest.raises(ConnectionError, match="weight-sync store connection closed"):
