@@ -275,6 +275,20 @@ def test_past_the_pending_limit_a_connection_is_closed_at_once_and_a_slot_frees_
     first.close(), second.close()
 
 
+def test_a_member_dropped_by_a_flood_tries_again_until_a_slot_frees(monkeypatch):
+    """Past the pending limit a connection is closed before its greeting: the member tries again (until its
+    timeout) instead of giving up, and gets in once the stranger holding the slot is dropped."""
+    monkeypatch.setattr(SS, "MAX_PENDING", 1)
+    monkeypatch.setattr(SS, "HANDSHAKE_S", 0.3)
+    server, port, key = _server(world=2)
+    silent, _ = _hello(port)  # holds the one slot for 0.3 s
+    with silent:
+        member = _member(port, key, timeout_s=3.0)
+        assert _wait_for(lambda: server.members == 1)
+        assert any("too many pending connections" in r for r in server.refused), server.refused
+        member.close()
+
+
 def test_the_store_stops_listening_once_every_member_joined():
     server, port, key = _server(world=2)
     first = _member(port, key)
