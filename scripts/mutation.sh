@@ -19,7 +19,7 @@ workers_tests="tests/workers/test_optimizer_step.py tests/workers/test_policy.py
   tests/workers/test_sync_registry.py tests/workers/test_weight_transfer.py tests/config/test_reliability.py
   tests/test_export.py tests/workers/test_sync_relay.py tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py
   tests/workers/test_checkpoint_units.py tests/workers/test_trainer_units.py tests/workers/test_generator_units.py
-  tests/workers/test_sync_loopback.py"
+  tests/workers/test_sync_loopback.py tests/workers/test_sync_units.py tests/workers/test_sync_store_units.py"
 omni_tests="tests/workers/test_vllm_rollout.py tests/workers/test_omni_parts.py"
 models_tests="tests/models/ tests/test_registry.py"
 # extra pytest arguments per scope, one per line: the models scope leaves out the slow tests and the two-rank
@@ -94,6 +94,18 @@ def _mutation_guard(real):
 
 os.kill = _mutation_guard(os.kill)
 os.killpg = _mutation_guard(os.killpg)
+
+
+# mutmut passes each mutant's tests fastest first and stops at the first failure (-x): keep that order
+# (the suite's hook above moves the files with slow tests first, for xdist), so a mutant dies in its
+# fastest failing test instead of after the slow gloo and store tests
+_suite_modifyitems = pytest_collection_modifyitems
+
+
+def pytest_collection_modifyitems(items):
+    given = {id(item): i for i, item in enumerate(items)}
+    _suite_modifyitems(items)
+    items.sort(key=lambda item: given[id(item)])
 PY
 # The fast tests that exercise these packages (no Ray, no subprocess benchmarks). Not mutated (docs/testing.md):
 # export.py (trace file writing); presets.py (the published-figure presets and the arithmetic deriving stage

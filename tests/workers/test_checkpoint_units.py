@@ -338,3 +338,12 @@ def test_one_element_tensors_in_the_metadata_are_written_as_numbers(tmp_path):
     payload = {"params": {"w": torch.zeros(1)}, "optim": {}}
     ckpt.save(path, 0, payload, {"loss": torch.tensor(0.5)}, barrier=lambda: None)
     assert ckpt.read_meta(path)["extra"]["loss"] == 0.5
+
+
+def test_metadata_that_is_not_json_is_refused_naming_its_type():
+    """A tuple is written as a list and a one-element tensor as its number; anything else is a TypeError
+    naming it (json.dumps then says which key), not another error from looking inside it."""
+    assert ckpt._json_default((1, 2)) == [1, 2] and ckpt._json_default(torch.tensor([3])) == 3
+    for value, name in (({1}, "set"), (torch.zeros(2), "Tensor"), (object(), "object")):
+        with pytest.raises(TypeError, match=f"checkpoint metadata holds a {name}, which is not JSON"):
+            ckpt._json_default(value)

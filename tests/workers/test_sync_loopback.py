@@ -27,7 +27,7 @@ class _Done:
 
 class _Loopback:
     """Point-to-point messages between members: a send is queued at once; a receive takes the next message
-    from its peer when posted, and refuses one of another byte size."""
+    from its peer when posted, and refuses one of another byte size or tag."""
 
     def __init__(self) -> None:
         self.queues: defaultdict[tuple[int, int], queue.Queue] = defaultdict(queue.Queue)
@@ -47,12 +47,14 @@ class _LoopbackGroup:
 
     def send(self, tensors: list[torch.Tensor], peer: int, tag: int) -> _Done:
         (t,) = tensors
-        self.wire._queue(self.rank, peer).put(byte_view(t).clone())
+        self.wire._queue(self.rank, peer).put((tag, byte_view(t).clone()))
         return _Done()
 
     def recv(self, tensors: list[torch.Tensor], peer: int, tag: int) -> _Done:
         (t,) = tensors
-        msg = self.wire._queue(peer, self.rank).get(timeout=5)
+        sent_tag, msg = self.wire._queue(peer, self.rank).get(timeout=5)
+        if sent_tag != tag:
+            raise RuntimeError(f"message sent with tag {sent_tag} posted into a receive of tag {tag}")
         into = byte_view(t)
         if msg.numel() != into.numel():
             raise RuntimeError(f"message of {msg.numel()} bytes posted into a buffer of {into.numel()}")

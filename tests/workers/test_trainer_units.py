@@ -83,14 +83,17 @@ def test_calls_before_init_model_or_in_generation_mode_are_refused(monkeypatch):
 
     class Group:  # records the serve of a staged version
         def serve(self, dst, version, plan, bucket, **kw):
-            self.served = (dst, version, plan, bucket(0, 0))
+            self.served = (dst, version, plan, bucket(0, 0), kw)
             return {"device_to_device": 8}
 
     w._sync, w._staged = Group(), (1, "plan", ["bucket 0"])
     with pytest.raises(RuntimeError, match=r"version 0 is not staged \(staged: 1\)"):
         w.send_weights_to(1, 0)
     assert w.send_weights_to(2, 1) == {"version": 1, "moved": {"device_to_device": 8}}
-    assert w._sync.served == (2, 1, "plan", "bucket 0")
+    assert w._sync.served == (2, 1, "plan", "bucket 0", {"source": 0, "sources": 1, "verify_payload": False})
+    w.dist_rank, w.dist_world, w.cfg = 1, 2, replace(w.cfg, sync_verify_payload=True)  # this rank's share, checked
+    w.send_weights_to(0, 1)
+    assert w._sync.served[-1] == {"source": 1, "sources": 2, "verify_payload": True}
     w._mode = "generate"
     with pytest.raises(RuntimeError, match="switch_to_train"):
         w._require()
