@@ -14,6 +14,7 @@ from datetime import timedelta
 import pytest
 import torch
 import torch.distributed as dist
+from socket_helpers import closed, wait_for
 
 from verl_digen.workers import sync_store as SS
 from verl_digen.workers.sync import SyncGroup, bind_listener, new_secret
@@ -24,23 +25,6 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _wait_for(cond, seconds: float = 10.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.01)
-    return cond()
-
-
-def _closed(sock: socket.socket) -> bool:
-    """The other end closed (or reset) the connection, sending nothing more."""
-    try:
-        return sock.recv(64) == b""
-    except ConnectionResetError:
-        return True
 
 
 def _refused_connect(port: int) -> bool:
@@ -80,11 +64,11 @@ def test_a_stranger_reads_no_key_and_the_store_closes_once_every_member_joined(m
     assert hello.startswith(b"DIGENSTORE1")
     wrong.sendall(bytes(SS._NONCE) + bytes(range(32)))
     wrong.sendall(SS.struct.pack("<II", 0, 1))  # a request it hopes is served
-    assert SS._recv_exact(wrong, 32) == SS._REFUSED and _closed(wrong)  # refused, then closed
+    assert SS._recv_exact(wrong, 32) == SS._REFUSED and closed(wrong)  # refused, then closed
     with pytest.raises((RuntimeError, TimeoutError)):  # torch's TCPStore client (it has list_keys)
         dist.TCPStore("127.0.0.1", port, is_master=False, timeout=timedelta(seconds=0.5)).list_keys()
-    assert _wait_for(lambda: any("no answer to the challenge" in r for r in server.refused))
-    assert silent.recv(64)[:11] == b"DIGENSTORE1" and _closed(silent)  # dropped after the deadline
+    assert wait_for(lambda: any("no answer to the challenge" in r for r in server.refused), 10)
+    assert silent.recv(64)[:11] == b"DIGENSTORE1" and closed(silent)  # dropped after the deadline
     assert any("does not hold the run's secret" in r for r in server.refused)
     trickler.join(10)
     assert trickled and trickled[0] < 20, f"a stranger trickling its answer held its slot for {trickled} bytes"
@@ -93,7 +77,7 @@ def test_a_stranger_reads_no_key_and_the_store_closes_once_every_member_joined(m
     second = SyncStore("127.0.0.1", port, key, timeout_s=10)  # the last member: the store stops listening
     assert second.get("run/key") == b"the run's value"  # nobody wrote or removed it
     assert second.num_keys() == 1
-    assert _wait_for(lambda: _refused_connect(port)), "the store still takes connections after every member joined"
+    assert wait_for(lambda: _refused_connect(port), 10), "the store still takes connections after every member joined"
     assert not server.listening
     for s in (silent, wrong, first, second):
         s.close()

@@ -17,6 +17,7 @@ import time
 from datetime import timedelta
 
 import pytest
+from socket_helpers import closed, wait_for
 
 from verl_digen.workers import sync_store as SS
 from verl_digen.workers.sync import bind_listener, new_secret
@@ -46,24 +47,6 @@ def _bounded(fn, seconds: float = 3.0):
     if "error" in box:
         raise box["error"]
     return box["value"]
-
-
-def _wait_for(cond, seconds: float = 2.0) -> bool:
-    deadline = time.monotonic() + seconds
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return cond()
-
-
-def _closed(sock: socket.socket) -> bool:
-    """The other end closed the connection, sending nothing more (within 2 s)."""
-    sock.settimeout(2)
-    try:
-        return sock.recv(64) == b""
-    except ConnectionResetError:
-        return True
 
 
 def _server(world: int = 2, key: bytes | None = None) -> tuple[StoreServer, int, bytes]:
@@ -180,7 +163,7 @@ def test_a_member_proves_the_secret_and_checks_the_stores_proof_over_fresh_nonce
         assert SS._recv_frame(s) == [b"ok"]
         SS._send_frame(s, [b"get", b"k"])
         assert SS._recv_frame(s) == [b"ok", b"v"]
-        assert _wait_for(lambda: server.members == 1) and server.refused == [] and server.listening
+        assert wait_for(lambda: server.members == 1) and server.refused == [] and server.listening
 
 
 def test_each_operations_reply_on_the_wire():
@@ -218,9 +201,9 @@ def test_a_stranger_with_a_wrong_proof_is_told_refused_and_dropped_before_any_re
     with s:
         s.sendall(bytes(SS._NONCE) + bytes(range(32)))
         SS._send_frame(s, [b"get", b"run/key"])  # a request it hopes is served
-        assert SS._recv_exact(s, 32) == SS._REFUSED and _closed(s)
+        assert SS._recv_exact(s, 32) == SS._REFUSED and closed(s, timeout=2)
         where = f"127.0.0.1:{s.getsockname()[1]}"
-    assert _wait_for(lambda: server.refused == [f"{where} (does not hold the run's secret)"]), server.refused
+    assert wait_for(lambda: server.refused == [f"{where} (does not hold the run's secret)"]), server.refused
     assert server.members == 1 and server.listening
     assert first.get("run/key") == b"secret value" and first.num_keys() == 1
     first.close()
@@ -245,15 +228,15 @@ def test_a_silent_stranger_and_one_that_trickles_its_answer_are_dropped_at_the_h
 
     t0 = time.monotonic()
     threading.Thread(target=trickle, daemon=True).start()
-    assert _closed(silent) and _closed(trickler)
+    assert closed(silent, timeout=2) and closed(trickler, timeout=2)
     stop.set()
     assert time.monotonic() - t0 < 1.5
-    assert _wait_for(lambda: len(server.refused) == 2)
+    assert wait_for(lambda: len(server.refused) == 2)
     assert sorted(server.refused) == sorted(f"127.0.0.1:{c.getsockname()[1]} (no answer to the challenge: "
                                             "TimeoutError)" for c in (silent, trickler)), server.refused
     assert server.members == 0
     member = _member(port, key)  # the slots they held are free again
-    assert _wait_for(lambda: server.members == 1)
+    assert wait_for(lambda: server.members == 1)
     silent.close(), trickler.close(), member.close()
 
 
@@ -264,14 +247,14 @@ def test_past_the_pending_limit_a_connection_is_closed_at_once_and_a_slot_frees_
     server, port, key = _server(world=3)
     first = _member(port, key)  # its slot is released once it proved the secret
     second = _member(port, key)
-    assert _wait_for(lambda: server.members == 2)
+    assert wait_for(lambda: server.members == 2)
     silent, _ = _hello(port)  # holds the one slot
     late = socket.create_connection(("127.0.0.1", port), timeout=2)
     with silent, late:
         t0 = time.monotonic()
-        assert _closed(late) and time.monotonic() - t0 < 1.0  # at once, not at the handshake deadline
+        assert closed(late, timeout=2) and time.monotonic() - t0 < 1.0  # at once, not at the handshake deadline
         where = f"127.0.0.1:{late.getsockname()[1]}"
-        assert _wait_for(lambda: f"{where} (too many pending connections)" in server.refused), server.refused
+        assert wait_for(lambda: f"{where} (too many pending connections)" in server.refused), server.refused
     first.close(), second.close()
 
 
@@ -284,7 +267,7 @@ def test_a_member_dropped_by_a_flood_tries_again_until_a_slot_frees(monkeypatch)
     silent, _ = _hello(port)  # holds the one slot for 0.3 s
     with silent:
         member = _member(port, key, timeout_s=3.0)
-        assert _wait_for(lambda: server.members == 1)
+        assert wait_for(lambda: server.members == 1)
         assert any("too many pending connections" in r for r in server.refused), server.refused
         member.close()
 
@@ -292,10 +275,10 @@ def test_a_member_dropped_by_a_flood_tries_again_until_a_slot_frees(monkeypatch)
 def test_the_store_stops_listening_once_every_member_joined():
     server, port, key = _server(world=2)
     first = _member(port, key)
-    assert _wait_for(lambda: server.members == 1) and server.listening
+    assert wait_for(lambda: server.members == 1) and server.listening
     second = _member(port, key)
-    assert _wait_for(lambda: server.members == 2)
-    assert _wait_for(lambda: not server.listening, 1.0)
+    assert wait_for(lambda: server.members == 2)
+    assert wait_for(lambda: not server.listening, 1.0)
 
     def refused() -> bool:
         try:
@@ -304,7 +287,7 @@ def test_the_store_stops_listening_once_every_member_joined():
             return True
         return False
 
-    assert _wait_for(refused, 1.0), "the store still takes connections after every member joined"
+    assert wait_for(refused, 1.0), "the store still takes connections after every member joined"
     first.set("a", b"1")  # the members keep their connections
     assert second.get("a") == b"1"
     first.close(), second.close()
@@ -356,7 +339,7 @@ def test_a_member_waits_for_a_store_that_starts_after_it_and_names_one_that_neve
     time.sleep(0.15)
     server = StoreServer(bind_listener("127.0.0.1", port), key, 1)
     t.join(3)
-    assert "m" in box and _wait_for(lambda: server.members == 1)
+    assert "m" in box and wait_for(lambda: server.members == 1)
     assert time.monotonic() - t0 < 0.8  # it kept trying, every 50 ms
     box["m"].close()
 
@@ -482,14 +465,14 @@ def test_a_member_that_sends_a_malformed_frame_is_dropped_and_the_others_are_sti
         s.sendall(nonce_c + SS._mac(key, b"digen-store-client", nonce_s, nonce_c))
         SS._recv_exact(s, 32)
         s.sendall(struct.pack("<II", 4, 2) + struct.pack("<I", 0))  # two parts announced, one sent
-        assert _closed(s)
+        assert closed(s, timeout=2)
     s, nonce_s = _hello(port)
     with s:
         nonce_c = bytes(SS._NONCE)
         s.sendall(nonce_c + SS._mac(key, b"digen-store-client", nonce_s, nonce_c))
         SS._recv_exact(s, 32)
         SS._send_frame(s, [])  # no operation at all
-        assert _closed(s)
+        assert closed(s, timeout=2)
     good.set("k", b"v")
-    assert good.get("k") == b"v" and _wait_for(lambda: server.members == 3)
+    assert good.get("k") == b"v" and wait_for(lambda: server.members == 3)
     good.close()
