@@ -186,9 +186,9 @@ def test_the_sharded_term_survives_the_profile_file(tmp_path):
     assert load(tmp_path / "p.json")[0].sharded == model.sharded != Sharded()
 
 
-def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
-    """Generation alone takes 0.1 s; beside a busy trainer 0.15 s: each other busy process adds half. The
-    profile keeps the time alone and the contention, which the simulator applies (processor sharing)."""
+def _generation_half_slowed_by_updates() -> Timeline:
+    """Two steps of 4 generations on gen0: the odd ones (0.15 s) overlap a trainer update over their whole
+    length, the even ones (0.1 s) run alone, so each other busy process adds half."""
     tl = Timeline(["gen0", TRAINER], micro_batches=4, steps=2)
     for step in range(2):
         t = 10.0 * step
@@ -199,6 +199,13 @@ def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
             if busy:  # the trainer works over the whole generation
                 tl.add(Record(TRAINER, UPDATE, i - 1, step, step, t, end, samples=2))
             t = end + 1.0
+    return tl
+
+
+def test_a_cpu_run_measures_how_much_the_other_pool_slows_an_action():
+    """Generation alone takes 0.1 s; beside a busy trainer 0.15 s: each other busy process adds half. The
+    profile keeps the time alone and the contention, which the simulator applies (processor sharing)."""
+    tl = _generation_half_slowed_by_updates()
     recs = [r for r in tl.records if r.step == 1]
     others = busy_others(recs, trainer_ranks=1)
     assert [o for r, o in zip(recs, others) if r.kind == GENERATE] == pytest.approx([0.0, 1.0, 0.0, 1.0])
@@ -343,16 +350,7 @@ def test_the_pairs_survive_the_profile_file(tmp_path):
 def test_the_runs_own_contention_stands_where_it_measured_the_kind():
     """A run whose generations overlapped its updates (each other process adds half) keeps that figure for every
     generation, the probe's pairs (0.75) only where the run measured nothing: the score beside a score."""
-    tl = Timeline(["gen0", TRAINER], micro_batches=4, steps=2)
-    for step in range(2):
-        t = 10.0 * step
-        for i in range(4):
-            busy = i % 2 == 1
-            end = t + (0.15 if busy else 0.1)
-            tl.add(Record("gen0", GENERATE, i, step, step, t, end, samples=2))
-            if busy:
-                tl.add(Record(TRAINER, UPDATE, i - 1, step, step, t, end, samples=2))
-            t = end + 1.0
+    tl = _generation_half_slowed_by_updates()
     probes = [{"pool": "generator", "kind": "generate", "size": n, "seconds": 0.1} for n in (2, 4)]
     scores = [{"pool": "generator", "kind": "score", "size": n, "seconds": 0.01} for n in (2, 4)]
     model, _ = measured_profile(compose(BASE), tl, probes + scores + PAIRED)
