@@ -135,3 +135,36 @@ def test_a_stopped_generator_stops_the_run_naming_what_it_waited_on(ray_session,
     assert err.value.exit_code == 4
     assert "no action finished for 4 s" in str(err.value) and "generate on gen0 (step 1" in str(err.value)
     assert json.loads((tmp_path / "trace" / "digen_timeline.json").read_text())["stopped"].startswith("stalled")
+
+
+def test_a_rendezvous_port_taken_before_rank_0_binds_it_starts_the_groups_again(ray_session, tmp_path, monkeypatch):
+    # the race on a busy node, made certain: verl's choice of the colocated group's MASTER_PORT hands out, the first
+    # time, a port another socket holds; rank 0's store cannot bind it, and the run starts its groups again on the
+    # port verl picks next, says so, and trains
+    import socket
+
+    import ray
+    from verl.single_controller.ray import base
+
+    pick = base.get_master_addr_port
+    picked = []
+
+    class FirstPickTaken:
+        def options(self, **opts):
+            def remote(**kwargs):
+                picked.append(kwargs)
+                if len(picked) == 1:
+                    return ray.put((ray.util.get_node_ip_address(), str(taken)))
+                return pick.options(**opts).remote(**kwargs)
+            return type("Call", (), {"remote": staticmethod(remote)})
+
+    monkeypatch.setattr(base, "get_master_addr_port", FirstPickTaken())
+    lines = []
+    with socket.socket() as held:
+        held.bind(("", 0))
+        held.listen()
+        taken = held.getsockname()[1]
+        _, result = _fit(compose_run("trainer=colocated", tmp_path=tmp_path), log=lines.append)
+    assert len(picked) == 2, lines
+    assert any(f"another process took rendezvous port {taken}" in line and "again (2/3)" in line for line in lines)
+    assert [r.step for r in result.reports] == [1] and "actor/loss" in result.reports[0].metrics

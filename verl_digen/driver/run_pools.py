@@ -4,6 +4,7 @@ saving one, and shutting everything down. What runs on the pools is ``driver/ste
 
 from __future__ import annotations
 
+import re
 import time
 import uuid
 from collections.abc import Callable
@@ -12,6 +13,7 @@ from typing import Any
 
 import ray
 from ray.util.placement_group import remove_placement_group
+from torch.distributed import DistNetworkError
 from verl.single_controller.ray.base import RayClassWithInitArgs, RayWorkerGroup
 
 from verl_digen.config import RunConfig, checks
@@ -33,6 +35,21 @@ from verl_digen.workers import checkpoint as ckpt
 from verl_digen.workers.actor import HybridWorker, TSPActorWorker
 from verl_digen.workers.generator import GeneratorWorker
 from verl_digen.workers.sync import WeightSync, sync_backend
+
+#: how many times the worker groups are started when a rendezvous port is lost to another process (below)
+PORT_RACE_STARTS = 3
+
+
+def lost_rendezvous_port(err: BaseException) -> int | None:
+    """The port, where ``err`` is a worker's rendezvous failing to bind its port (``EADDRINUSE``); else None.
+    verl picks the trainer group's ``MASTER_PORT`` (and the collective weight sync its group's port) by binding
+    port 0 in one process and closing it; on a busy node another process can take that port (any new connection's
+    local port) before the worker binds it. Starting the groups again picks another port."""
+    text = str(getattr(err, "cause", err))  # through Ray: the worker's error is the cause (str is a traceback)
+    if not isinstance(err, DistNetworkError) or "EADDRINUSE" not in text:
+        return None
+    port = re.search(r"port: (\d+)", text)
+    return int(port[1]) if port else 0
 
 
 class RunPools:
@@ -106,11 +123,7 @@ class RunPools:
         warning = checks.model_source(self.cfg, single_node=len(ray.nodes()) == 1)
         if warning:
             self.log(f"warning: {warning}")
-        if self.cfg.trainer.mode == COLOCATED:
-            self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated", res.trainer.node_resource)
-            self._init_models(self.trn_wg)
-        else:
-            self._disaggregated()
+        self._start_groups()
         if self.judge is not None and self.judge.pooled:
             self._start_judge()
         if self.resume_path:
@@ -118,6 +131,26 @@ class RunPools:
         elif self.cfg.trainer.resume_from == "auto":
             self.log(f"trainer.resume_from=auto: no complete checkpoint in {self.cfg.trainer.default_local_dir}, "
                      "starting from step 0")
+
+    def _start_groups(self) -> None:
+        """The worker groups, built and wired; started again (``PORT_RACE_STARTS`` times in all) when a worker
+        lost its rendezvous port to another process, with a warning naming the port."""
+        for start in range(1, PORT_RACE_STARTS + 1):
+            try:
+                if self.cfg.trainer.mode == COLOCATED:
+                    self.trn_wg = self._group(HybridWorker, self.cfg.total_workers, "colocated",
+                                              self.cfg.resources.trainer.node_resource)
+                    self._init_models(self.trn_wg)
+                else:
+                    self._disaggregated()
+                return
+            except DistNetworkError as err:
+                port = lost_rendezvous_port(err)
+                if port is None or start == PORT_RACE_STARTS:
+                    raise
+                self.log(f"warning: another process took rendezvous port {port} before a worker bound it; "
+                         f"starting the worker groups again ({start + 1}/{PORT_RACE_STARTS})")
+                self._stop_groups()
 
     def _lock(self) -> None:
         t = self.cfg.trainer
@@ -209,6 +242,14 @@ class RunPools:
 
             stop_replicas(self._judges)
             self._judges = []
+        self._stop_groups()
+        if self._lock_root is not None:
+            ckpt.release_lock(self._lock_root, self.run_id)
+            self._lock_root = None
+        stop_own_ray()
+
+    def _stop_groups(self) -> None:
+        """Kill the workers and release their placement groups."""
         for wg in (self.gen_wg, self.trn_wg):
             if wg is not None:
                 for w in wg.workers:
@@ -218,7 +259,4 @@ class RunPools:
                 remove_placement_group(pg)
         self._pools.clear()
         self.gen_wg = self.trn_wg = None
-        if self._lock_root is not None:
-            ckpt.release_lock(self._lock_root, self.run_id)
-            self._lock_root = None
-        stop_own_ray()
+        self.sync = None
