@@ -67,6 +67,9 @@ SHRINK = [
     "actor_rollout_ref.rollout.algo.sde_window_range=[0,3]", "trainer.total_training_steps=2",
     "trainer.logger=[console]", "trainer.save_freq=-1", "trainer.device=cpu",
     "+model.path=null", "+model.latent_size=8", "+reward.name=latent_mean", "+trainer.progress=false",
+    # Ray's dashboard is no part of what these runs check: without it each run's head starts no dashboard
+    # module processes (~3 CPU-s a run on 2 cores, beside the other xdist worker's tests)
+    "+ray_kwargs.ray_init.include_dashboard=false",
 ]
 
 
