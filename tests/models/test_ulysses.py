@@ -67,6 +67,7 @@ def two_ranks(tmp_path_factory):
     return run_on_two_ranks(_two_rank_main, tmp_path_factory.mktemp("ulysses"))
 
 
+@pytest.mark.slow  # two spawned processes (about 10 s): not the fast tier's "in this process"
 @pytest.mark.parametrize("name", list(CASES))
 def test_two_ranks_equal_one_rank(two_ranks, name):
     want, got = _run(*CASES[name]), two_ranks[name]
