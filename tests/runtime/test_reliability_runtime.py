@@ -142,6 +142,7 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_starts_the_groups_again(
     # time, a port another socket holds; rank 0's store cannot bind it, and the run starts its groups again on the
     # port verl picks next, says so, and trains
     import socket
+    from types import SimpleNamespace
 
     import ray
     from verl.single_controller.ray import base
@@ -149,16 +150,15 @@ def test_a_rendezvous_port_taken_before_rank_0_binds_it_starts_the_groups_again(
     pick = base.get_master_addr_port
     picked = []
 
-    class FirstPickTaken:
-        def options(self, **opts):
-            def remote(**kwargs):
-                picked.append(kwargs)
-                if len(picked) == 1:
-                    return ray.put((ray.util.get_node_ip_address(), str(taken)))
-                return pick.options(**opts).remote(**kwargs)
-            return type("Call", (), {"remote": staticmethod(remote)})
+    def options(**opts):  # verl calls get_master_addr_port.options(...).remote(...)
+        def remote(**kwargs):
+            picked.append(kwargs)
+            if len(picked) == 1:
+                return ray.put((ray.util.get_node_ip_address(), str(taken)))
+            return pick.options(**opts).remote(**kwargs)
+        return SimpleNamespace(remote=remote)
 
-    monkeypatch.setattr(base, "get_master_addr_port", FirstPickTaken())
+    monkeypatch.setattr(base, "get_master_addr_port", SimpleNamespace(options=options))
     lines = []
     with socket.socket() as held:
         held.bind(("", 0))
