@@ -4,6 +4,7 @@ import pytest
 from hydra.errors import ConfigCompositionException
 
 from verl_digen.config import ConfigError, RunConfig, compose, validate
+from verl_digen.config.schema import load
 
 
 def _compose(*overrides: str) -> RunConfig:
@@ -38,6 +39,16 @@ def test_overrides_reach_the_worker_and_schedule_configs():
     w, s = cfg.worker_config(), cfg.schedule_config()
     assert w.tsp_degree == 2 and w.policy.lora_rank == 4 and w.sampler.eta == 0.5
     assert s.tsp_degree == 2 and s.policy == "static:2" and s.staleness == 0.5 and s.partition == "batch"
+
+
+def test_one_loads_values_do_not_reach_the_next():
+    """``load`` merges onto a schema built once per process: a merge must leave it as built (a partial config, as a
+    Python caller passes, takes every other key from the schema)."""
+    default = RunConfig()
+    tuned = load({"actor": {"lr": 0.5}, "model": {"lora_rank": 4}})
+    assert (tuned.actor.lr, tuned.model.lora_rank) == (0.5, 4)
+    again = load({})
+    assert (again.actor.lr, again.model.lora_rank) == (default.actor.lr, default.model.lora_rank)
 
 
 def test_unknown_trainer_mode_is_rejected_by_hydra():
