@@ -7,9 +7,16 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ["VERL_PLATFORM"] = "cpu"  # the driver resolves verl's platform too (placement groups)
 
 import pytest  # noqa: E402
-import torch  # noqa: E402
 
-torch.set_num_threads(1)
+
+def pytest_configure(config):
+    """One torch thread in every process that runs tests; xdist's controller runs none and skips torch's import
+    (~1.5 s of CPU)."""
+    if getattr(config, "workerinput", None) is None and config.getoption("numprocesses", None):
+        return
+    import torch
+
+    torch.set_num_threads(1)
 
 #: what every worker process gets: Ray merges it with the per-actor env verl's worker groups set
 #: (RANK, WORLD_SIZE, MASTER_ADDR/PORT)

@@ -19,6 +19,9 @@ from verl_digen.registry import Registry
 
 #: where verl-digen's vLLM-Omni RL pipeline classes live (``rollout/omni/pipelines.py``)
 PIPELINES = "verl_digen.rollout.omni.pipelines"
+#: channels of the tiny random-weight models' latent (every tiny VAE of ``models/spec.py``): the config's checks
+#: size a tiny run's trajectories from it without loading torch
+TINY_LATENT_CHANNELS = 4
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,11 @@ def _loaded(code: str, tmp_path: Path, heavy: tuple[str, ...]) -> list[str]:
 
 
 def test_importing_the_config_loads_neither_torch_nor_diffusers(tmp_path):
-    assert _loaded("import verl_digen.config", tmp_path, ("torch", "diffusers", "ray", "verl")) == []
+    """Nor does sizing a tiny run's step from its config (the batch check that refuses a huge batch before
+    anything is built: the tiny latent's channels are a torch-free fact)."""
+    code = ("import verl_digen.config\nfrom verl_digen.config import RunConfig, checks\n"
+            "assert RunConfig().model.path is None and checks.step_bytes(RunConfig())[1] > 0")
+    assert _loaded(code, tmp_path, ("torch", "diffusers", "ray", "verl")) == []
 
 
 def test_no_module_of_the_config_or_the_reports_imports_torch(tmp_path):

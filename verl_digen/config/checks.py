@@ -138,9 +138,7 @@ def numbers(cfg: Any) -> None:
 def latent_channels(cfg: Any) -> int:
     """Channels of the model's latent, as its facts declare them: the released VAE's, or the tiny one's."""
     if cfg.model.path is None:
-        from verl_digen.models.spec import TINY_LATENT_CHANNELS  # the tiny models: torch is loaded to build them
-
-        return TINY_LATENT_CHANNELS
+        return archs.TINY_LATENT_CHANNELS
     return arch_facts(cfg.model.arch).pretrained.latent_channels
 
 

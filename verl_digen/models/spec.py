@@ -18,7 +18,8 @@ from typing import Any
 import diffusers
 from torch import nn
 
-from verl_digen.archs import PretrainedSpec, SequencePlan  # noqa: F401  (declared with the facts, re-exported)
+# declared with the facts (torch-free: the config's checks read TINY_LATENT_CHANNELS), re-exported
+from verl_digen.archs import TINY_LATENT_CHANNELS, PretrainedSpec, SequencePlan  # noqa: F401
 
 
 @dataclass(frozen=True)
@@ -33,7 +34,6 @@ class TinySpec:
 TINY_TEXT_LEN = 8  # tokens per prompt for hashed embeddings
 TINY_TEXT_DIM = 32
 TINY_POOLED_DIM = 32
-TINY_LATENT_CHANNELS = 4
 #: per-channel latent statistics of the tiny Wan-family VAEs (non-trivial, so decoding tests see them)
 TINY_LATENTS_MEAN = [0.1, -0.1, 0.0, 0.2]
 TINY_LATENTS_STD = [1.0, 0.8, 1.2, 1.1]
