@@ -18,6 +18,7 @@ def pytest_configure(config):
 
     torch.set_num_threads(1)
 
+
 #: what every worker process gets: Ray merges it with the per-actor env verl's worker groups set
 #: (RANK, WORLD_SIZE, MASTER_ADDR/PORT)
 WORKER_ENV = {
