@@ -81,18 +81,20 @@ def test_the_probes_switch_stashes_the_training_state_as_the_runtimes_does():
 
 def test_the_sharded_probe_interleaves_its_variants():
     """alone, plain and sharded take turns, so a load that comes and goes moves all three alike: the order of the
-    runs, and each variant's median over its timed runs (the first two rounds are warm-up)."""
+    runs, and per timed work each variant's median over its timed runs (the first round is warm-up here)."""
     from verl_digen.workers.collective_probe import interleaved
 
     order: list[str] = []
     clock = iter(range(100))
 
     def run(name: str):
-        def once() -> float:
+        def once() -> dict[str, float]:  # one run times two works, as the probe's step and switch
             order.append(name)
-            return float(next(clock))
+            return {"step": float(next(clock)), "switch": float(next(clock))}
         return once
 
     got = interleaved([(n, run(n)) for n in ("alone", "plain", "sharded")], reps=3, warmup=1)
     assert order == ["alone", "plain", "sharded"] * 4
-    assert got == {"alone": 6.0, "plain": 7.0, "sharded": 8.0}  # runs 3, 6, 9 / 4, 7, 10 / 5, 8, 11
+    # timed runs: alone 6-7, 12-13, 18-19; plain 8-9, ...; sharded 10-11, ...
+    assert got == {"step": {"alone": 12.0, "plain": 14.0, "sharded": 16.0},
+                   "switch": {"alone": 13.0, "plain": 15.0, "sharded": 17.0}}

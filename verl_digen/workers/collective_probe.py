@@ -86,10 +86,11 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
     """What sharding the trainer adds, timed on this process and ``world - 1`` others of the run (all call it at
     once): fresh copies of the policy (``policy.build_policy``), one sharded over a gloo group of these processes
     (the process's default group for the call, as FSDP2 needs one; gone after), one not. Per item of
-    :data:`TIMED_WORK` (the pass at each size of ``rows``, rows per rank), the median seconds of ``reps`` runs
-    after two warm-ups: ``alone`` (the unsharded work on rank 0, the others idle), ``plain`` (the unsharded work
-    on every process at once: the host shared as a sharded run shares it) and ``sharded`` (the sharded work on
-    every process at once, its collectives included). Rank 0's figures; ``[]`` on the others, where this
+    :data:`TIMED_WORK` (the pass at each size of ``rows``, rows per rank; the step and the switch in a run's
+    order, :func:`_time_sharded`), the median seconds of ``reps`` runs after two warm-ups: ``alone`` (the
+    unsharded work on rank 0, the others idle), ``plain`` (the unsharded work on every process at once: the host
+    shared as a sharded run shares it) and ``sharded`` (the sharded work on every process at once, its
+    collectives included). Rank 0's figures; ``[]`` on the others, where this
     process already has a default group (a sharded trainer, whose own costs hold its collectives), and where the
     group does not form within ``timeout_s`` (a peer that had one)."""
     from verl_digen.workers import fsdp
@@ -116,21 +117,33 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
             listener.close()
 
 
-def interleaved(variants: list[tuple[str, Callable[[], float]]], reps: int, warmup: int = 2) -> dict[str, float]:
-    """Per variant (name, a call that runs it once and returns its seconds), the median of ``reps`` runs after
-    ``warmup``, the variants taking turns (one run of each per round): a load on the host that comes and goes over
-    seconds (other jobs) falls on all of them alike, so their differences (what sharding adds) are not the drift."""
-    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+def interleaved(variants: list[tuple[str, Callable[[], dict[str, float]]]], reps: int,
+                warmup: int = 2) -> dict[str, dict[str, float]]:
+    """Per timed work, per variant (name, a call that runs it once and returns the seconds of each work it timed),
+    the median of ``reps`` runs after ``warmup``, the variants taking turns (one run of each per round): a load on
+    the host that comes and goes over seconds (other jobs) falls on all of them alike, so their differences (what
+    sharding adds) are not the drift."""
+    times: dict[str, dict[str, list[float]]] = {}
     for i in range(warmup + reps):
         for name, run in variants:
-            seconds = run()
-            if i >= warmup:
-                times[name].append(seconds)
-    return {name: statistics.median(ts) for name, ts in times.items()}
+            for work, seconds in run().items():
+                if i >= warmup:
+                    times.setdefault(work, {}).setdefault(name, []).append(seconds)
+    return {work: {name: statistics.median(ts) for name, ts in by.items()} for work, by in times.items()}
+
+
+#: a part of one timed run (:func:`_time_sharded`): the name its seconds are kept under (``None``: untimed) and the
+#: work, called with the model it runs on
+Part = tuple[str | None, Callable[[Any], None]]
 
 
 def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, fsdp: Any,
                   P: Any) -> list[dict[str, Any]]:
+    """:func:`time_sharded` on a formed group. The pass is timed on its own at each size. The optimizer step and
+    the switch are timed the way a colocated run reaches them, each once a round: sampling steps on the generation
+    weights, the training state put back (the run's ``switch_to_train``), a training pass, the step, then the
+    switch, so neither starts from the state its own previous run left (timed back to back, the sharded switch sat
+    at the fast end of a run's)."""
     from verl_digen.workers import switch
 
     cpu = torch.device("cpu")
@@ -139,27 +152,28 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
     optims = {id(m): torch.optim.AdamW([p for p in m.transformer.parameters() if p.requires_grad], lr=1e-6)
               for m in (plain, sharded)}
 
-    def once(work: Any, active: bool, after: Any = None) -> float:
-        dist.barrier()  # every rank starts together; an idle one waits here
-        t0 = time.perf_counter()
-        if active:
-            work()
-        seconds = time.perf_counter() - t0
-        if active and after is not None:  # untimed: what puts the work's state back
-            after()
+    def once(m: Any, active: bool, parts: list[Part]) -> dict[str, float]:
+        """``parts`` in order on ``m`` (``active``: this rank works, else it only meets the others at each
+        barrier): the seconds of each named part, every rank starting each part together."""
+        seconds = {}
+        for name, work in parts:
+            dist.barrier()
+            t0 = time.perf_counter()
+            if active:
+                work(m)
+            if name is not None:
+                seconds[name] = time.perf_counter() - t0
         dist.barrier()
         return seconds
 
-    def three(work: Any, after: Any = None) -> dict[str, float]:
-        """(alone, plain, sharded): ``work(model)`` on the unsharded copy on rank 0 alone, on every rank, sharded
-        (``after(model)``, untimed, after each), interleaved (:func:`interleaved`)."""
-        def undo(m: Any) -> Any:
-            return None if after is None else (lambda: after(m))
-        return interleaved([("alone", lambda: once(lambda: work(plain), rank == 0, undo(plain))),
-                            ("plain", lambda: once(lambda: work(plain), True, undo(plain))),
-                            ("sharded", lambda: once(lambda: work(sharded), True, undo(sharded)))], reps)
+    def three(parts: list[Part]) -> dict[str, dict[str, float]]:
+        """(alone, plain, sharded): ``parts`` on the unsharded copy on rank 0 alone, on every rank, sharded,
+        interleaved (:func:`interleaved`)."""
+        return interleaved([("alone", lambda: once(plain, rank == 0, parts)),
+                            ("plain", lambda: once(plain, True, parts)),
+                            ("sharded", lambda: once(sharded, True, parts))], reps)
 
-    out = []
+    passes = {}
     for r in rows:
         cond = plain.encode_prompts(["a probe"] * r)
         g = torch.Generator().manual_seed(r)
@@ -169,7 +183,8 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
             m.transformer.zero_grad(set_to_none=False)
             m.velocity(x, sigmas, cond).square().mean().backward()
 
-        out.append({"work": "pass", "size": r, **three(one_pass)})
+        passes[r] = one_pass
+    out = [{"work": "pass", "size": r, **three([("pass", passes[r])])["pass"]} for r in rows]
 
     def step(m: Any) -> None:  # as the trainer's optimizer_step: clip, agree on a skip (sharded), AdamW
         params = [p for p in m.transformer.parameters() if p.requires_grad]
@@ -179,10 +194,22 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
             dist.all_reduce(flag, op=dist.ReduceOp.MAX)
         optims[id(m)].step()
 
-    out.append({"work": "step", **three(step)})
-    # after the step, as in a run: gradients and AdamW state to stash, then (sharded) the gather
     stashes = {id(m): switch.TrainingStash() for m in (plain, sharded)}
-    out.append({"work": "switch", **three(
-        lambda m: switch_out(m.transformer, gen.transformer, optims[id(m)], stashes[id(m)], m is sharded),
-        lambda m: switch_back(m.transformer, optims[id(m)], stashes[id(m)]))})
+
+    cond, x = plain.encode_prompts(["a probe"] * rows[0]), torch.randn(rows[0], *plain.latent_shape)
+
+    @torch.no_grad()
+    def generate(m: Any) -> None:  # what a colocated rank runs between its switches: sampling steps on its weights
+        for sigma in torch.linspace(1.0, 0.1, 8):
+            (gen if m is sharded else m).velocity(x, sigma.expand(rows[0]), cond)
+
+    def to_train(m: Any) -> None:  # the previous round's switch undone, where this rank made one
+        if stashes[id(m)]:
+            switch_back(m.transformer, optims[id(m)], stashes[id(m)])
+
+    def to_gen(m: Any) -> None:
+        switch_out(m.transformer, gen.transformer, optims[id(m)], stashes[id(m)], m is sharded)
+
+    cycle = three([(None, generate), (None, to_train), (None, passes[rows[0]]), ("step", step), ("switch", to_gen)])
+    out += [{"work": "step", **cycle["step"]}, {"work": "switch", **cycle["switch"]}]
     return out if rank == 0 else []
