@@ -196,12 +196,12 @@ def _time_sharded(cfg: Any, rank: int, world: int, rows: list[int], reps: int, f
 
     stashes = {id(m): switch.TrainingStash() for m in (plain, sharded)}
 
-    cond, x = plain.encode_prompts(["a probe"] * rows[0]), torch.randn(rows[0], *plain.latent_shape)
+    noise, prompts = torch.randn(rows[0], *plain.latent_shape), plain.encode_prompts(["a probe"] * rows[0])
 
     @torch.no_grad()
     def generate(m: Any) -> None:  # what a colocated rank runs between its switches: sampling steps on its weights
         for sigma in torch.linspace(1.0, 0.1, 8):
-            (gen if m is sharded else m).velocity(x, sigma.expand(rows[0]), cond)
+            (gen if m is sharded else m).velocity(noise, sigma.expand(rows[0]), prompts)
 
     def to_train(m: Any) -> None:  # the previous round's switch undone, where this rank made one
         if stashes[id(m)]:
