@@ -19,7 +19,10 @@ def _last_json(args: list[str]) -> list[dict]:
 
 
 def _last_json_in_process(args: list[str]) -> list[dict]:
-    """``_last_json`` for a bench run that starts nothing (no Ray, no child process): its ``__main__`` run here."""
+    """``_last_json`` for a bench run that starts nothing (no Ray, no child process) and changes no process-wide
+    state (``sys.path``, ``os.environ``, torch's settings): its ``__main__`` run here, without an interpreter and
+    its imports (torch, Hydra, the schedule: ~1.5-2.5 s of CPU per run on 2 cores). ``bench/tsp.py`` (it re-executes
+    itself) and ``bench/sim_sweep.py`` (it puts ``bench/`` on ``sys.path``) are among those that keep a process."""
     import contextlib
     import io
     import runpy
@@ -45,7 +48,7 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
     sweep = _last_json(["bench/sim_sweep.py", "--json", "--steps", "1"])
     assert {r["trainer_ranks"] for r in sweep} == {1, 4}
     assert all({"speedup_vs_never", "trainer_idle_never", "fraction_of_ideal"} <= r.keys() for r in sweep)
-    ladder = _last_json(["bench/ladder.py", "--json", "--steps", "1"])
+    ladder = _last_json_in_process(["bench/ladder.py", "--json", "--steps", "1"])
     nft = {r["preset"]: r for r in ladder if r["rung"] == "DiffusionNFT"}  # priced apart: its own baseline
     assert set(nft) == {"flux-12b-32", "qwen-image-20b-32"}  # one per image recipe
     assert all(r["step_s"] > 0 and r["colocated_verl_omni_s"] > 0 and r["row_forwards"] == 2 for r in nft.values())
@@ -95,7 +98,7 @@ def test_sim_sweep_and_ladder_emit_their_row_fields():
 
 
 def test_calibration_bench_emits_its_rows():
-    rows = _last_json(["bench/calibration.py", "--json"])
+    rows = _last_json_in_process(["bench/calibration.py", "--json"])
     assert all({"figure", "published", "model", "error", "role", "note"} <= r.keys() for r in rows)
     held = [r for r in rows if r["role"] == "held_out"]
     assert len(held) >= len(rows) / 2 and {r["role"] for r in rows} == {"fit", "held_out"}
@@ -264,7 +267,7 @@ def test_weight_sync_bench_emits_its_rows_and_the_relay_spares_the_trainer():
 def test_tag_policy_scaling_holds_the_shipped_policies():
     """Every disaggregated recipe's TAG policy is within 5 % of the best policy at 0.5-4x its batch and GPUs
     (hunyuanvideo-13b-16 ships ``never`` because TAG does not fit its trainer GPUs; this bench checks no memory)."""
-    rows = _last_json(["bench/tag_policy_scaling.py", "--json", "--steps", "1"])
+    rows = _last_json_in_process(["bench/tag_policy_scaling.py", "--json", "--steps", "1"])
     assert {r["factor"] for r in rows} == {0.5, 1, 2, 4} and {r["scale"] for r in rows} == {"batch", "gpus"}
     for r in rows:
         best = min(r["step_never"], r["step_adaptive"], r["step_bts"])
