@@ -98,3 +98,30 @@ def test_the_sharded_probe_interleaves_its_variants():
     # timed runs: alone 6-7, 12-13, 18-19; plain 8-9, ...; sharded 10-11, ...
     assert got == {"step": {"alone": 12.0, "plain": 14.0, "sharded": 16.0},
                    "switch": {"alone": 13.0, "plain": 15.0, "sharded": 17.0}}
+
+
+def test_the_probe_times_the_step_and_switch_in_a_runs_order(monkeypatch):
+    """The optimizer step and the switch are timed once a round, as a colocated run reaches them: the previous
+    switch undone, then the step, then the switch (timed back to back, the switch sat at the fast end of a run's).
+    A group of one process here: every variant runs on it."""
+    from verl_digen.config import compose
+    from verl_digen.workers import collective_probe, fsdp
+
+    torch.set_num_threads(1)
+    events: list[str] = []
+    for name, label in (("switch_out", "out"), ("switch_back", "back")):
+        real = getattr(collective_probe, name)
+        monkeypatch.setattr(collective_probe, name,
+                            lambda *a, _real=real, _label=label, **k: (events.append(_label), _real(*a, **k))[1])
+    clip = fsdp.clip_grad_norm
+    monkeypatch.setattr(fsdp, "clip_grad_norm", lambda *a, **k: (events.append("step"), clip(*a, **k))[1])
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = compose(["model.latent_size=8"]).worker_config()
+    out = time_sharded(cfg, "127.0.0.1", port, 0, 1, [2], reps=2)
+    assert [w["work"] for w in out] == ["pass", "step", "switch"]
+    assert all(w[v] > 0 for w in out for v in ("alone", "plain", "sharded"))
+    # four rounds (two warm-up) of alone, plain, sharded; the unsharded copy's first switch has nothing to undo
+    first = ["step", "out", "back", "step", "out", "step", "out"]
+    assert events == first + ["back", "step", "out"] * 3 * 3
