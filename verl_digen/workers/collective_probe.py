@@ -90,9 +90,9 @@ def time_sharded(cfg: Any, host: str, port: int, rank: int, world: int, rows: li
     order, :func:`_time_sharded`), the median seconds of ``reps`` runs after two warm-ups: ``alone`` (the
     unsharded work on rank 0, the others idle), ``plain`` (the unsharded work on every process at once: the host
     shared as a sharded run shares it) and ``sharded`` (the sharded work on every process at once, its
-    collectives included). Rank 0's figures; ``[]`` on the others, where this
-    process already has a default group (a sharded trainer, whose own costs hold its collectives), and where the
-    group does not form within ``timeout_s`` (a peer that had one)."""
+    collectives included). Rank 0's figures; ``[]`` on the others, where this process already has a default group
+    (a sharded trainer, whose own costs hold its collectives), and where the group does not form within
+    ``timeout_s`` (a peer that had one)."""
     from verl_digen.workers import fsdp
     from verl_digen.workers import policy as P
 
