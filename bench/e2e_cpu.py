@@ -3,7 +3,7 @@
 Colocated uses both workers as colocated workers (FSDP over 2 ranks); the disaggregated modes use 1 generator
 + 1 trainer. Modes: colocated (per-timestep training, as upstream runs today), colocated with TSP (so the gain
 of disaggregation alone is visible), separate, digen without TAG, digen + BTS, digen + BTS + TCSS(0.5). Rounds
-(3 by default) interleave the modes (A B C ... A B C ...) so machine noise hits all alike, and the medians
+(5 by default) interleave the modes (A B C ... A B C ...) so machine noise hits all alike, and the medians
 over rounds drop a round that noise hit alone. For each mode it prints the steady-state step time (the first
 step of each run is warm-up), samples per worker-second, the ratio to colocated, the fraction of ideal, the
 simulator's prediction of the step time from the profile that same run measured (``prediction_error``), and
@@ -132,10 +132,13 @@ def _opt(x: float | None, digits: int = 2) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # three: the median over rounds then drops a round another job on the host slowed (one mode's run of
-    # about 20 s, 1.4-2x slower in every action kind, seen on the 2-core machine); two only average it in
-    ap.add_argument("--rounds", type=int, default=3, help="interleaved rounds over all modes")
-    ap.add_argument("--steps", type=int, default=5, help="global steps per run (the first is warm-up)")
+    # five: a whole run here is up to 1.25x faster or slower than the round's others (every action kind, the
+    # host's speed), so one round's cross error ranges over -25 % .. +25 %; in a 7-round run every 5 of its
+    # rounds gave every mode within 15 %, and 8 of its 35 sets of 3 did not (docs/benchmarks.md)
+    ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds over all modes")
+    # 13: a run's steps move +-20 % one to the next here (the host's other processes), so the median of 4 steady
+    # steps (the mean of two) moved a mode by 15-30 % between runs; 12 steady steps cost ~3 s more per run
+    ap.add_argument("--steps", type=int, default=13, help="global steps per run (the first is warm-up)")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--out", default=None, help="keep traces and profiles here (default: a temporary folder)")
