@@ -132,12 +132,12 @@ def _opt(x: float | None, digits: int = 2) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    # five: a whole run here is up to 1.25x faster or slower than the round's others (every action kind, the
-    # host's speed), so one round's cross error ranges over -25 % .. +25 %; in a 7-round run every 5 of its
-    # rounds gave every mode within 15 %, and 8 of its 35 sets of 3 did not (docs/benchmarks.md)
+    # five: a whole run here can be ~1.25x slower or faster than the rest of its round (every action kind: the
+    # host's speed), and one round's cross error ranged -28 % .. +38 %; in a 7-round run every set of 5 rounds
+    # had every mode within 15 %, and 8 of its 35 sets of 3 did not (docs/benchmarks.md)
     ap.add_argument("--rounds", type=int, default=5, help="interleaved rounds over all modes")
-    # 13: a run's steps move +-20 % one to the next here (the host's other processes), so the median of 4 steady
-    # steps (the mean of two) moved a mode by 15-30 % between runs; 12 steady steps cost ~3 s more per run
+    # 13: one step to the next moves about +-20 % here, and the median of 4 steady steps is the mean of two;
+    # 12 steady steps cost ~3 s more a run (a run takes ~10 s, mostly starting its workers)
     ap.add_argument("--steps", type=int, default=13, help="global steps per run (the first is warm-up)")
     ap.add_argument("--modes", nargs="*", default=list(MODES), choices=list(MODES))
     ap.add_argument("--json", action="store_true")
